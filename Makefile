@@ -1,0 +1,54 @@
+# percolake: `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+EXTRAS ?= dev,cassandra
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	@touch $(STAMP)
+
+.PHONY: install
+install: $(STAMP) ## create .venv and install percolake with its dev extras
+
+.PHONY: run
+run: $(STAMP) ## set up everything and run the demo on the embedded SQLite store
+	$(PY) -m percolake demo
+
+.PHONY: test
+test: $(STAMP) ## set up everything (Cassandra from Maven Central included) and run the whole suite
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: test-fast
+test-fast: $(STAMP) ## unit, contract and property tiers only (no servers)
+	$(PY) -m pytest -m "not cassandra and not integration and not chaos and not spark" $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: $(STAMP) ## ruff (lint + format check) and strict mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+.PHONY: format
+format: $(STAMP) ## apply ruff's formatter and safe fixes
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+.PHONY: bench
+bench: $(STAMP) ## run the benchmarks; results go to bench/results/
+	$(PY) -m bench
+
+.PHONY: clean
+clean: ## remove the virtualenv and caches (not the Cassandra jar cache)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .percolake

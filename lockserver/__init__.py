@@ -1,0 +1,10 @@
+"""The lock server: leased exclusive locks for liveness (rule S5), never for safety."""
+
+from lockserver._table import (
+    MAX_LEASE_MS,
+    LockTable,
+    LockToken,
+    StaleTokenError,
+)
+
+__all__ = ["MAX_LEASE_MS", "LockTable", "LockToken", "StaleTokenError"]

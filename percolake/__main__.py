@@ -1,0 +1,5 @@
+import sys
+
+from percolake.cli import main
+
+sys.exit(main())

@@ -1,0 +1,244 @@
+"""The in-memory reference backend: ``memory://``. Not durable."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+from sortedcontainers import SortedDict
+
+from storage_adapters._base import (
+    MAX_TIMESTAMP,
+    CasResult,
+    Cell,
+    KVStore,
+    ScanEntry,
+    Version,
+    VersionWrite,
+    check_cells,
+    check_key,
+    check_table,
+    check_ts,
+    check_value,
+    check_writes,
+)
+
+# One cell's versions: ts -> value, kept sorted by ts.
+_Versions = SortedDict
+
+
+class MemoryStore(KVStore):
+    """Reference implementation of :class:`KVStore` over sorted dictionaries.
+
+    A single lock makes every call atomic, which is stronger than the interface
+    promises; the contract suite checks only what the interface promises.
+    """
+
+    def __init__(self, url: str = "memory://") -> None:
+        self._url = url
+        self._lock = threading.Lock()
+        self._tables: dict[str, SortedDict] = {}  # table -> SortedDict[Cell, _Versions]
+        self._system: dict[str, dict[bytes, bytes]] = {}
+        self._closed = False
+
+    def _cells_of(self, table: str) -> SortedDict:
+        cells = self._tables.get(table)
+        if cells is None:
+            cells = self._tables[table] = SortedDict()
+        return cells
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("store is closed")
+
+    def put_versions(self, table: str, versions: Sequence[VersionWrite]) -> None:
+        check_table(table)
+        writes = check_writes(versions)
+        with self._lock:
+            self._check_open()
+            cells = self._cells_of(table)
+            for v in writes:
+                key = Cell(v.row, v.column)
+                per_cell = cells.get(key)
+                if per_cell is None:
+                    per_cell = cells[key] = _Versions()
+                per_cell[v.ts] = v.value
+
+    def get_latest(
+        self, table: str, cells: Sequence[tuple[bytes, bytes]], below_ts: int
+    ) -> dict[Cell, Version]:
+        check_table(table)
+        wanted = check_cells(cells)
+        check_ts("below_ts", below_ts)
+        out: dict[Cell, Version] = {}
+        with self._lock:
+            self._check_open()
+            stored = self._tables.get(table)
+            if stored is None:
+                return out
+            for cell in wanted:
+                version = _newest_below(stored.get(cell), below_ts)
+                if version is not None:
+                    out[cell] = version
+        return out
+
+    def scan(
+        self,
+        table: str,
+        start_row: bytes,
+        end_row: bytes | None,
+        below_ts: int,
+        *,
+        start_column: bytes = b"",
+        page_size: int = 1000,
+    ) -> Iterator[ScanEntry]:
+        check_table(table)
+        check_key("start_row", start_row, allow_empty=True)
+        if end_row is not None:
+            check_key("end_row", end_row, allow_empty=True)
+        check_key("start_column", start_column, allow_empty=True)
+        check_ts("below_ts", below_ts)
+        if page_size < 1:
+            raise ValueError(f"page_size must be positive, got {page_size}")
+        return self._scan(table, start_row, end_row, below_ts, start_column, page_size)
+
+    def _scan(
+        self,
+        table: str,
+        start_row: bytes,
+        end_row: bytes | None,
+        below_ts: int,
+        start_column: bytes,
+        page_size: int,
+    ) -> Iterator[ScanEntry]:
+        cursor = Cell(start_row, start_column)
+        inclusive = True
+        while True:
+            page: list[ScanEntry] = []
+            with self._lock:
+                self._check_open()
+                stored = self._tables.get(table)
+                if stored is None:
+                    return
+                keys = stored.irange(minimum=cursor, inclusive=(inclusive, False))
+                last: Cell | None = None
+                for key in keys:
+                    if end_row is not None and key.row >= end_row:
+                        break
+                    last = key
+                    version = _newest_below(stored[key], below_ts)
+                    if version is not None:
+                        page.append(ScanEntry(key.row, key.column, version.ts, version.value))
+                    if len(page) >= page_size:
+                        break
+            yield from page
+            if last is None or len(page) < page_size:
+                return
+            cursor, inclusive = last, False
+
+    def get_version_timestamps(
+        self,
+        table: str,
+        cells: Sequence[tuple[bytes, bytes]],
+        *,
+        above_ts: int = -1,
+        below_ts: int = MAX_TIMESTAMP,
+        limit: int | None = None,
+    ) -> dict[Cell, list[int]]:
+        check_table(table)
+        wanted = check_cells(cells)
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be positive, got {limit}")
+        out: dict[Cell, list[int]] = {}
+        with self._lock:
+            self._check_open()
+            stored = self._tables.get(table)
+            if stored is None:
+                return out
+            for cell in wanted:
+                per_cell = stored.get(cell)
+                if not per_cell:
+                    continue
+                tss = [
+                    ts
+                    for ts in per_cell.irange(
+                        above_ts, below_ts, inclusive=(False, False), reverse=True
+                    )
+                ]
+                if limit is not None:
+                    tss = tss[:limit]
+                if tss:
+                    out[cell] = tss
+        return out
+
+    def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
+        check_table(table)
+        doomed = [
+            (Cell(check_key("row", r), check_key("column", c)), check_ts("ts", ts))
+            for r, c, ts in versions
+        ]
+        with self._lock:
+            self._check_open()
+            stored = self._tables.get(table)
+            if stored is None:
+                return
+            for cell, ts in doomed:
+                per_cell = stored.get(cell)
+                if per_cell is None:
+                    continue
+                per_cell.pop(ts, None)
+                if not per_cell:
+                    del stored[cell]
+
+    def put_unless_exists(self, table: str, key: bytes, value: bytes) -> CasResult:
+        check_table(table)
+        check_key("key", key)
+        check_value(value)
+        with self._lock:
+            self._check_open()
+            rows = self._system.setdefault(table, {})
+            existing = rows.get(key)
+            if existing is not None:
+                return CasResult(False, existing)
+            rows[key] = value
+            return CasResult(True, value)
+
+    def compare_and_set(
+        self, table: str, key: bytes, expected: bytes | None, value: bytes
+    ) -> CasResult:
+        check_table(table)
+        check_key("key", key)
+        if expected is not None:
+            check_value(expected)
+        check_value(value)
+        with self._lock:
+            self._check_open()
+            rows = self._system.setdefault(table, {})
+            current = rows.get(key)
+            if current != expected:
+                return CasResult(False, current)
+            rows[key] = value
+            return CasResult(True, value)
+
+    def get_system(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        check_table(table)
+        wanted = [check_key("key", k) for k in keys]
+        with self._lock:
+            self._check_open()
+            rows = self._system.get(table, {})
+            return {k: rows[k] for k in wanted if k in rows}
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+
+def _newest_below(per_cell: SortedDict | None, below_ts: int) -> Version | None:
+    if not per_cell:
+        return None
+    idx = per_cell.bisect_left(below_ts)
+    if idx == 0:
+        return None
+    ts = per_cell.keys()[idx - 1]
+    value: bytes | None = per_cell[ts]
+    return Version(ts, value)

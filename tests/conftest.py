@@ -1,0 +1,50 @@
+"""Shared fixtures: one store factory per backend, parametrized for the contract tiers.
+
+Adding a backend to every contract suite means adding one entry to ``STORE_BACKENDS``
+(and, for a backend needing a server, a fixture that starts it).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from storage_adapters import KVStore, open_store
+
+StoreFactory = Callable[[], KVStore]
+
+_counter = itertools.count()
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("cassandra", marks=pytest.mark.cassandra),
+    ]
+)
+def store_url_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], str]:
+    """A callable that returns the URL of one store, the same store on every call.
+
+    Calling it twice gives two handles on the same data: that is how tests restart
+    a component on the same store.
+    """
+    backend: str = request.param
+    if backend == "memory":
+        # memory:// is per-handle; tests that reopen must skip memory themselves.
+        return lambda: "memory://"
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path}/store-{next(_counter)}.db"
+        return lambda: url
+    url = request.getfixturevalue("cassandra_store_url")
+    return lambda: str(url)
+
+
+@pytest.fixture
+def store(store_url_factory: Callable[[], str]) -> Iterator[KVStore]:
+    s = open_store(store_url_factory())
+    yield s
+    s.close()

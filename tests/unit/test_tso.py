@@ -1,0 +1,138 @@
+"""The timestamp oracle and its client-side batcher (rule S7)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from storage_adapters import KVStore, open_store
+from tso import (
+    TSO_TABLE,
+    OracleFencedError,
+    TimestampBatcher,
+    TimestampOracle,
+    TimestampRange,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_timestamps_strictly_increase_singly_and_in_ranges() -> None:
+    oracle = TimestampOracle(open_store("memory://"), window=10)
+    seen = [oracle.next_timestamp() for _ in range(25)]
+    r = oracle.next_range(7)
+    seen += list(range(r.first, r.first + r.count))
+    seen.append(oracle.next_timestamp())
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+    assert r.last == r.first + 6
+
+
+def test_oracle_monotonic_across_restarts_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/tso.db"
+    served: list[int] = []
+    for _ in range(5):
+        store = open_store(url)
+        oracle = TimestampOracle(store, window=8)
+        served += [oracle.next_timestamp() for _ in range(13)]
+        store.close()  # a crash loses the unserved part of the window, nothing else
+    assert served == sorted(served) and len(set(served)) == len(served)
+
+
+def test_oracle_restart_is_above_every_served_timestamp_on_every_backend(
+    store_url_factory: Callable[[], str],
+) -> None:
+    store = open_store(store_url_factory())
+    first = TimestampOracle(store, window=5)
+    high = max(first.next_timestamp() for _ in range(12))
+    second = TimestampOracle(store if "memory" in store.url else open_store(store_url_factory()))
+    assert second.next_timestamp() > high
+
+
+def test_second_oracle_fences_the_first() -> None:
+    store = open_store("memory://")
+    first = TimestampOracle(store, window=4)
+    a = [first.next_timestamp() for _ in range(4)]  # exhausts the window
+    second = TimestampOracle(store, window=4)
+    b = [second.next_timestamp() for _ in range(6)]
+    with pytest.raises(OracleFencedError):
+        first.next_timestamp()
+    with pytest.raises(OracleFencedError):  # and stays fenced
+        first.next_range(1)
+    assert first.fenced
+    assert min(b) > max(a)
+
+
+def test_oracle_refuses_bad_arguments() -> None:
+    oracle = TimestampOracle(open_store("memory://"))
+    with pytest.raises(ValueError, match="positive"):
+        oracle.next_range(0)
+    with pytest.raises(TypeError):
+        oracle.next_range("3")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="window"):
+        TimestampOracle(open_store("memory://"), window=0)
+
+
+def test_corrupt_bound_row_is_reported(store: KVStore) -> None:
+    store.put_unless_exists(TSO_TABLE, b"bound", b"not-a-number")
+    with pytest.raises(Exception, match="corrupt oracle bound"):
+        TimestampOracle(store)
+
+
+def test_batcher_gives_concurrent_callers_distinct_increasing_timestamps() -> None:
+    oracle = TimestampOracle(open_store("memory://"), window=1000)
+    gate = threading.Event()
+
+    def slow_fetch(n: int) -> TimestampRange:
+        gate.wait(0.005)  # keep a call in flight so that callers pile up
+        return oracle.next_range(n)
+
+    batcher = TimestampBatcher(slow_fetch)
+    per_thread: dict[int, list[int]] = {}
+
+    def client(i: int) -> None:
+        per_thread[i] = [batcher.next_timestamp() for _ in range(50)]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = [ts for tss in per_thread.values() for ts in tss]
+    assert len(everything) == 16 * 50 == len(set(everything))
+    for tss in per_thread.values():
+        assert tss == sorted(tss)
+    assert batcher.calls < 16 * 50  # requests were coalesced
+
+
+def test_batcher_never_hands_out_a_timestamp_older_than_the_call() -> None:
+    oracle = TimestampOracle(open_store("memory://"))
+    batcher = TimestampBatcher(oracle.next_range)
+    errors: list[str] = []
+
+    def client() -> None:
+        for _ in range(200):
+            before = oracle.next_timestamp()
+            got = batcher.next_timestamp()
+            if got <= before:
+                errors.append(f"{got} <= {before}")
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_batcher_passes_failures_to_every_waiter_of_the_batch() -> None:
+    def failing(n: int) -> TimestampRange:
+        raise OracleFencedError("gone")
+
+    batcher = TimestampBatcher(failing)
+    with pytest.raises(OracleFencedError):
+        batcher.next_timestamp()
+    with pytest.raises(OracleFencedError):  # the batcher is not wedged afterwards
+        batcher.next_range(3)

@@ -1,0 +1,21 @@
+"""The timestamp oracle (TSO): timestamps that never repeat or go backwards (rule S7)."""
+
+from tso._batcher import TimestampBatcher
+from tso._oracle import (
+    BOUND_KEY,
+    DEFAULT_WINDOW,
+    TSO_TABLE,
+    OracleFencedError,
+    TimestampOracle,
+    TimestampRange,
+)
+
+__all__ = [
+    "BOUND_KEY",
+    "DEFAULT_WINDOW",
+    "TSO_TABLE",
+    "OracleFencedError",
+    "TimestampBatcher",
+    "TimestampOracle",
+    "TimestampRange",
+]

@@ -1,0 +1,17 @@
+"""Snapshot-isolated and serializable transactions over any ``KVStore``.
+
+See CONTRACT.md for the API and DESIGN.md for the protocol and its safety rules.
+"""
+
+from txn._config import TransactionConfig
+from txn._isolation import Isolation, TransactionStatus
+from txn._manager import TransactionManager
+from txn._transaction import Transaction
+
+__all__ = [
+    "Isolation",
+    "Transaction",
+    "TransactionConfig",
+    "TransactionManager",
+    "TransactionStatus",
+]

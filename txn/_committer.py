@@ -1,0 +1,281 @@
+"""The commit protocol of DESIGN.md, steps 1-7, with rules S1-S6.
+
+1. lock the written cells and the transaction's commit lock (liveness only, S5);
+2. write every buffered version at ``start_ts``;
+3. check write-write conflicts on every written cell (S2: after step 2);
+4. take ``commit_ts`` from the oracle (S4: after step 2);
+5. SERIALIZABLE: re-read the read set at ``commit_ts``; any difference aborts;
+6. put-unless-exists ``start_ts -> commit_ts``: the commit point (S1, S6);
+7. release the locks; aborted versions are cleaned up asynchronously.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from lockserver import LockToken, StaleTokenError
+from storage_adapters import Cell, StoreError, StoreTimeoutError, VersionWrite
+from txn import failpoints as fp
+from txn._buffer import WriteBuffer
+from txn._isolation import TransactionStatus
+from txn._services import cell_lock, commit_lock
+from txn._status import ABORTED, TXN_TABLE, decode_outcome, encode_outcome, txn_key
+from txn.errors import (
+    CommitUnknownError,
+    TransactionAbortedError,
+    TransactionConflictError,
+)
+
+if TYPE_CHECKING:
+    from txn._runtime import Runtime
+    from txn._transaction import ReadSet, Transaction
+
+log = logging.getLogger(__name__)
+
+#: Versions inspected per cell and round when looking below ``start_ts`` for a
+#: writer that committed after it.
+_CONFLICT_PAGE = 16
+
+
+def commit(rt: Runtime, tx: Transaction, writes: WriteBuffer, reads: ReadSet | None) -> int:
+    start_ts = tx.start_ts
+    hit = rt.failpoints.hit
+    token = _lock(rt, tx, writes)
+    wrote = False
+    try:
+        hit(fp.AFTER_LOCK, start_ts)
+        wrote = True  # from here on, some versions may exist in the store
+        _write_versions(rt, start_ts, writes)
+        hit(fp.AFTER_WRITE, start_ts)
+        _check_write_conflicts(rt, start_ts, writes)
+        hit(fp.AFTER_CONFLICT_CHECK, start_ts)
+        commit_ts = rt.timestamps.next_timestamp()
+        hit(fp.AFTER_COMMIT_TS, start_ts)
+        if reads is not None:
+            _validate_reads(rt, start_ts, commit_ts, reads)
+        outcome = _commit_point(rt, tx, commit_ts)
+    except TransactionAbortedError:
+        tx.status = TransactionStatus.ABORTED
+        if wrote:
+            _abandon(rt, start_ts, writes)
+        _release(rt, token)
+        raise
+    except CommitUnknownError:
+        tx.status = TransactionStatus.UNKNOWN
+        _release(rt, token)
+        raise
+    except StoreError as exc:
+        # Failed before the commit point was attempted: definitely not committed.
+        tx.status = TransactionStatus.ABORTED
+        if wrote:
+            _abandon(rt, start_ts, writes)
+        _release(rt, token)
+        raise TransactionAbortedError(
+            f"transaction {start_ts} aborted: store error before commit: {exc}"
+        ) from exc
+    if outcome == ABORTED:
+        tx.status = TransactionStatus.ABORTED
+        _abandon(rt, start_ts, writes, entry_written=True)
+        _release(rt, token)
+        raise TransactionConflictError(
+            f"transaction {start_ts} was aborted by a concurrent reader or writer that "
+            "found it stalled (its locks were lost or expired)"
+        )
+    _release(rt, token)
+    hit(fp.AFTER_RELEASE, start_ts)
+    return commit_ts
+
+
+def _lock(rt: Runtime, tx: Transaction, writes: WriteBuffer) -> LockToken | None:
+    descriptors = [commit_lock(tx.start_ts)]
+    for table, cells in writes.tables():
+        descriptors.extend(cell_lock(table, c.row, c.column) for c in cells)
+    try:
+        token = rt.locks.lock(
+            descriptors, tx.id, rt.config.lease_ms, wait_timeout_ms=rt.config.lock_wait_ms
+        )
+    except StaleTokenError as exc:  # pragma: no cover - lock() takes no token
+        raise TransactionConflictError(str(exc)) from exc
+    if token is None:
+        tx.status = TransactionStatus.ABORTED
+        raise TransactionConflictError(
+            f"transaction {tx.start_ts} timed out after {rt.config.lock_wait_ms} ms "
+            "waiting for locks held by a concurrent committer"
+        )
+    return token
+
+
+def _release(rt: Runtime, token: LockToken | None) -> None:
+    if token is None:
+        return
+    try:
+        rt.locks.unlock(token)
+    except (StaleTokenError, OSError, RuntimeError) as exc:
+        # Locks only serve liveness (S5): a lost lock needs no release.
+        log.debug("could not release locks %s: %s", token, exc)
+
+
+def _write_versions(rt: Runtime, start_ts: int, writes: WriteBuffer) -> None:
+    for table, cells in writes.tables():
+        rt.store.put_versions(
+            table, [VersionWrite(c.row, c.column, start_ts, v) for c, v in cells.items()]
+        )
+
+
+def _check_write_conflicts(rt: Runtime, start_ts: int, writes: WriteBuffer) -> None:
+    """First committer wins: abort if a writer of one of our cells committed in our way.
+
+    Writer W of cell c conflicts when W.start > T.start and W committed, or
+    W.start < T.start and W.commit > T.start. Below T.start the newest writer that
+    committed before T.start ends the search: an older writer committing after T.start
+    would have conflicted with that one, and at most one of the two can commit.
+    """
+    for table, cells in writes.tables():
+        keys = list(cells.keys())
+        newer = rt.store.get_version_timestamps(table, keys, above_ts=start_ts)
+        newer_writers = {ts for tss in newer.values() for ts in tss}
+        if newer_writers:
+            outcomes = rt.resolver.resolve(newer_writers)
+            for ts in sorted(newer_writers):
+                if outcomes[ts] != ABORTED:
+                    raise TransactionConflictError(
+                        f"write-write conflict in {table!r}: transaction {ts} started after "
+                        f"{start_ts} and committed first"
+                    )
+        below: dict[Cell, int] = {cell: start_ts for cell in keys}
+        while below:
+            older: dict[Cell, list[int]] = {}
+            for bound in set(below.values()):
+                group = [c for c, b in below.items() if b == bound]
+                older.update(
+                    rt.store.get_version_timestamps(
+                        table, group, below_ts=bound, limit=_CONFLICT_PAGE
+                    )
+                )
+            outcomes = rt.resolver.resolve({ts for tss in older.values() for ts in tss})
+            next_below: dict[Cell, int] = {}
+            for cell, tss in older.items():
+                for ts in tss:
+                    outcome = outcomes[ts]
+                    if outcome == ABORTED:
+                        continue
+                    if outcome > start_ts:
+                        raise TransactionConflictError(
+                            f"write-write conflict in {table!r}: transaction {ts} committed "
+                            f"at {outcome}, after {start_ts} started"
+                        )
+                    break  # committed before we started: no older writer matters
+                else:
+                    if len(tss) == _CONFLICT_PAGE:
+                        next_below[cell] = tss[-1]
+            below = next_below
+
+
+def _validate_reads(rt: Runtime, start_ts: int, commit_ts: int, reads: ReadSet) -> None:
+    """SERIALIZABLE: everything read at ``start_ts`` must read the same at ``commit_ts``."""
+    by_table: dict[str, list[Cell]] = {}
+    for table, cell in reads.cells:
+        by_table.setdefault(table, []).append(cell)
+    for table, cells in by_table.items():
+        now = rt.reader.read_cells(table, cells, commit_ts, skip_ts=start_ts)
+        for cell in cells:
+            if now.get(cell) != reads.cells[(table, cell)]:
+                raise TransactionConflictError(
+                    f"serialization failure: {table!r} cell {cell.row!r}/{cell.column!r} "
+                    f"changed between {start_ts} and {commit_ts}"
+                )
+    for scan in reads.scans:
+        if scan.upto is None and not scan.exhausted:
+            continue  # nothing was iterated, nothing was read
+        end_row = scan.end_row
+        now_seen = []
+        for row, column, value in rt.reader.scan(
+            scan.table,
+            scan.start_row,
+            end_row,
+            commit_ts,
+            skip_ts=start_ts,
+            page_size=rt.config.scan_page_size,
+        ):
+            if not scan.exhausted and scan.upto is not None and Cell(row, column) > scan.upto:
+                break
+            if value is not None:
+                now_seen.append((row, column, value))
+        seen_then = [
+            e
+            for e in scan.observed
+            if scan.exhausted or scan.upto is None or Cell(e[0], e[1]) <= scan.upto
+        ]
+        if now_seen != seen_then:
+            raise TransactionConflictError(
+                f"serialization failure: scan of {scan.table!r} from {scan.start_row!r} "
+                f"changed between {start_ts} and {commit_ts} (phantom or update)"
+            )
+
+
+def _commit_point(rt: Runtime, tx: Transaction, commit_ts: int) -> int:
+    """Put-unless-exists ``start_ts -> commit_ts``; returns the outcome that stands."""
+    key, value = txn_key(tx.start_ts), encode_outcome(commit_ts)
+    try:
+        rt.failpoints.hit(fp.BEFORE_COMMIT_POINT, tx.start_ts)
+        result = rt.store.put_unless_exists(TXN_TABLE, key, value)
+        rt.failpoints.hit(fp.AFTER_COMMIT_POINT, tx.start_ts)
+    except StoreTimeoutError as exc:
+        log.warning("commit point of %d timed out; settling it (S6): %s", tx.start_ts, exc)
+        return _settle(rt, tx, commit_ts, exc)
+    assert result.current is not None
+    outcome = decode_outcome(result.current)
+    rt.resolver.remember(tx.start_ts, outcome)
+    if outcome not in (commit_ts, ABORTED):
+        raise CommitUnknownError(  # pragma: no cover - only one writer uses this key
+            f"transactions-table entry of {tx.start_ts} holds a foreign commit timestamp {outcome}",
+            start_ts=tx.start_ts,
+        )
+    return outcome
+
+
+def _settle(rt: Runtime, tx: Transaction, commit_ts: int, first: Exception) -> int:
+    """Settle an ambiguous commit point by re-issuing it (idempotent, rule S6).
+
+    Re-issuing cannot commit a transaction that meant to abort: this one meant to
+    commit. Finding our own value means an earlier attempt applied.
+    """
+    key, value = txn_key(tx.start_ts), encode_outcome(commit_ts)
+    last: Exception = first
+    for attempt in range(rt.config.settle_attempts):
+        time.sleep(rt.config.settle_backoff_ms / 1000 * attempt)
+        try:
+            rt.failpoints.hit(fp.SETTLE_COMMIT, tx.start_ts)
+            result = rt.store.put_unless_exists(TXN_TABLE, key, value)
+        except StoreError as exc:
+            last = exc
+            continue
+        assert result.current is not None
+        outcome = decode_outcome(result.current)
+        rt.resolver.remember(tx.start_ts, outcome)
+        return outcome
+    raise CommitUnknownError(
+        f"commit of transaction {tx.start_ts} has an unknown outcome after "
+        f"{rt.config.settle_attempts} attempts to settle it: {last}",
+        start_ts=tx.start_ts,
+    ) from last
+
+
+def _abandon(
+    rt: Runtime, start_ts: int, writes: WriteBuffer, *, entry_written: bool = False
+) -> None:
+    """Mark ourselves aborted so readers need not wait, then queue our versions' removal."""
+    if not entry_written:
+        try:
+            outcome = rt.resolver.settle_aborted(start_ts)
+        except StoreError as exc:
+            # Readers will settle us (S3); until then the versions stay, invisible.
+            log.debug("could not record abort of %d: %s", start_ts, exc)
+            return
+        if outcome != ABORTED:  # pragma: no cover - we never attempted the commit point
+            log.error("transaction %d found committed while abandoning it", start_ts)
+            return
+    for table, cells in writes.tables():
+        rt.cleaner.submit(table, [(c.row, c.column, start_ts) for c in cells])

@@ -1,0 +1,165 @@
+"""``TransactionManager``: begins transactions and owns what they share."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from lockserver import LockTable
+from storage_adapters import KVStore, open_store
+from tso import TimestampBatcher, TimestampOracle
+from txn._config import TransactionConfig
+from txn._isolation import Isolation
+from txn._runtime import Runtime
+from txn._services import LockService, TimestampSource
+from txn._transaction import Transaction
+from txn.errors import TransactionConflictError, TransactionError
+from txn.failpoints import FailPoints
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Backoff between attempts of ``run``: doubles from the base up to the cap, with
+#: full jitter so that conflicting retriers spread out instead of colliding again.
+RETRY_BASE_S = 0.005
+RETRY_CAP_S = 0.5
+
+
+class TransactionManager:
+    """Begins transactions. Safe to share between threads.
+
+    Build one with :meth:`embedded` (oracle, lock server and store in this
+    process) or :meth:`remote` (through a percolake gateway).
+    """
+
+    def __init__(
+        self,
+        store: KVStore,
+        timestamps: TimestampSource,
+        locks: LockService,
+        config: TransactionConfig | None = None,
+        *,
+        owns: tuple[object, ...] = (),
+    ) -> None:
+        self._rt = Runtime.build(store, timestamps, locks, config or TransactionConfig())
+        self._owns = owns
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    @classmethod
+    def embedded(
+        cls,
+        store_url: str = "sqlite:///.percolake/store.db",
+        config: TransactionConfig | None = None,
+    ) -> TransactionManager:
+        """Oracle, lock server and store in this process: the embedded default."""
+        store = open_store(store_url)
+        oracle = TimestampOracle(store)
+        return cls(
+            store,
+            TimestampBatcher(oracle.next_range),
+            LockTable(),
+            config,
+            owns=(store,),
+        )
+
+    @classmethod
+    def remote(cls, address: str, token: str | None = None) -> TransactionManager:
+        """A manager that talks to a percolake gateway (``percolake serve``) over gRPC."""
+        raise TransactionError(
+            "the remote manager arrives with the gRPC gateway (issue 4); "
+            "use TransactionManager.embedded(url) meanwhile"
+        )
+
+    # --- what tests and operators reach into -------------------------------------
+
+    @property
+    def store(self) -> KVStore:
+        return self._rt.store
+
+    @property
+    def failpoints(self) -> FailPoints:
+        """Fault-injection points of this manager's commit path (tests only)."""
+        return self._rt.failpoints
+
+    @property
+    def config(self) -> TransactionConfig:
+        return self._rt.config
+
+    @property
+    def locks(self) -> LockService:
+        return self._rt.locks
+
+    def replace_locks(self, locks: LockService) -> None:
+        """Point at another lock server, as after a lock server restart."""
+        self._rt.locks = locks
+        self._rt.resolver._locks = locks
+
+    def wait_for_cleanup(self) -> None:
+        """Block until queued removal of aborted versions is done."""
+        self._rt.cleaner.drain()
+
+    # --- transactions ------------------------------------------------------------
+
+    def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> Transaction:
+        if not isinstance(isolation, Isolation):
+            raise TypeError(f"isolation must be an Isolation, got {isolation!r}")
+        if self._closed:
+            raise TransactionError("transaction manager is closed")
+        return Transaction(self._rt, self._rt.timestamps.next_timestamp(), isolation)
+
+    def run(
+        self,
+        fn: Callable[[Transaction], T],
+        isolation: Isolation = Isolation.SNAPSHOT,
+        max_attempts: int = 10,
+    ) -> T:
+        """Run ``fn(tx)`` and commit, retrying on conflicts with jittered backoff.
+
+        Only :class:`TransactionConflictError` is retried: it guarantees that the
+        attempt did not commit. An unknown outcome is never retried blindly (S6).
+        """
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be a positive int, got {max_attempts!r}")
+        for attempt in range(1, max_attempts + 1):
+            tx = self.begin(isolation)
+            try:
+                with tx:
+                    result = fn(tx)
+                return result
+            except TransactionConflictError as exc:
+                if attempt == max_attempts:
+                    raise
+                delay = random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt))
+                log.debug("attempt %d conflicted (%s); retrying in %.3fs", attempt, exc, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def attach(self, txn_id: str) -> Transaction:
+        raise TransactionError(
+            "attach() joins a transaction that another process began; it needs a remote "
+            "manager (TransactionManager.remote)"
+        )
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._rt.cleaner.drain()
+        self._rt.cleaner.close()
+        for resource in self._owns:
+            close = getattr(resource, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> TransactionManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,41 @@
+"""What the protocol needs from the oracle and the lock server, embedded or remote."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from lockserver import LockToken
+
+
+class TimestampSource(Protocol):
+    def next_timestamp(self) -> int:
+        """A fresh timestamp, above every timestamp handed out before this call."""
+        ...
+
+
+class LockService(Protocol):
+    def lock(
+        self,
+        descriptors: Iterable[bytes],
+        owner: str,
+        lease_ms: int,
+        wait_timeout_ms: int = 0,
+    ) -> LockToken | None: ...
+
+    def refresh(self, token: LockToken, lease_ms: int | None = None) -> bool: ...
+
+    def unlock(self, token: LockToken) -> bool: ...
+
+    def wait_until_released(self, descriptors: Iterable[bytes], timeout_ms: int) -> bool: ...
+
+
+def cell_lock(table: str, row: bytes, column: bytes) -> bytes:
+    """Lock descriptor of a cell; length prefixes keep distinct cells distinct."""
+    t = table.encode()
+    return b"c" + len(t).to_bytes(1, "big") + t + len(row).to_bytes(4, "big") + row + column
+
+
+def commit_lock(start_ts: int) -> bytes:
+    """Lock descriptor a transaction holds while it commits; readers wait on it."""
+    return b"t" + start_ts.to_bytes(8, "big")

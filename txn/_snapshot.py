@@ -1,0 +1,123 @@
+"""Snapshot reads: the newest committed version of each cell below a timestamp."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+from storage_adapters import Cell, KVStore, ScanEntry
+from txn._status import ABORTED, StatusResolver
+
+#: Reports versions of aborted writers found on the way, for asynchronous cleanup.
+GarbageSink = Callable[[str, list[tuple[bytes, bytes, int]]], None]
+
+
+class SnapshotReader:
+    """Reads at a snapshot ``r``: a version is visible when its writer committed below ``r``.
+
+    ``skip_ts`` names a writer whose versions are never visible: the reading
+    transaction itself, when it re-reads at its commit timestamp (SERIALIZABLE).
+    """
+
+    def __init__(self, store: KVStore, resolver: StatusResolver, garbage: GarbageSink) -> None:
+        self._store = store
+        self._resolver = resolver
+        self._garbage = garbage
+
+    def _visible(self, writer_ts: int, outcome: int | None, snapshot_ts: int) -> bool:
+        return outcome is not None and outcome != ABORTED and outcome < snapshot_ts
+
+    def read_cells(
+        self,
+        table: str,
+        cells: Sequence[Cell],
+        snapshot_ts: int,
+        *,
+        skip_ts: int | None = None,
+        below: dict[Cell, int] | None = None,
+    ) -> dict[Cell, bytes | None]:
+        """Visible value of each cell (``None``: deleted); cells never written left out.
+
+        ``below`` starts some cells' search under a lower bound than the snapshot.
+        """
+        bounds = {cell: snapshot_ts for cell in cells}
+        if below:
+            bounds.update(below)
+        out: dict[Cell, bytes | None] = {}
+        while bounds:
+            groups: dict[int, list[Cell]] = {}
+            for cell, bound in bounds.items():
+                groups.setdefault(bound, []).append(cell)
+            found = {}
+            for bound, group in groups.items():
+                found.update(self._store.get_latest(table, group, bound))
+            outcomes = self._resolver.resolve({v.ts for v in found.values() if v.ts != skip_ts})
+            next_bounds: dict[Cell, int] = {}
+            garbage = []
+            for cell, version in found.items():
+                outcome = outcomes.get(version.ts)
+                if version.ts != skip_ts and self._visible(version.ts, outcome, snapshot_ts):
+                    out[cell] = version.value
+                    continue
+                if outcome == ABORTED:
+                    garbage.append((cell.row, cell.column, version.ts))
+                next_bounds[cell] = version.ts
+            if garbage:
+                self._garbage(table, garbage)
+            bounds = next_bounds
+        return out
+
+    def scan(
+        self,
+        table: str,
+        start_row: bytes,
+        end_row: bytes | None,
+        snapshot_ts: int,
+        *,
+        skip_ts: int | None = None,
+        page_size: int = 500,
+        start_column: bytes = b"",
+    ) -> Iterator[tuple[bytes, bytes, bytes | None]]:
+        """Visible versions in ``(row, column)`` order, tombstones included (``None``)."""
+        entries = self._store.scan(
+            table,
+            start_row,
+            end_row,
+            snapshot_ts,
+            start_column=start_column,
+            page_size=page_size,
+        )
+        page: list[ScanEntry] = []
+        for entry in entries:
+            page.append(entry)
+            if len(page) >= page_size:
+                yield from self._resolve_page(table, page, snapshot_ts, skip_ts)
+                page = []
+        if page:
+            yield from self._resolve_page(table, page, snapshot_ts, skip_ts)
+
+    def _resolve_page(
+        self, table: str, page: list[ScanEntry], snapshot_ts: int, skip_ts: int | None
+    ) -> Iterator[tuple[bytes, bytes, bytes | None]]:
+        outcomes = self._resolver.resolve({e.ts for e in page if e.ts != skip_ts})
+        older: dict[Cell, int] = {}
+        garbage = []
+        for e in page:
+            outcome = outcomes.get(e.ts)
+            if e.ts == skip_ts or not self._visible(e.ts, outcome, snapshot_ts):
+                older[Cell(e.row, e.column)] = e.ts
+                if outcome == ABORTED:
+                    garbage.append((e.row, e.column, e.ts))
+        if garbage:
+            self._garbage(table, garbage)
+        resolved = (
+            self.read_cells(table, list(older), snapshot_ts, skip_ts=skip_ts, below=older)
+            if older
+            else {}
+        )
+        for e in page:
+            cell = Cell(e.row, e.column)
+            if cell in older:
+                if cell in resolved:
+                    yield e.row, e.column, resolved[cell]
+            else:
+                yield e.row, e.column, e.value

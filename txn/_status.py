@@ -1,0 +1,115 @@
+"""The transactions table and the settling of writers whose outcome is not yet known."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from storage_adapters import KVStore
+from txn._config import TransactionConfig
+from txn._services import LockService, commit_lock
+
+log = logging.getLogger(__name__)
+
+#: The transactions table: start_ts -> commit_ts or ABORTED, written only with
+#: put-unless-exists, never changed afterwards (rule S1).
+TXN_TABLE = "_txn"
+
+#: A writer's final outcome: its commit timestamp, or ABORTED.
+ABORTED = -1
+
+_ABORTED_VALUE = b"A"
+_COMMITTED_PREFIX = b"C"
+
+
+def txn_key(start_ts: int) -> bytes:
+    return start_ts.to_bytes(8, "big")
+
+
+def encode_outcome(outcome: int) -> bytes:
+    if outcome == ABORTED:
+        return _ABORTED_VALUE
+    return _COMMITTED_PREFIX + outcome.to_bytes(8, "big")
+
+
+def decode_outcome(raw: bytes) -> int:
+    if raw == _ABORTED_VALUE:
+        return ABORTED
+    if len(raw) == 9 and raw[:1] == _COMMITTED_PREFIX:
+        return int.from_bytes(raw[1:], "big")
+    raise ValueError(f"corrupt transactions-table entry {raw!r}")
+
+
+class StatusResolver:
+    """Finds each writer's outcome, settling the undecided ones (rule S3).
+
+    A writer with no entry is never taken to be aborted. If it holds its commit
+    lock, the reader waits for it (bounded); then the reader tries to write
+    ABORTED with put-unless-exists. Losing that race means the writer committed,
+    and the entry it wrote is the answer.
+    """
+
+    def __init__(self, store: KVStore, locks: LockService, config: TransactionConfig) -> None:
+        self._store = store
+        self._locks = locks
+        self._config = config
+        self._cache: OrderedDict[int, int] = OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    def cached(self, start_ts: int) -> int | None:
+        with self._cache_lock:
+            return self._cache.get(start_ts)
+
+    def remember(self, start_ts: int, outcome: int) -> None:
+        with self._cache_lock:
+            self._cache[start_ts] = outcome
+            if len(self._cache) > self._config.status_cache_size:
+                self._cache.popitem(last=False)
+
+    def read(self, start_tss: Iterable[int]) -> dict[int, int]:
+        """Outcomes known now (cache, then the table); undecided writers left out."""
+        out: dict[int, int] = {}
+        missing = []
+        for ts in set(start_tss):
+            known = self.cached(ts)
+            if known is None:
+                missing.append(ts)
+            else:
+                out[ts] = known
+        if missing:
+            rows = self._store.get_system(TXN_TABLE, [txn_key(ts) for ts in missing])
+            for ts in missing:
+                raw = rows.get(txn_key(ts))
+                if raw is not None:
+                    out[ts] = decode_outcome(raw)
+                    self.remember(ts, out[ts])
+        return out
+
+    def resolve(self, start_tss: Iterable[int]) -> dict[int, int]:
+        """Final outcomes of every writer, settling undecided ones."""
+        wanted = set(start_tss)
+        out = self.read(wanted)
+        undecided = wanted - out.keys()
+        if not undecided:
+            return out
+        # Wait on live committers instead of aborting them (liveness, rule S5).
+        self._locks.wait_until_released(
+            [commit_lock(ts) for ts in sorted(undecided)], self._config.resolve_wait_ms
+        )
+        out.update(self.read(undecided))
+        for ts in sorted(undecided - out.keys()):
+            out[ts] = self.settle_aborted(ts)
+        return out
+
+    def settle_aborted(self, start_ts: int) -> int:
+        """Try to write ABORTED for ``start_ts``; returns the outcome that stands."""
+        result = self._store.put_unless_exists(
+            TXN_TABLE, txn_key(start_ts), encode_outcome(ABORTED)
+        )
+        outcome = decode_outcome(result.current) if result.current is not None else ABORTED
+        if result.applied:
+            log.debug("settled undecided transaction %d as aborted", start_ts)
+        self.remember(start_ts, outcome)
+        return outcome

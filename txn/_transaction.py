@@ -1,0 +1,235 @@
+"""A transaction: reads at its start timestamp, buffered writes, explicit states."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from storage_adapters import Cell, StoreError, check_table
+from storage_adapters._base import check_key, check_value
+from txn._buffer import WriteBuffer
+from txn._isolation import Isolation, TransactionStatus
+from txn.errors import TransactionClosedError, TransactionError
+
+if TYPE_CHECKING:
+    from txn._runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ScanRecord:
+    """A scanned range as far as it was iterated, and what the store showed in it."""
+
+    table: str
+    start_row: bytes
+    end_row: bytes | None
+    observed: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)
+    #: Last position handed to the caller; ``None`` before the first item.
+    upto: Cell | None = None
+    exhausted: bool = False
+
+
+@dataclass(slots=True)
+class ReadSet:
+    """What a SERIALIZABLE transaction read from the store, re-validated at commit."""
+
+    cells: dict[tuple[str, Cell], bytes | None] = field(default_factory=dict)
+    scans: list[ScanRecord] = field(default_factory=list)
+
+
+def _check_cell(row: object, column: object) -> Cell:
+    return Cell(check_key("row", row), check_key("column", column))
+
+
+class Transaction:
+    """One transaction. Belongs to one thread; see CONTRACT.md for the API."""
+
+    def __init__(self, runtime: Runtime, start_ts: int, isolation: Isolation) -> None:
+        self._rt = runtime
+        self.start_ts = start_ts
+        self.isolation = isolation
+        self.status = TransactionStatus.ACTIVE
+        self.commit_ts: int | None = None
+        self._writes = WriteBuffer()
+        self._reads = ReadSet() if isolation is Isolation.SERIALIZABLE else None
+
+    @property
+    def id(self) -> str:
+        """Opaque identifier, unique across every manager on the same store."""
+        return str(self.start_ts)
+
+    def __repr__(self) -> str:
+        return f"<Transaction {self.id} {self.isolation.value} {self.status.value}>"
+
+    def _check_active(self) -> None:
+        if self.status is not TransactionStatus.ACTIVE:
+            raise TransactionClosedError(
+                f"transaction {self.id} is {self.status.value}; start a new one"
+            )
+
+    # --- reads ---------------------------------------------------------------------
+
+    def get(self, table: str, row: bytes, column: bytes) -> bytes | None:
+        """The cell's value at this transaction's snapshot, own writes included."""
+        check_table(table)
+        cell = _check_cell(row, column)
+        return self._get_cells(table, [cell]).get(cell)
+
+    def get_many(
+        self, table: str, cells: Iterable[tuple[bytes, bytes]]
+    ) -> dict[tuple[bytes, bytes], bytes]:
+        """Values of many cells in one round trip; absent or deleted cells left out."""
+        check_table(table)
+        if isinstance(cells, tuple | bytes | str):
+            raise TypeError("cells must be an iterable of (row, column) tuples")
+        wanted = []
+        for pair in cells:
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise TypeError(f"a cell must be a (row, column) tuple, got {pair!r}")
+            wanted.append(_check_cell(*pair))
+        found = self._get_cells(table, wanted)
+        return {(c.row, c.column): v for c, v in found.items()}
+
+    def _get_cells(self, table: str, cells: list[Cell]) -> dict[Cell, bytes]:
+        self._check_active()
+        out: dict[Cell, bytes] = {}
+        from_store = []
+        for cell in dict.fromkeys(cells):
+            buffered, value = self._writes.lookup(table, cell)
+            if buffered:
+                if value is not None:
+                    out[cell] = value
+            else:
+                from_store.append(cell)
+        if from_store:
+            try:
+                visible = self._rt.reader.read_cells(table, from_store, self.start_ts)
+            except StoreError as exc:
+                raise TransactionError(f"read of {table!r} failed: {exc}") from exc
+            if self._reads is not None:
+                for cell in from_store:
+                    self._reads.cells[(table, cell)] = visible.get(cell)
+            for cell, value in visible.items():
+                if value is not None:
+                    out[cell] = value
+        return out
+
+    def scan(
+        self, table: str, start_row: bytes = b"", end_row: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes, bytes]]:
+        """``(row, column, value)`` for ``start_row <= row < end_row``, sorted, own writes in."""
+        check_table(table)
+        check_key("start_row", start_row, allow_empty=True)
+        if end_row is not None:
+            check_key("end_row", end_row, allow_empty=True)
+        self._check_active()
+        record = ScanRecord(table, start_row, end_row)
+        if self._reads is not None:
+            self._reads.scans.append(record)
+        return self._scan(record)
+
+    def _scan(self, record: ScanRecord) -> Iterator[tuple[bytes, bytes, bytes]]:
+        stored = self._rt.reader.scan(
+            record.table,
+            record.start_row,
+            record.end_row,
+            self.start_ts,
+            page_size=self._rt.config.scan_page_size,
+        )
+        buffered = self._writes.range(record.table, record.start_row, record.end_row)
+        next_stored = next(stored, None)
+        next_buffered = next(buffered, None)
+        while next_stored is not None or next_buffered is not None:
+            self._check_active()
+            take_buffer = next_stored is None or (
+                next_buffered is not None
+                and next_buffered[0] <= Cell(next_stored[0], next_stored[1])
+            )
+            if take_buffer:
+                assert next_buffered is not None
+                cell, value = next_buffered
+                if next_stored is not None and cell == Cell(next_stored[0], next_stored[1]):
+                    self._observe(record, next_stored)  # shadowed by our own write
+                    next_stored = next(stored, None)
+                next_buffered = next(buffered, None)
+            else:
+                assert next_stored is not None
+                row, column, value = next_stored
+                cell = Cell(row, column)
+                self._observe(record, next_stored)
+                next_stored = next(stored, None)
+            record.upto = cell
+            if value is not None:
+                yield cell.row, cell.column, value
+        record.exhausted = True
+
+    @staticmethod
+    def _observe(record: ScanRecord, entry: tuple[bytes, bytes, bytes | None]) -> None:
+        row, column, value = entry
+        if value is not None:
+            record.observed.append((row, column, value))
+
+    # --- writes --------------------------------------------------------------------
+
+    def put(self, table: str, row: bytes, column: bytes, value: bytes) -> None:
+        """Buffer a write; it becomes visible to others only when the commit succeeds."""
+        check_table(table)
+        cell = _check_cell(row, column)
+        check_value(value)
+        self._check_active()
+        self._writes.put(table, cell, value)
+
+    def delete(self, table: str, row: bytes, column: bytes) -> None:
+        """Buffer a delete (a tombstone version)."""
+        check_table(table)
+        cell = _check_cell(row, column)
+        self._check_active()
+        self._writes.put(table, cell, None)
+
+    # --- ending --------------------------------------------------------------------
+
+    def commit(self) -> int:
+        """Commit and return the commit timestamp (``start_ts`` for read-only ones).
+
+        Raises :class:`~txn.errors.TransactionConflictError` when a concurrent
+        transaction won, :class:`~txn.errors.TransactionAbortedError` when it
+        definitely did not commit, :class:`~txn.errors.CommitUnknownError` when
+        the outcome could not be settled.
+        """
+        self._check_active()
+        if not len(self._writes):
+            # Read-only: the snapshot was consistent; nothing to validate (DESIGN.md).
+            self.status = TransactionStatus.COMMITTED
+            self.commit_ts = self.start_ts
+            return self.start_ts
+        from txn._committer import commit
+
+        self.status = TransactionStatus.COMMITTING
+        self.commit_ts = commit(self._rt, self, self._writes, self._reads)
+        self.status = TransactionStatus.COMMITTED
+        return self.commit_ts
+
+    def abort(self) -> None:
+        """Drop the buffered writes. Nothing was written to the store before commit."""
+        self._check_active()
+        self.status = TransactionStatus.ABORTED
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.status is not TransactionStatus.ACTIVE:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
