@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from storage_adapters import KVStore, open_store
+from txn import TransactionConfig, TransactionManager
 
 StoreFactory = Callable[[], KVStore]
 
@@ -48,3 +49,17 @@ def store(store_url_factory: Callable[[], str]) -> Iterator[KVStore]:
     s = open_store(store_url_factory())
     yield s
     s.close()
+
+
+# Short waits keep tests of stalled committers fast; none of these affects safety.
+TEST_CONFIG_KW = {"resolve_wait_ms": 300, "lock_wait_ms": 2000, "settle_backoff_ms": 1}
+
+
+@pytest.fixture
+def tm(store_url_factory: Callable[[], str]) -> Iterator[TransactionManager]:
+    """An embedded transaction manager on each backend."""
+    manager = TransactionManager.embedded(
+        store_url_factory(), config=TransactionConfig(**TEST_CONFIG_KW)
+    )
+    yield manager
+    manager.close()

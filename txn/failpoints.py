@@ -54,10 +54,20 @@ def crash() -> Action:
     return act
 
 
-def pause(seconds: float | None = None, *, until: threading.Event | None = None) -> Action:
-    """Block the committer for ``seconds``, or until ``until`` is set."""
+def pause(
+    seconds: float | None = None,
+    *,
+    until: threading.Event | None = None,
+    reached: threading.Event | None = None,
+) -> Action:
+    """Block the committer for ``seconds``, or until ``until`` is set (``seconds`` caps it).
+
+    ``reached`` is set when the committer arrives, so a test can act while it waits.
+    """
 
     def act(start_ts: int) -> None:
+        if reached is not None:
+            reached.set()
         if until is not None:
             until.wait(seconds)
         elif seconds is not None:
