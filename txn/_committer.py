@@ -39,53 +39,120 @@ log = logging.getLogger(__name__)
 _CONFLICT_PAGE = 16
 
 
-def commit(rt: Runtime, tx: Transaction, writes: WriteBuffer, reads: ReadSet | None) -> int:
-    start_ts = tx.start_ts
-    hit = rt.failpoints.hit
-    token = _lock(rt, tx, writes)
-    wrote = False
-    try:
-        hit(fp.AFTER_LOCK, start_ts)
-        wrote = True  # from here on, some versions may exist in the store
-        _write_versions(rt, start_ts, writes)
-        hit(fp.AFTER_WRITE, start_ts)
-        _check_write_conflicts(rt, start_ts, writes)
-        hit(fp.AFTER_CONFLICT_CHECK, start_ts)
-        commit_ts = rt.timestamps.next_timestamp()
-        hit(fp.AFTER_COMMIT_TS, start_ts)
-        if reads is not None:
-            _validate_reads(rt, start_ts, commit_ts, reads)
-        outcome = _commit_point(rt, tx, commit_ts)
-    except TransactionAbortedError:
-        tx.status = TransactionStatus.ABORTED
-        if wrote:
-            _abandon(rt, start_ts, writes)
-        _release(rt, token)
-        raise
-    except CommitUnknownError:
-        tx.status = TransactionStatus.UNKNOWN
-        _release(rt, token)
-        raise
-    except StoreError as exc:
-        # Failed before the commit point was attempted: definitely not committed.
-        tx.status = TransactionStatus.ABORTED
-        if wrote:
-            _abandon(rt, start_ts, writes)
-        _release(rt, token)
-        raise TransactionAbortedError(
-            f"transaction {start_ts} aborted: store error before commit: {exc}"
-        ) from exc
-    if outcome == ABORTED:
-        tx.status = TransactionStatus.ABORTED
-        _abandon(rt, start_ts, writes, entry_written=True)
-        _release(rt, token)
-        raise TransactionConflictError(
-            f"transaction {start_ts} was aborted by a concurrent reader or writer that "
-            "found it stalled (its locks were lost or expired)"
-        )
-    _release(rt, token)
-    hit(fp.AFTER_RELEASE, start_ts)
-    return commit_ts
+#: The protocol's steps in the order DESIGN.md prescribes.
+STEPS = ("lock", "write", "check", "commit_ts", "validate", "commit_point", "release")
+
+
+class Commit:
+    """One transaction's commit, as explicit steps.
+
+    :meth:`run` performs every step; tests may call :meth:`step` to interleave the
+    steps of several transactions. ``steps`` exists so that a test can build a
+    deliberately broken protocol (for example ``check`` before ``write``, no
+    ``lock``) and show that the checks catch it; production always uses ``STEPS``.
+    """
+
+    def __init__(
+        self,
+        rt: Runtime,
+        tx: Transaction,
+        writes: WriteBuffer,
+        reads: ReadSet | None,
+        *,
+        steps: tuple[str, ...] = STEPS,
+    ) -> None:
+        self._rt = rt
+        self._tx = tx
+        self._writes = writes
+        self._reads = reads
+        self._steps = steps
+        self._next = 0
+        self._token: LockToken | None = None
+        self._wrote = False
+        self.commit_ts: int | None = None
+        self.outcome: int | None = None
+
+    @property
+    def next_step(self) -> str | None:
+        return self._steps[self._next] if self._next < len(self._steps) else None
+
+    def run(self) -> int:
+        while self.step():
+            pass
+        if self.commit_ts is None:
+            raise TransactionAbortedError("a commit without a commit_ts step cannot commit")
+        return self.commit_ts
+
+    def step(self) -> bool:
+        """Perform the next step; ``False`` once the transaction has committed."""
+        name = self.next_step
+        if name is None:
+            return False
+        start_ts = self._tx.start_ts
+        try:
+            getattr(self, "_" + name)()
+        except TransactionAbortedError:
+            self._fail(TransactionStatus.ABORTED)
+            raise
+        except CommitUnknownError:
+            self._fail(TransactionStatus.UNKNOWN)
+            raise
+        except StoreError as exc:
+            # Failed before the commit point was attempted: definitely not committed.
+            self._fail(TransactionStatus.ABORTED)
+            raise TransactionAbortedError(
+                f"transaction {start_ts} aborted: store error before commit: {exc}"
+            ) from exc
+        self._next += 1
+        if self.next_step is None:
+            self._tx.commit_ts = self.commit_ts
+            self._tx.status = TransactionStatus.COMMITTED
+            return False
+        return True
+
+    def _fail(self, status: TransactionStatus) -> None:
+        self._tx.status = status
+        if status is TransactionStatus.ABORTED and self._wrote:
+            _abandon(
+                self._rt, self._tx.start_ts, self._writes, entry_written=self.outcome == ABORTED
+            )
+        _release(self._rt, self._token)
+        self._next = len(self._steps)
+
+    def _lock(self) -> None:
+        self._token = _lock(self._rt, self._tx, self._writes)
+        self._rt.failpoints.hit(fp.AFTER_LOCK, self._tx.start_ts)
+
+    def _write(self) -> None:
+        self._wrote = True  # from here on, some versions may exist in the store
+        _write_versions(self._rt, self._tx.start_ts, self._writes)
+        self._rt.failpoints.hit(fp.AFTER_WRITE, self._tx.start_ts)
+
+    def _check(self) -> None:
+        _check_write_conflicts(self._rt, self._tx.start_ts, self._writes)
+        self._rt.failpoints.hit(fp.AFTER_CONFLICT_CHECK, self._tx.start_ts)
+
+    def _commit_ts(self) -> None:
+        self.commit_ts = self._rt.timestamps.next_timestamp()
+        self._rt.failpoints.hit(fp.AFTER_COMMIT_TS, self._tx.start_ts)
+
+    def _validate(self) -> None:
+        if self._reads is not None:
+            assert self.commit_ts is not None
+            _validate_reads(self._rt, self._tx.start_ts, self.commit_ts, self._reads)
+
+    def _commit_point(self) -> None:
+        assert self.commit_ts is not None
+        self.outcome = _commit_point(self._rt, self._tx, self.commit_ts)
+        if self.outcome == ABORTED:
+            raise TransactionConflictError(
+                f"transaction {self._tx.start_ts} was aborted by a concurrent reader or "
+                "writer that found it stalled (its locks were lost or expired)"
+            )
+
+    def _release(self) -> None:
+        _release(self._rt, self._token)
+        self._rt.failpoints.hit(fp.AFTER_RELEASE, self._tx.start_ts)
 
 
 def _lock(rt: Runtime, tx: Transaction, writes: WriteBuffer) -> LockToken | None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from storage_adapters import Cell, StoreError, check_table
 from storage_adapters._base import check_key, check_value
 from txn._buffer import WriteBuffer
+from txn._committer import STEPS, Commit
 from txn._isolation import Isolation, TransactionStatus
 from txn.errors import TransactionClosedError, TransactionError
 
@@ -201,17 +202,21 @@ class Transaction:
         the outcome could not be settled.
         """
         self._check_active()
-        if not len(self._writes):
+        if not self._writes:
             # Read-only: the snapshot was consistent; nothing to validate (DESIGN.md).
             self.status = TransactionStatus.COMMITTED
             self.commit_ts = self.start_ts
             return self.start_ts
-        from txn._committer import commit
+        return self.committer().run()
 
+    def committer(self, *, steps: tuple[str, ...] = STEPS) -> Commit:
+        """The commit as explicit steps, for tests that interleave transactions.
+
+        ``commit()`` is ``committer().run()``.
+        """
+        self._check_active()
         self.status = TransactionStatus.COMMITTING
-        self.commit_ts = commit(self._rt, self, self._writes, self._reads)
-        self.status = TransactionStatus.COMMITTED
-        return self.commit_ts
+        return Commit(self._rt, self, self._writes, self._reads, steps=steps)
 
     def abort(self) -> None:
         """Drop the buffered writes. Nothing was written to the store before commit."""

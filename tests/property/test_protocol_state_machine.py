@@ -1,0 +1,330 @@
+"""Protocol steps of several open transactions, interleaved by hypothesis, with faults.
+
+Each rule is one protocol step of one transaction (begin, read, append, one commit
+step) or one fault (a committer crashing between two steps, leases expiring under
+a paused committer, a lock server restart, an ambiguous commit point). The machine
+records a list-append history and checks it with the history checker at teardown.
+A deliberately broken protocol (conflict check before the version write, no locks)
+must be caught by the same machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from lockserver import LockTable
+from percolake.checker import check_history
+from storage_adapters import StoreTimeoutError, open_store
+from tso import TimestampBatcher, TimestampOracle
+from txn import Isolation, Transaction, TransactionConfig, TransactionManager
+from txn import failpoints as fp
+from txn._committer import STEPS, Commit
+from txn.errors import CommitUnknownError, TransactionAbortedError
+
+pytestmark = pytest.mark.property
+
+TABLE = "la"
+COLUMN = b"v"
+KEYS = ["k0", "k1", "k2"]
+MAX_OPEN = 4
+LEASE_MS = 1000
+
+#: The broken protocol of the issue: conflict check moved before the version
+#: write, and no locks at all.
+BROKEN_STEPS = ("check", "write", "commit_ts", "validate", "commit_point", "release")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Open:
+    tx: Transaction
+    process: int
+    ops: list[list[Any]] = field(default_factory=list)
+    commit: Commit | None = None
+
+
+class ProtocolMachine(RuleBasedStateMachine):
+    isolation: ClassVar[Isolation] = Isolation.SNAPSHOT
+    steps: ClassVar[tuple[str, ...]] = STEPS
+    store_url: ClassVar[str] = "memory://"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        store = open_store(type(self).store_url)
+        oracle = TimestampOracle(store, window=1000)
+        config = TransactionConfig(
+            lease_ms=LEASE_MS, lock_wait_ms=0, resolve_wait_ms=0, settle_backoff_ms=0
+        )
+        self.tm = TransactionManager(
+            store,
+            TimestampBatcher(oracle.next_range),
+            LockTable(self.clock),
+            config,
+            owns=(store,),
+        )
+        self.open: dict[int, Open] = {}
+        self.history: list[dict[str, Any]] = []
+        self.processes = itertools.count()
+        self.values = itertools.count(1)
+        self.log: list[str] = []
+
+    # --- recording ---------------------------------------------------------------
+
+    def _record(self, kind: str, o: Open, ops: list[list[Any]], **extra: int) -> None:
+        self.history.append(
+            {
+                "index": len(self.history),
+                "type": kind,
+                "process": o.process,
+                "f": "txn",
+                "value": ops,
+                **extra,
+            }
+        )
+
+    def _complete(self, o: Open, kind: str) -> None:
+        # Each transaction has its own process, so writing its invoke only now (with
+        # the operations it ended up doing) keeps every invoke/completion pair valid.
+        del self.open[o.tx.start_ts]
+        self._record("invoke", o, [[f, k, None if f == "r" else v] for f, k, v in o.ops])
+        if kind == "ok":
+            assert o.tx.commit_ts is not None
+            self._record("ok", o, o.ops, start_ts=o.tx.start_ts, commit_ts=o.tx.commit_ts)
+        elif kind == "fail":
+            self._record("fail", o, o.ops)
+        else:  # unknown outcome: reads are not trusted
+            self._record("info", o, [[f, k, None if f == "r" else v] for f, k, v in o.ops])
+        self.log.append(f"{kind} {o.tx.start_ts}")
+
+    # --- transactions --------------------------------------------------------------
+
+    @precondition(lambda self: len(self.open) < MAX_OPEN)
+    @rule()
+    def begin(self) -> None:
+        tx = self.tm.begin(type(self).isolation)
+        o = Open(tx, next(self.processes))
+        self.open[tx.start_ts] = o
+        self.log.append(f"begin {tx.start_ts}")
+
+    def _active(self) -> list[Open]:
+        return [o for o in self.open.values() if o.commit is None]
+
+    def _committing(self) -> list[Open]:
+        return [o for o in self.open.values() if o.commit is not None]
+
+    def _read_list(self, o: Open, key: str) -> list[int]:
+        raw = o.tx.get(TABLE, key.encode(), COLUMN)
+        return [] if raw is None else list(json.loads(raw))
+
+    @precondition(lambda self: bool(self._active()))
+    @rule(data=st.data(), key=st.sampled_from(KEYS))
+    def read(self, data: st.DataObject, key: str) -> None:
+        o = data.draw(st.sampled_from(self._active()))
+        o.ops.append(["r", key, self._read_list(o, key)])
+
+    @precondition(lambda self: bool(self._active()))
+    @rule(data=st.data())
+    def read_all_by_scan(self, data: st.DataObject) -> None:
+        o = data.draw(st.sampled_from(self._active()))
+        seen = {row.decode(): json.loads(v) for row, _, v in o.tx.scan(TABLE)}
+        o.ops.extend(["r", k, list(seen.get(k, []))] for k in KEYS)
+
+    @precondition(lambda self: bool(self._active()))
+    @rule(data=st.data(), key=st.sampled_from(KEYS))
+    def append(self, data: st.DataObject, key: str) -> None:
+        o = data.draw(st.sampled_from(self._active()))
+        current = self._read_list(o, key)
+        value = next(self.values)
+        o.tx.put(TABLE, key.encode(), COLUMN, json.dumps([*current, value]).encode())
+        o.ops.append(["r", key, current])
+        o.ops.append(["append", key, value])
+
+    @precondition(lambda self: bool(self._active()))
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        o = data.draw(st.sampled_from(self._active()))
+        o.tx.abort()
+        self._complete(o, "fail")
+
+    @precondition(lambda self: bool(self._active()))
+    @rule(data=st.data())
+    def start_commit(self, data: st.DataObject) -> None:
+        o = data.draw(st.sampled_from(self._active()))
+        if not o.ops or all(op[0] == "r" for op in o.ops):
+            o.tx.commit()  # read-only: commits trivially and never aborts
+            self._complete(o, "ok")
+            return
+        o.commit = o.tx.committer(steps=type(self).steps)
+
+    @precondition(lambda self: bool(self._committing()))
+    @rule(
+        data=st.data(),
+        ambiguity=st.sampled_from(["none", "none", "reply-lost", "not-applied", "unsettled"]),
+    )
+    def commit_step(self, data: st.DataObject, ambiguity: str) -> None:
+        self._step(data.draw(st.sampled_from(self._committing())), ambiguity)
+
+    @precondition(lambda self: len(self._committing()) > 1)
+    @rule(newest_first=st.booleans())
+    def every_committer_steps(self, newest_first: bool) -> None:
+        """All committers advance one step in lockstep: the classic race."""
+        for o in sorted(self._committing(), key=lambda o: o.tx.start_ts, reverse=newest_first):
+            self._step(o, "none")
+
+    def _step(self, o: Open, ambiguity: str) -> None:
+        assert o.commit is not None
+        step = o.commit.next_step
+        if step == "commit_point" and ambiguity != "none":
+            self._make_commit_point_ambiguous(o.tx.start_ts, ambiguity)
+        self.log.append(
+            f"step {o.tx.start_ts} {step} {ambiguity if step == 'commit_point' else ''}"
+        )
+        try:
+            more = o.commit.step()
+        except TransactionAbortedError:
+            self._complete(o, "fail")
+            return
+        except CommitUnknownError:
+            self._complete(o, "info")
+            return
+        finally:
+            self.tm.failpoints.disable()
+        if not more:
+            self._complete(o, "ok")
+
+    def _make_commit_point_ambiguous(self, start_ts: int, ambiguity: str) -> None:
+        def timeout() -> BaseException:
+            return StoreTimeoutError("simulated timeout")
+
+        only = start_ts.__eq__
+        if ambiguity == "reply-lost":
+            self.tm.failpoints.enable(
+                fp.AFTER_COMMIT_POINT, fp.raise_error(timeout), times=1, only=only
+            )
+        elif ambiguity == "not-applied":
+            self.tm.failpoints.enable(
+                fp.BEFORE_COMMIT_POINT, fp.raise_error(timeout), times=1, only=only
+            )
+        else:  # the commit point applies, its reply is lost, and settling fails too
+            self.tm.failpoints.enable(
+                fp.AFTER_COMMIT_POINT, fp.raise_error(timeout), times=1, only=only
+            )
+            self.tm.failpoints.enable(fp.SETTLE_COMMIT, fp.raise_error(timeout), only=only)
+
+    # --- faults --------------------------------------------------------------------
+
+    @precondition(lambda self: bool(self._committing()))
+    @rule(data=st.data())
+    def crash_committer(self, data: st.DataObject) -> None:
+        """The committing process dies between two steps; its locks stay until they expire."""
+        o = data.draw(st.sampled_from(self._committing()))
+        self._complete(o, "info")
+
+    @rule()
+    def leases_expire(self) -> None:
+        """Every committer pauses longer than its lease (S5)."""
+        self.clock.now += 2 * LEASE_MS / 1000
+        self.log.append("leases expire")
+
+    @rule()
+    def restart_lock_server(self) -> None:
+        self.tm.replace_locks(LockTable(self.clock))
+        self.log.append("lock server restart")
+
+    # --- the verdict ---------------------------------------------------------------
+
+    def teardown(self) -> None:
+        try:
+            for o in list(self.open.values()):
+                if o.commit is None:
+                    o.tx.abort()
+                    self._complete(o, "fail")
+                else:
+                    self._complete(o, "info")  # abandoned mid-commit
+            if len(self.history) > 0:
+                self._final_read()
+                model = (
+                    "serializable"
+                    if type(self).isolation is Isolation.SERIALIZABLE
+                    else "snapshot-isolation"
+                )
+                report = check_history(self.history, model)
+                assert report.valid, report.render_text() + "\nsteps:\n  " + "\n  ".join(self.log)
+        finally:
+            self.tm.close()
+
+    def _final_read(self) -> None:
+        self.clock.now += 2 * LEASE_MS / 1000  # let every abandoned lock go
+        tx = self.tm.begin()
+        o = Open(tx, next(self.processes))
+        self.open[tx.start_ts] = o
+        o.ops.extend(["r", k, self._read_list(o, k)] for k in KEYS)
+        tx.commit()
+        self._complete(o, "ok")
+
+
+class SerializableProtocolMachine(ProtocolMachine):
+    isolation = Isolation.SERIALIZABLE
+
+
+class BrokenProtocolMachine(ProtocolMachine):
+    steps = BROKEN_STEPS
+
+
+MACHINE_SETTINGS = settings(
+    max_examples=250,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+@pytest.mark.parametrize("machine", [ProtocolMachine, SerializableProtocolMachine])
+def test_protocol_with_faults_is_anomaly_free(machine: type[ProtocolMachine]) -> None:
+    run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
+
+
+def test_protocol_with_faults_on_sqlite(tmp_path: Any) -> None:
+    counter = itertools.count()
+
+    class OnSqlite(ProtocolMachine):
+        def __init__(self) -> None:
+            type(self).store_url = f"sqlite:///{tmp_path}/sm-{next(counter)}.db"
+            super().__init__()
+
+    run_state_machine_as_test(OnSqlite, settings=settings(MACHINE_SETTINGS, max_examples=60))
+
+
+def test_broken_protocol_is_caught() -> None:
+    """Check before write, without locks: two writers can both miss each other (S2)."""
+    with pytest.raises(AssertionError, match="anomal|lost-update|G"):
+        run_state_machine_as_test(
+            BrokenProtocolMachine,
+            settings=settings(
+                MACHINE_SETTINGS,
+                max_examples=2000,
+                phases=[Phase.generate, Phase.shrink],
+                report_multiple_bugs=False,
+            ),
+        )
