@@ -23,8 +23,9 @@ from storage_adapters._base import (
     check_writes,
 )
 
-# One cell's versions: ts -> value, kept sorted by ts.
-_Versions = SortedDict
+# One cell's versions: ts -> value. Cells hold few versions, so a plain dict that is
+# sorted on demand is cheaper than keeping a sorted structure per cell.
+_Versions = dict[int, bytes | None]
 
 
 class MemoryStore(KVStore):
@@ -61,7 +62,7 @@ class MemoryStore(KVStore):
                 key = Cell(v.row, v.column)
                 per_cell = cells.get(key)
                 if per_cell is None:
-                    per_cell = cells[key] = _Versions()
+                    per_cell = cells[key] = {}
                 per_cell[v.ts] = v.value
 
     def get_latest(
@@ -159,12 +160,7 @@ class MemoryStore(KVStore):
                 per_cell = stored.get(cell)
                 if not per_cell:
                     continue
-                tss = [
-                    ts
-                    for ts in per_cell.irange(
-                        above_ts, below_ts, inclusive=(False, False), reverse=True
-                    )
-                ]
+                tss = sorted((ts for ts in per_cell if above_ts < ts < below_ts), reverse=True)
                 if limit is not None:
                     tss = tss[:limit]
                 if tss:
@@ -233,12 +229,11 @@ class MemoryStore(KVStore):
             self._closed = True
 
 
-def _newest_below(per_cell: SortedDict | None, below_ts: int) -> Version | None:
+def _newest_below(per_cell: _Versions | None, below_ts: int) -> Version | None:
     if not per_cell:
         return None
-    idx = per_cell.bisect_left(below_ts)
-    if idx == 0:
+    older = [ts for ts in per_cell if ts < below_ts]
+    if not older:
         return None
-    ts = per_cell.keys()[idx - 1]
-    value: bytes | None = per_cell[ts]
-    return Version(ts, value)
+    ts = max(older)
+    return Version(ts, per_cell[ts])
