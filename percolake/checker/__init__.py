@@ -1,0 +1,72 @@
+"""Isolation checker for recorded list-append histories (``percolake check``).
+
+Reads histories in Elle's list-append format (see CONTRACT.md, "History files"), infers
+each key's version order and the ww/wr/rw dependency edges between committed
+transactions, and reports the anomalies a consistency model forbids::
+
+    from percolake.checker import check_history, load_history
+
+    report = check_history(load_history("history.jsonl"), "snapshot-isolation")
+    if not report.valid:
+        print(report.render_text())
+
+``check_history`` also accepts decoded operations (a list of dicts), which is handy in
+tests. ``percolake.checker.synthetic`` generates valid (or deliberately broken)
+histories for tests and benchmarks.
+"""
+
+from percolake.checker._check import (
+    EXIT_ANOMALIES,
+    EXIT_BAD_INPUT,
+    EXIT_VALID,
+    check_file,
+    check_history,
+    run_check,
+)
+from percolake.checker._history import (
+    Append,
+    History,
+    HistoryError,
+    Key,
+    MicroOp,
+    Read,
+    Txn,
+    history_from_ops,
+    load_history,
+    parse_history,
+)
+from percolake.checker._report import (
+    ALLOWED_BY_MODEL,
+    ANOMALY_TYPES,
+    MODELS,
+    Anomaly,
+    CycleStep,
+    Model,
+    Report,
+)
+
+__all__ = [
+    "ALLOWED_BY_MODEL",
+    "ANOMALY_TYPES",
+    "EXIT_ANOMALIES",
+    "EXIT_BAD_INPUT",
+    "EXIT_VALID",
+    "MODELS",
+    "Anomaly",
+    "Append",
+    "CycleStep",
+    "History",
+    "HistoryError",
+    "Key",
+    "MicroOp",
+    "Model",
+    "Read",
+    "Report",
+    "Txn",
+    "check_file",
+    "check_history",
+    "history_from_ops",
+    "load_history",
+    "parse_history",
+    "run_check",
+]
