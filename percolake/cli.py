@@ -32,11 +32,78 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    serve = commands.add_parser(
+        "serve",
+        help="run the oracle, lock server and transaction gateway (or one of them)",
+        description="With no role, all three run in one process on the embedded store.",
+    )
+    serve.add_argument("role", nargs="?", default="all", choices=["all", "tso", "locks", "txn"])
+    serve.add_argument(
+        "--store", default=None, help="store URL (default sqlite:///.percolake/store.db)"
+    )
+    serve.add_argument(
+        "--listen", default=None, help="HOST:PORT to listen on (default 127.0.0.1:7070)"
+    )
+    serve.add_argument("--tso", help="the oracle's HOST:PORT (serve txn)")
+    serve.add_argument("--locks", help="the lock server's HOST:PORT (serve txn)")
+    serve.add_argument(
+        "--token-file", help="require this bearer token on every call (default: $PERCOLAKE_TOKEN)"
+    )
+    serve.add_argument("--tls-cert", help="server certificate (PEM): enables TLS")
+    serve.add_argument("--tls-key", help="server private key (PEM)")
+    serve.add_argument("--tls-client-ca", help="require client certificates signed by this CA")
+    serve.add_argument("--tls-ca", help="CA to trust when the gateway calls --tso and --locks")
+    serve.add_argument("--max-message-mb", type=int, default=64, help="message size limit")
+    serve.add_argument(
+        "--max-writes-per-txn", type=int, default=1_000_000, help="cap on buffered writes"
+    )
+    serve.add_argument("--max-open-txns", type=int, default=10_000, help="cap on open transactions")
+    serve.add_argument(
+        "--idle-timeout-s", type=float, default=300.0, help="abort transactions idle this long"
+    )
+    serve.add_argument("--grace-s", type=float, default=30.0, help="drain time on SIGTERM")
+    serve.add_argument("--ready-file", help="write the bound port here once serving")
+
     demo = commands.add_parser("demo", help="run the demo on the embedded SQLite store")
     demo.add_argument(
         "--workdir", default=".percolake", help="where the demo store goes (default .percolake)"
     )
     return parser
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from percolake.rpc import TlsConfig, resolve_token
+    from percolake.server import DEFAULT_LISTEN, DEFAULT_STORE, ServeConfig, serve
+    from txn.server import GatewayLimits
+
+    try:
+        tls = None
+        if args.tls_cert or args.tls_key or args.tls_client_ca:
+            tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
+            tls.server_credentials()  # reads the files now: fail before listening
+        config = ServeConfig(
+            role=args.role,
+            store_url=args.store or DEFAULT_STORE,
+            listen=args.listen or DEFAULT_LISTEN,
+            tso_address=args.tso,
+            locks_address=args.locks,
+            token=resolve_token(token_file=args.token_file),
+            tls=tls,
+            client_tls=TlsConfig(ca_file=args.tls_ca) if args.tls_ca else None,
+            max_message_bytes=args.max_message_mb * 1024 * 1024,
+            limits=GatewayLimits(
+                max_buffered_writes=args.max_writes_per_txn,
+                max_open_transactions=args.max_open_txns,
+                idle_timeout_s=args.idle_timeout_s,
+            ),
+            grace_s=args.grace_s,
+            ready_file=args.ready_file,
+        )
+        if args.role == "locks" and args.store:
+            raise ValueError("the lock server keeps no data: --store does not apply to it")
+    except ValueError as exc:
+        parser.error(str(exc))
+    return serve(config)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from percolake.checker import run_check
 
         return run_check(args.history, args.model, as_json=args.json, out=sys.stdout)
+    if args.command == "serve":
+        return _serve(args, parser)
     if args.command == "demo":
         from pathlib import Path
 

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from lockserver import LockToken, StaleTokenError
+from lockserver import LockToken
 from storage_adapters import Cell, StoreError, StoreTimeoutError, VersionWrite
 from txn import failpoints as fp
 from txn._buffer import WriteBuffer
@@ -98,10 +98,23 @@ class Commit:
             self._fail(TransactionStatus.UNKNOWN)
             raise
         except StoreError as exc:
-            # Failed before the commit point was attempted: definitely not committed.
+            # A store error other than a timeout (handled inside the commit point)
+            # means the write was not applied: definitely not committed.
             self._fail(TransactionStatus.ABORTED)
             raise TransactionAbortedError(
-                f"transaction {start_ts} aborted: store error before commit: {exc}"
+                f"transaction {start_ts} aborted: store error in step {name}: {exc}"
+            ) from exc
+        except Exception as exc:
+            if name == "commit_point":  # unexpected: we cannot know what happened
+                self._fail(TransactionStatus.UNKNOWN)
+                raise CommitUnknownError(
+                    f"commit point of {start_ts} failed unexpectedly: {exc!r}", start_ts=start_ts
+                ) from exc
+            # The oracle or the lock server failed before the commit point: nothing
+            # can have committed, so this is a clean abort (locks are liveness only).
+            self._fail(TransactionStatus.ABORTED)
+            raise TransactionAbortedError(
+                f"transaction {start_ts} aborted in step {name}: {exc}"
             ) from exc
         self._next += 1
         if self.next_step is None:
@@ -159,12 +172,9 @@ def _lock(rt: Runtime, tx: Transaction, writes: WriteBuffer) -> LockToken | None
     descriptors = [commit_lock(tx.start_ts)]
     for table, cells in writes.tables():
         descriptors.extend(cell_lock(table, c.row, c.column) for c in cells)
-    try:
-        token = rt.locks.lock(
-            descriptors, tx.id, rt.config.lease_ms, wait_timeout_ms=rt.config.lock_wait_ms
-        )
-    except StaleTokenError as exc:  # pragma: no cover - lock() takes no token
-        raise TransactionConflictError(str(exc)) from exc
+    token = rt.locks.lock(
+        descriptors, tx.id, rt.config.lease_ms, wait_timeout_ms=rt.config.lock_wait_ms
+    )
     if token is None:
         tx.status = TransactionStatus.ABORTED
         raise TransactionConflictError(
@@ -179,7 +189,7 @@ def _release(rt: Runtime, token: LockToken | None) -> None:
         return
     try:
         rt.locks.unlock(token)
-    except (StaleTokenError, OSError, RuntimeError) as exc:
+    except Exception as exc:
         # Locks only serve liveness (S5): a lost lock needs no release.
         log.debug("could not release locks %s: %s", token, exc)
 

@@ -7,9 +7,12 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lockserver import LockTable
+
+if TYPE_CHECKING:
+    from percolake.rpc import TlsConfig
 from storage_adapters import KVStore, open_store
 from tso import TimestampBatcher, TimestampOracle
 from txn._config import TransactionConfig
@@ -28,6 +31,39 @@ T = TypeVar("T")
 #: full jitter so that conflicting retriers spread out instead of colliding again.
 RETRY_BASE_S = 0.005
 RETRY_CAP_S = 0.5
+
+
+class _Transactional(Protocol):
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: Any) -> Any: ...
+
+
+Tx = TypeVar("Tx", bound=_Transactional)
+
+
+def run_with_retries(
+    begin: Callable[[Isolation], Tx],
+    fn: Callable[[Tx], T],
+    isolation: Isolation,
+    max_attempts: int,
+) -> T:
+    """The retry loop of ``run``, shared by the embedded and the remote manager."""
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ValueError(f"max_attempts must be a positive int, got {max_attempts!r}")
+    for attempt in range(1, max_attempts + 1):
+        tx = begin(isolation)
+        try:
+            with tx:
+                result = fn(tx)
+            return result
+        except TransactionConflictError as exc:
+            if attempt == max_attempts:
+                raise
+            delay = random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt))
+            log.debug("attempt %d conflicted (%s); retrying in %.3fs", attempt, exc, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class TransactionManager:
@@ -69,12 +105,22 @@ class TransactionManager:
         )
 
     @classmethod
-    def remote(cls, address: str, token: str | None = None) -> TransactionManager:
-        """A manager that talks to a percolake gateway (``percolake serve``) over gRPC."""
-        raise TransactionError(
-            "the remote manager arrives with the gRPC gateway (issue 4); "
-            "use TransactionManager.embedded(url) meanwhile"
-        )
+    def remote(
+        cls,
+        address: str,
+        token: str | None = None,
+        *,
+        tls: TlsConfig | None = None,
+        timeout_s: float = 60.0,
+    ) -> TransactionManager:
+        """A manager that talks to a percolake gateway (``percolake serve``) over gRPC.
+
+        It has the same interface as an embedded manager, plus ``attach``.
+        """
+        from txn.remote import RemoteTransactionManager
+
+        remote = RemoteTransactionManager(address, token=token, tls=tls, timeout_s=timeout_s)
+        return remote  # type: ignore[return-value]  # same interface, duck-typed
 
     # --- what tests and operators reach into -------------------------------------
 
@@ -100,6 +146,15 @@ class TransactionManager:
         self._rt.locks = locks
         self._rt.resolver._locks = locks
 
+    def outcome(self, start_ts: int, *, settle: bool = False) -> int | None:
+        """The commit timestamp of the transaction that started at ``start_ts``, or ABORTED
+        (-1); ``None`` while undecided. With ``settle``, an undecided one is settled (S3).
+        """
+        resolver = self._rt.resolver
+        if settle:
+            return resolver.resolve([start_ts])[start_ts]
+        return resolver.read([start_ts]).get(start_ts)
+
     def wait_for_cleanup(self) -> None:
         """Block until queued removal of aborted versions is done."""
         self._rt.cleaner.drain()
@@ -124,21 +179,7 @@ class TransactionManager:
         Only :class:`TransactionConflictError` is retried: it guarantees that the
         attempt did not commit. An unknown outcome is never retried blindly (S6).
         """
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"max_attempts must be a positive int, got {max_attempts!r}")
-        for attempt in range(1, max_attempts + 1):
-            tx = self.begin(isolation)
-            try:
-                with tx:
-                    result = fn(tx)
-                return result
-            except TransactionConflictError as exc:
-                if attempt == max_attempts:
-                    raise
-                delay = random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt))
-                log.debug("attempt %d conflicted (%s); retrying in %.3fs", attempt, exc, delay)
-                time.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return run_with_retries(self.begin, fn, isolation, max_attempts)
 
     def attach(self, txn_id: str) -> Transaction:
         raise TransactionError(

@@ -94,10 +94,15 @@ class StatusResolver:
         undecided = wanted - out.keys()
         if not undecided:
             return out
-        # Wait on live committers instead of aborting them (liveness, rule S5).
-        self._locks.wait_until_released(
-            [commit_lock(ts) for ts in sorted(undecided)], self._config.resolve_wait_ms
-        )
+        # Wait on live committers instead of aborting them (liveness, rule S5). If
+        # the lock server cannot tell, settle at once: that may abort a live
+        # committer, which costs it a retry and never safety.
+        try:
+            self._locks.wait_until_released(
+                [commit_lock(ts) for ts in sorted(undecided)], self._config.resolve_wait_ms
+            )
+        except Exception as exc:
+            log.debug("lock server unavailable while resolving %s: %s", sorted(undecided), exc)
         out.update(self.read(undecided))
         for ts in sorted(undecided - out.keys()):
             out[ts] = self.settle_aborted(ts)

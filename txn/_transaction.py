@@ -191,6 +191,11 @@ class Transaction:
         self._check_active()
         self._writes.put(table, cell, None)
 
+    @property
+    def buffered_writes(self) -> int:
+        """How many distinct cells this transaction has written so far."""
+        return len(self._writes)
+
     # --- ending --------------------------------------------------------------------
 
     def commit(self) -> int:

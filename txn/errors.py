@@ -11,6 +11,18 @@ class TransactionClosedError(TransactionError):
     """The transaction was already committed, aborted or failed: it cannot be used."""
 
 
+class TransactionNotFoundError(TransactionError):
+    """No open transaction has this id (never begun here, finished, or reaped as idle)."""
+
+
+class NotTransactionOwnerError(TransactionError):
+    """Only the process that began a transaction may commit it; attached ones may not."""
+
+
+class TransactionLimitError(TransactionError):
+    """A limit of the gateway was reached (buffered writes, open transactions)."""
+
+
 class TransactionAbortedError(TransactionError):
     """The transaction definitely did not commit; none of its writes are visible."""
 
@@ -33,8 +45,11 @@ class CommitUnknownError(TransactionError):
 
 __all__ = [
     "CommitUnknownError",
+    "NotTransactionOwnerError",
     "TransactionAbortedError",
     "TransactionClosedError",
     "TransactionConflictError",
     "TransactionError",
+    "TransactionLimitError",
+    "TransactionNotFoundError",
 ]

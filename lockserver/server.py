@@ -1,0 +1,129 @@
+"""The lock table as a gRPC service, and its client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+
+from lockserver._table import MAX_LEASE_MS, LockTable, LockToken
+from percolake.rpc import Connection, abort_with, call
+from percolake.v1 import lock_pb2 as pb
+from percolake.v1 import lock_pb2_grpc as pb_grpc
+
+#: Longest wait a caller may ask for in one call; longer waits hold server threads.
+MAX_WAIT_MS = 60_000
+
+
+class LockServicer(pb_grpc.LockServiceServicer):
+    def __init__(self, table: LockTable) -> None:
+        self._table = table
+
+    def Lock(self, request: pb.LockRequest, context: grpc.ServicerContext) -> pb.LockResponse:
+        try:
+            _check_wait(request.wait_timeout_ms)
+            token = self._table.lock(
+                list(request.descriptors),
+                request.owner,
+                request.lease_ms,
+                request.wait_timeout_ms,
+            )
+        except Exception as exc:
+            abort_with(context, exc)
+        if token is None:
+            return pb.LockResponse(acquired=False)
+        return pb.LockResponse(acquired=True, token=_to_pb(token))
+
+    def Refresh(
+        self, request: pb.RefreshRequest, context: grpc.ServicerContext
+    ) -> pb.RefreshResponse:
+        try:
+            lease = request.lease_ms if request.HasField("lease_ms") else None
+            held = self._table.refresh(_from_pb(request.token), lease)
+        except Exception as exc:
+            abort_with(context, exc)
+        return pb.RefreshResponse(held=held)
+
+    def Unlock(self, request: pb.UnlockRequest, context: grpc.ServicerContext) -> pb.UnlockResponse:
+        try:
+            released = self._table.unlock(_from_pb(request.token))
+        except Exception as exc:
+            abort_with(context, exc)
+        return pb.UnlockResponse(released=released)
+
+    def WaitUntilReleased(
+        self, request: pb.WaitUntilReleasedRequest, context: grpc.ServicerContext
+    ) -> pb.WaitUntilReleasedResponse:
+        try:
+            _check_wait(request.timeout_ms)
+            released = self._table.wait_until_released(
+                list(request.descriptors), request.timeout_ms
+            )
+        except Exception as exc:
+            abort_with(context, exc)
+        return pb.WaitUntilReleasedResponse(released=released)
+
+    def GetEpoch(
+        self, request: pb.GetEpochRequest, context: grpc.ServicerContext
+    ) -> pb.GetEpochResponse:
+        return pb.GetEpochResponse(epoch=self._table.epoch)
+
+
+def _check_wait(wait_ms: int) -> None:
+    if wait_ms > MAX_WAIT_MS:
+        raise ValueError(f"wait must be at most {MAX_WAIT_MS} ms, got {wait_ms}")
+
+
+def _to_pb(token: LockToken) -> pb.LockToken:
+    return pb.LockToken(epoch=token.epoch, lock_id=token.lock_id)
+
+
+def _from_pb(token: pb.LockToken) -> LockToken:
+    return LockToken(token.epoch, token.lock_id)
+
+
+class RemoteLockService:
+    """The :class:`~txn._services.LockService` of a remote lock server."""
+
+    def __init__(self, conn: Connection, timeout_s: float = 10.0) -> None:
+        self._conn = conn
+        self._stub = pb_grpc.LockServiceStub(conn.channel)
+        self._timeout_s = timeout_s
+
+    def _deadline(self, wait_ms: int) -> float:
+        return self._timeout_s + wait_ms / 1000
+
+    def lock(
+        self, descriptors: Iterable[bytes], owner: str, lease_ms: int, wait_timeout_ms: int = 0
+    ) -> LockToken | None:
+        wanted = list(descriptors)
+        if lease_ms > MAX_LEASE_MS or lease_ms < 0 or wait_timeout_ms < 0:
+            raise ValueError("lease_ms and wait_timeout_ms must be within range")
+        request = pb.LockRequest(
+            descriptors=wanted,
+            owner=owner,
+            lease_ms=lease_ms,
+            wait_timeout_ms=min(wait_timeout_ms, MAX_WAIT_MS),
+        )
+        got = call(self._stub.Lock, request, self._conn, self._deadline(wait_timeout_ms))
+        return _from_pb(got.token) if got.acquired else None
+
+    def refresh(self, token: LockToken, lease_ms: int | None = None) -> bool:
+        request = pb.RefreshRequest(token=_to_pb(token))
+        if lease_ms is not None:
+            request.lease_ms = lease_ms
+        return call(self._stub.Refresh, request, self._conn, self._timeout_s).held
+
+    def unlock(self, token: LockToken) -> bool:
+        request = pb.UnlockRequest(token=_to_pb(token))
+        return call(self._stub.Unlock, request, self._conn, self._timeout_s).released
+
+    def wait_until_released(self, descriptors: Iterable[bytes], timeout_ms: int) -> bool:
+        request = pb.WaitUntilReleasedRequest(
+            descriptors=list(descriptors), timeout_ms=min(timeout_ms, MAX_WAIT_MS)
+        )
+        got = call(self._stub.WaitUntilReleased, request, self._conn, self._deadline(timeout_ms))
+        return got.released
+
+    def epoch(self) -> int:
+        return call(self._stub.GetEpoch, pb.GetEpochRequest(), self._conn, self._timeout_s).epoch

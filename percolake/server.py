@@ -1,0 +1,207 @@
+"""``percolake serve``: the oracle, the lock server and the gateway as gRPC servers."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from lockserver import LockTable
+from lockserver.server import LockServicer, RemoteLockService
+from percolake.rpc import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Connection,
+    TlsConfig,
+    TokenInterceptor,
+    parse_address,
+)
+from percolake.v1 import (
+    lock_pb2,
+    lock_pb2_grpc,
+    timestamp_pb2,
+    timestamp_pb2_grpc,
+    transaction_pb2,
+    transaction_pb2_grpc,
+)
+from storage_adapters import KVStore, open_store
+from tso import TimestampBatcher, TimestampOracle
+from tso.server import RemoteTimestampSource, TimestampServicer
+from txn import TransactionConfig, TransactionManager
+from txn.server import GatewayLimits, TransactionServicer
+
+log = logging.getLogger("percolake.server")
+
+ROLES = ("all", "tso", "locks", "txn")
+DEFAULT_STORE = "sqlite:///.percolake/store.db"
+DEFAULT_LISTEN = "127.0.0.1:7070"
+
+_SERVICE_NAMES = {
+    "tso": timestamp_pb2.DESCRIPTOR.services_by_name["TimestampService"].full_name,
+    "locks": lock_pb2.DESCRIPTOR.services_by_name["LockService"].full_name,
+    "txn": transaction_pb2.DESCRIPTOR.services_by_name["TransactionService"].full_name,
+}
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    role: str = "all"
+    store_url: str = DEFAULT_STORE
+    listen: str = DEFAULT_LISTEN
+    tso_address: str | None = None
+    locks_address: str | None = None
+    token: str | None = None
+    tls: TlsConfig | None = None
+    client_tls: TlsConfig | None = None  # for the gateway's calls to tso and locks
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    limits: GatewayLimits = field(default_factory=GatewayLimits)
+    txn_config: TransactionConfig = field(default_factory=TransactionConfig)
+    grace_s: float = 30.0
+    ready_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}: expected one of {', '.join(ROLES)}")
+        parse_address(self.listen)
+        if self.role == "txn" and not (self.tso_address and self.locks_address):
+            raise ValueError("'serve txn' needs --tso HOST:PORT and --locks HOST:PORT")
+        for address in (self.tso_address, self.locks_address):
+            if address is not None:
+                parse_address(address)
+        if self.max_message_bytes < 1024:
+            raise ValueError("max message size must be at least 1 KiB")
+
+
+class RunningServer:
+    """A started server and what must be closed after it stops, in order."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self._closers: list[Callable[[], None]] = []
+        self._gateway: TransactionServicer | None = None
+        self.stopped = threading.Event()
+        options = [
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        interceptors: list[grpc.ServerInterceptor] = (
+            [TokenInterceptor(config.token)] if config.token else []
+        )
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=128, thread_name_prefix="percolake-rpc"),
+            options=options,
+            interceptors=interceptors,
+        )
+        names = self._add_services()
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+        reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], self.server)
+        if config.tls is not None:
+            self.port = self.server.add_secure_port(config.listen, config.tls.server_credentials())
+        else:
+            self.port = self.server.add_insecure_port(config.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {config.listen}")
+        self.server.start()
+        for name in names:
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        host, _ = parse_address(config.listen)
+        self.address = f"{host}:{self.port}"
+        store = config.store_url if config.role != "locks" else "-"
+        log.info(
+            "percolake %s serving on %s (store %s, tls %s, token %s)",
+            config.role,
+            self.address,
+            store,
+            "on" if config.tls else "off",
+            "required" if config.token else "off",
+        )
+        if config.ready_file:
+            Path(config.ready_file).write_text(f"{self.port}\n")
+
+    def _open_store(self) -> KVStore:
+        store = open_store(self.config.store_url)
+        self._closers.append(store.close)
+        return store
+
+    def _add_services(self) -> list[str]:
+        role, config = self.config.role, self.config
+        names: list[str] = []
+        store = self._open_store() if role != "locks" else None
+        if role in ("all", "tso"):
+            assert store is not None
+            oracle = TimestampOracle(store)
+            timestamp_pb2_grpc.add_TimestampServiceServicer_to_server(
+                TimestampServicer(oracle), self.server
+            )
+            names.append(_SERVICE_NAMES["tso"])
+        if role in ("all", "locks"):
+            table = LockTable()
+            lock_pb2_grpc.add_LockServiceServicer_to_server(LockServicer(table), self.server)
+            names.append(_SERVICE_NAMES["locks"])
+        if role in ("all", "txn"):
+            assert store is not None
+            if role == "all":
+                manager = TransactionManager(
+                    store, TimestampBatcher(oracle.next_range), table, config.txn_config
+                )
+            else:
+                assert config.tso_address and config.locks_address
+                tso_conn = Connection(config.tso_address, token=config.token, tls=config.client_tls)
+                locks_conn = Connection(
+                    config.locks_address, token=config.token, tls=config.client_tls
+                )
+                self._closers += [tso_conn.close, locks_conn.close]
+                manager = TransactionManager(
+                    store,
+                    RemoteTimestampSource(tso_conn),
+                    RemoteLockService(locks_conn),
+                    config.txn_config,
+                )
+            self._closers.insert(0, manager.close)
+            self._gateway = TransactionServicer(manager, config.limits)
+            transaction_pb2_grpc.add_TransactionServiceServicer_to_server(
+                self._gateway, self.server
+            )
+            names.append(_SERVICE_NAMES["txn"])
+        return names
+
+    def stop(self) -> None:
+        """Drain in-flight calls (commits finish), abort open transactions, close the store."""
+        if self.stopped.is_set():
+            return
+        self.health.enter_graceful_shutdown()
+        self.server.stop(self.config.grace_s).wait()
+        if self._gateway is not None:
+            self._gateway.shutdown()
+        for close in self._closers:
+            close()
+        log.info("percolake %s on %s stopped", self.config.role, self.address)
+        self.stopped.set()
+
+
+def serve(config: ServeConfig) -> int:
+    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    running = RunningServer(config)
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        stop_requested.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop_requested.wait()
+    running.stop()
+    return 0

@@ -1,0 +1,332 @@
+"""The remote manager: the transaction API of CONTRACT.md through a percolake gateway.
+
+Writes are buffered here and sent in batches before any read, scan or commit, so a
+write-heavy transaction costs few round trips. Safe calls are retried by the channel
+on UNAVAILABLE; Commit never is (rule S6): when its reply is lost, the outcome is
+settled with Status, and if that fails too the caller gets ``CommitUnknownError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import TypeVar
+
+from percolake.rpc import (
+    Connection,
+    RpcError,
+    ServiceUnavailableError,
+    TlsConfig,
+    call,
+    stream,
+)
+from percolake.v1 import transaction_pb2 as pb
+from percolake.v1 import transaction_pb2_grpc as pb_grpc
+from storage_adapters import check_table
+from storage_adapters._base import check_key, check_value
+from txn._isolation import Isolation, TransactionStatus
+from txn._lowering import isolation_from_pb, isolation_to_pb
+from txn._manager import run_with_retries
+from txn.errors import (
+    CommitUnknownError,
+    NotTransactionOwnerError,
+    TransactionAbortedError,
+    TransactionClosedError,
+    TransactionError,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Buffered mutations sent per Write call.
+WRITE_BATCH = 2_000
+#: Attempts to settle a commit whose reply was lost, and the pause between them.
+SETTLE_ATTEMPTS = 10
+SETTLE_PAUSE_S = 0.2
+
+
+class RemoteTransaction:
+    """A transaction that lives in a gateway; same API as :class:`txn.Transaction`."""
+
+    def __init__(
+        self,
+        manager: RemoteTransactionManager,
+        txn_id: str,
+        start_ts: int,
+        isolation: Isolation,
+        commit_secret: str | None,
+    ) -> None:
+        self._m = manager
+        self.id = txn_id
+        self.start_ts = start_ts
+        self.isolation = isolation
+        self.status = TransactionStatus.ACTIVE
+        self.commit_ts: int | None = None
+        self._secret = commit_secret
+        self._pending: list[pb.Mutation] = []
+
+    @property
+    def attached(self) -> bool:
+        """True for a handle from ``attach``: it may read and write, not commit or abort."""
+        return self._secret is None
+
+    def __repr__(self) -> str:
+        kind = "attached" if self.attached else "remote"
+        return f"<RemoteTransaction {self.id} {kind} {self.isolation.value} {self.status.value}>"
+
+    def _check_active(self) -> None:
+        if self.status is not TransactionStatus.ACTIVE:
+            raise TransactionClosedError(
+                f"transaction {self.id} is {self.status.value}; start a new one"
+            )
+
+    def flush(self) -> None:
+        """Send buffered writes to the gateway (done before every read and the commit)."""
+        while self._pending:
+            batch, self._pending = self._pending[:WRITE_BATCH], self._pending[WRITE_BATCH:]
+            try:
+                self._m._call(self._m._stub.Write, pb.WriteRequest(txn_id=self.id, mutations=batch))
+            except BaseException:
+                self._pending[:0] = batch  # nothing of a failed batch was applied
+                raise
+
+    # --- reads ---------------------------------------------------------------------
+
+    def get(self, table: str, row: bytes, column: bytes) -> bytes | None:
+        check_table(table)
+        check_key("row", row)
+        check_key("column", column)
+        self._check_active()
+        self.flush()
+        got = self._m._call(
+            self._m._stub.Get, pb.GetRequest(txn_id=self.id, table=table, row=row, column=column)
+        )
+        return got.value if got.found else None
+
+    def get_many(
+        self, table: str, cells: Iterable[tuple[bytes, bytes]]
+    ) -> dict[tuple[bytes, bytes], bytes]:
+        check_table(table)
+        if isinstance(cells, tuple | bytes | str):
+            raise TypeError("cells must be an iterable of (row, column) tuples")
+        wanted = []
+        for cell in cells:
+            if not isinstance(cell, tuple) or len(cell) != 2:
+                raise TypeError(f"a cell must be a (row, column) tuple, got {cell!r}")
+            wanted.append(
+                pb.Cell(row=check_key("row", cell[0]), column=check_key("column", cell[1]))
+            )
+        self._check_active()
+        self.flush()
+        got = self._m._call(
+            self._m._stub.GetMany, pb.GetManyRequest(txn_id=self.id, table=table, cells=wanted)
+        )
+        return {(c.row, c.column): c.value for c in got.cells}
+
+    def scan(
+        self, table: str, start_row: bytes = b"", end_row: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes, bytes]]:
+        check_table(table)
+        check_key("start_row", start_row, allow_empty=True)
+        if end_row is not None:
+            check_key("end_row", end_row, allow_empty=True)
+        self._check_active()
+        self.flush()
+        request = pb.ScanRequest(txn_id=self.id, table=table, start_row=start_row)
+        if end_row is not None:
+            request.end_row = end_row
+        return self._scan(request)
+
+    def _scan(self, request: pb.ScanRequest) -> Iterator[tuple[bytes, bytes, bytes]]:
+        for batch in stream(self._m._stub.Scan, request, self._m._conn, self._m.timeout_s):
+            for cell in batch.cells:
+                yield cell.row, cell.column, cell.value
+
+    # --- writes --------------------------------------------------------------------
+
+    def put(self, table: str, row: bytes, column: bytes, value: bytes) -> None:
+        check_table(table)
+        check_key("row", row)
+        check_key("column", column)
+        check_value(value)
+        self._check_active()
+        self._pending.append(pb.Mutation(table=table, row=row, column=column, put=value))
+        if len(self._pending) >= WRITE_BATCH and not self.attached:
+            self.flush()
+
+    def delete(self, table: str, row: bytes, column: bytes) -> None:
+        check_table(table)
+        check_key("row", row)
+        check_key("column", column)
+        self._check_active()
+        self._pending.append(pb.Mutation(table=table, row=row, column=column, delete=True))
+        if len(self._pending) >= WRITE_BATCH and not self.attached:
+            self.flush()
+
+    # --- ending --------------------------------------------------------------------
+
+    def commit(self) -> int:
+        self._check_active()
+        if self._secret is None:
+            raise NotTransactionOwnerError(
+                f"transaction {self.id} was attached; only the process that began it commits"
+            )
+        try:
+            self.flush()
+        except TransactionError:
+            self.status = TransactionStatus.ABORTED
+            raise
+        self.status = TransactionStatus.COMMITTING
+        request = pb.CommitRequest(txn_id=self.id, commit_secret=self._secret)
+        try:
+            got = self._m._call(self._m._stub.Commit, request)
+        except TransactionAbortedError:
+            self.status = TransactionStatus.ABORTED
+            raise
+        except CommitUnknownError:
+            self.status = TransactionStatus.UNKNOWN
+            raise
+        except (ServiceUnavailableError, RpcError) as exc:
+            return self._settle(exc)
+        self.status = TransactionStatus.COMMITTED
+        self.commit_ts = got.commit_ts
+        return got.commit_ts
+
+    def _settle(self, first: Exception) -> int:
+        """The Commit reply was lost: ask any gateway what the transactions table says."""
+        log.warning("commit of %s lost its reply (%s); settling it", self.id, first)
+        last: Exception = first
+        for _ in range(SETTLE_ATTEMPTS):
+            try:
+                got = self._m._call(
+                    self._m._stub.Status, pb.StatusRequest(txn_id=self.id, settle=True)
+                )
+            except (ServiceUnavailableError, RpcError) as exc:
+                last = exc
+                time.sleep(SETTLE_PAUSE_S)
+                continue
+            if got.state == pb.TRANSACTION_STATE_COMMITTED:
+                self.status = TransactionStatus.COMMITTED
+                self.commit_ts = got.commit_ts
+                return got.commit_ts
+            if got.state == pb.TRANSACTION_STATE_ABORTED:
+                self.status = TransactionStatus.ABORTED
+                raise TransactionAbortedError(f"transaction {self.id} did not commit") from first
+            time.sleep(SETTLE_PAUSE_S)  # still committing on the gateway
+        self.status = TransactionStatus.UNKNOWN
+        raise CommitUnknownError(
+            f"commit of {self.id} has an unknown outcome: {last}", start_ts=self.start_ts
+        ) from last
+
+    def abort(self) -> None:
+        self._check_active()
+        if self._secret is None:
+            raise NotTransactionOwnerError(
+                f"transaction {self.id} was attached; only the process that began it aborts it"
+            )
+        self._pending.clear()
+        self.status = TransactionStatus.ABORTED
+        try:
+            self._m._call(self._m._stub.Abort, pb.AbortRequest(txn_id=self.id))
+        except (ServiceUnavailableError, RpcError, TransactionError) as exc:
+            # Nothing was committed; the gateway reaps it as idle if it never heard.
+            log.debug("abort of %s not confirmed: %s", self.id, exc)
+
+    def detach(self) -> None:
+        """Attached handles: send what is buffered and stop using the transaction."""
+        self._check_active()
+        self.flush()
+        self.status = TransactionStatus.ABORTED if self._secret is None else self.status
+
+    def __enter__(self) -> RemoteTransaction:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.status is not TransactionStatus.ACTIVE:
+            return
+        if self.attached:
+            if exc_type is None:
+                self.detach()  # a failed task sends nothing: no partial effect
+            else:
+                self._pending.clear()
+                self.status = TransactionStatus.ABORTED
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+class RemoteTransactionManager:
+    """The same interface as :class:`txn.TransactionManager`, through a gateway."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        tls: TlsConfig | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self._conn = Connection(address, token=token, tls=tls)
+        self._stub = pb_grpc.TransactionServiceStub(self._conn.channel)
+        self.timeout_s = timeout_s
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        return self._conn.address
+
+    def _call(self, fn: Callable[..., T], request: object) -> T:
+        if self._closed:
+            raise TransactionError("transaction manager is closed")
+        return call(fn, request, self._conn, self.timeout_s)
+
+    def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> RemoteTransaction:
+        if not isinstance(isolation, Isolation):
+            raise TypeError(f"isolation must be an Isolation, got {isolation!r}")
+        got = self._call(self._stub.Begin, pb.BeginRequest(isolation=isolation_to_pb(isolation)))
+        return RemoteTransaction(self, got.txn_id, got.start_ts, isolation, got.commit_secret)
+
+    def attach(self, txn_id: str) -> RemoteTransaction:
+        """Join an open transaction that another process began (a Spark executor)."""
+        if not isinstance(txn_id, str) or not txn_id:
+            raise ValueError("txn_id must be a non-empty str")
+        got = self._call(self._stub.Attach, pb.AttachRequest(txn_id=txn_id))
+        return RemoteTransaction(self, txn_id, got.start_ts, isolation_from_pb(got.isolation), None)
+
+    def run(
+        self,
+        fn: Callable[[RemoteTransaction], T],
+        isolation: Isolation = Isolation.SNAPSHOT,
+        max_attempts: int = 10,
+    ) -> T:
+        return run_with_retries(self.begin, fn, isolation, max_attempts)
+
+    def outcome(self, txn_id: str, *, settle: bool = False) -> TransactionStatus | None:
+        """What the gateway knows of a transaction; ``None`` while it is undecided."""
+        got = self._call(self._stub.Status, pb.StatusRequest(txn_id=txn_id, settle=settle))
+        if got.state == pb.TRANSACTION_STATE_UNSPECIFIED:
+            return None
+        from txn._lowering import state_from_pb
+
+        return state_from_pb(got.state)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._conn.close()
+
+    def __enter__(self) -> RemoteTransactionManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

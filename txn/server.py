@@ -1,0 +1,318 @@
+"""The transaction gateway: ``TransactionService`` over an embedded-style manager.
+
+Open transactions live in this process, keyed by id. Calls on one transaction are
+serialised (a transaction belongs to one thread), so executors that attached to it
+may call concurrently. Only the caller holding the commit secret handed out by
+Begin may commit. Idle transactions are aborted after a timeout.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from percolake.rpc import abort_with
+from percolake.v1 import transaction_pb2 as pb
+from percolake.v1 import transaction_pb2_grpc as pb_grpc
+from storage_adapters import check_table
+from storage_adapters._base import check_key, check_value
+from txn._isolation import TransactionStatus
+from txn._lowering import isolation_from_pb, isolation_to_pb, state_to_pb
+from txn._manager import TransactionManager
+from txn._status import ABORTED
+from txn._transaction import Transaction
+from txn.errors import (
+    NotTransactionOwnerError,
+    TransactionClosedError,
+    TransactionLimitError,
+    TransactionNotFoundError,
+)
+
+log = logging.getLogger(__name__)
+
+#: Finished transactions remembered for Status and for a clear "closed" error.
+_FINISHED_REMEMBERED = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayLimits:
+    """Limits of one gateway. Units in the names."""
+
+    max_buffered_writes: int = 1_000_000
+    max_open_transactions: int = 10_000
+    idle_timeout_s: float = 300.0
+    scan_batch_size: int = 1_000
+    max_scan_batch_size: int = 10_000
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_buffered_writes",
+            "max_open_transactions",
+            "scan_batch_size",
+            "max_scan_batch_size",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.idle_timeout_s <= 0:
+            raise ValueError("idle_timeout_s must be positive")
+
+
+@dataclass(slots=True)
+class _Open:
+    tx: Transaction
+    secret: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class TransactionServicer(pb_grpc.TransactionServiceServicer):
+    def __init__(self, manager: TransactionManager, limits: GatewayLimits | None = None) -> None:
+        self._tm = manager
+        self._limits = limits or GatewayLimits()
+        self._open: dict[str, _Open] = {}
+        self._finished: OrderedDict[str, tuple[TransactionStatus, int | None]] = OrderedDict()
+        self._registry = threading.Lock()
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="percolake-reaper", daemon=True)
+        self._reaper.start()
+
+    # --- bookkeeping ---------------------------------------------------------------
+
+    def _entry(self, txn_id: str) -> _Open:
+        with self._registry:
+            entry = self._open.get(txn_id)
+            if entry is not None:
+                entry.last_used = time.monotonic()
+                return entry
+            if txn_id in self._finished:
+                status, _ = self._finished[txn_id]
+                raise TransactionClosedError(f"transaction {txn_id} is {status.value}")
+        raise TransactionNotFoundError(
+            f"no open transaction {txn_id!r} on this gateway (never begun, or aborted as idle)"
+        )
+
+    def _finish(self, txn_id: str, entry: _Open) -> None:
+        with self._registry:
+            self._open.pop(txn_id, None)
+            self._finished[txn_id] = (entry.tx.status, entry.tx.commit_ts)
+            while len(self._finished) > _FINISHED_REMEMBERED:
+                self._finished.popitem(last=False)
+
+    def _reap(self) -> None:
+        period = min(self._limits.idle_timeout_s / 4, 5.0)
+        while not self._stop.wait(period):
+            deadline = time.monotonic() - self._limits.idle_timeout_s
+            with self._registry:
+                idle = [(i, e) for i, e in self._open.items() if e.last_used < deadline]
+            for txn_id, entry in idle:
+                if not entry.lock.acquire(blocking=False):
+                    continue  # in use right now: not idle
+                try:
+                    if entry.tx.status is TransactionStatus.ACTIVE:
+                        entry.tx.abort()
+                        log.info(
+                            "aborted transaction %s: idle for over %.0f s",
+                            txn_id,
+                            self._limits.idle_timeout_s,
+                        )
+                    self._finish(txn_id, entry)
+                finally:
+                    entry.lock.release()
+
+    def shutdown(self) -> None:
+        """Abort every transaction that is not committing; called after the server drained."""
+        self._stop.set()
+        with self._registry:
+            entries = list(self._open.items())
+        for txn_id, entry in entries:
+            with entry.lock:
+                if entry.tx.status is TransactionStatus.ACTIVE:
+                    entry.tx.abort()
+                self._finish(txn_id, entry)
+        if entries:
+            log.info("aborted %d open transactions at shutdown", len(entries))
+
+    # --- the service ---------------------------------------------------------------
+
+    def Begin(self, request: pb.BeginRequest, context: grpc.ServicerContext) -> pb.BeginResponse:
+        try:
+            isolation = isolation_from_pb(request.isolation)
+            with self._registry:
+                if len(self._open) >= self._limits.max_open_transactions:
+                    raise TransactionLimitError(
+                        f"too many open transactions (limit {self._limits.max_open_transactions})"
+                    )
+            tx = self._tm.begin(isolation)
+            entry = _Open(tx, secrets.token_hex(16))
+            with self._registry:
+                self._open[tx.id] = entry
+        except Exception as exc:
+            abort_with(context, exc)
+        return pb.BeginResponse(
+            txn_id=tx.id,
+            start_ts=tx.start_ts,
+            isolation=isolation_to_pb(isolation),
+            commit_secret=entry.secret,
+        )
+
+    def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
+        try:
+            entry = self._entry(request.txn_id)
+            with entry.lock:
+                value = entry.tx.get(request.table, request.row, request.column)
+        except Exception as exc:
+            abort_with(context, exc)
+        if value is None:
+            return pb.GetResponse(found=False)
+        return pb.GetResponse(found=True, value=value)
+
+    def GetMany(
+        self, request: pb.GetManyRequest, context: grpc.ServicerContext
+    ) -> pb.GetManyResponse:
+        try:
+            entry = self._entry(request.txn_id)
+            with entry.lock:
+                found = entry.tx.get_many(request.table, [(c.row, c.column) for c in request.cells])
+        except Exception as exc:
+            abort_with(context, exc)
+        return pb.GetManyResponse(
+            cells=[pb.CellValue(row=r, column=c, value=v) for (r, c), v in found.items()]
+        )
+
+    def Scan(
+        self, request: pb.ScanRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.ScanResponse]:
+        try:
+            batch = request.batch_size or self._limits.scan_batch_size
+            if batch > self._limits.max_scan_batch_size:
+                raise ValueError(
+                    f"batch_size must be at most {self._limits.max_scan_batch_size}, got {batch}"
+                )
+            entry = self._entry(request.txn_id)
+            end = request.end_row if request.HasField("end_row") else None
+            with entry.lock:
+                rows = entry.tx.scan(request.table, request.start_row, end)
+            while True:
+                with entry.lock:
+                    cells = [
+                        pb.CellValue(row=r, column=c, value=v)
+                        for r, c, v in itertools.islice(rows, batch)
+                    ]
+                    entry.last_used = time.monotonic()
+                if not cells:
+                    return
+                yield pb.ScanResponse(cells=cells)
+                if len(cells) < batch:
+                    return
+        except Exception as exc:
+            abort_with(context, exc)
+
+    def Write(self, request: pb.WriteRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+        try:
+            for m in request.mutations:  # all or nothing: validate before buffering any
+                check_table(m.table)
+                check_key("row", m.row)
+                check_key("column", m.column)
+                kind = m.WhichOneof("kind")
+                if kind is None:
+                    raise ValueError("a mutation needs put or delete")
+                if kind == "put":
+                    check_value(m.put)
+            entry = self._entry(request.txn_id)
+            with entry.lock:
+                buffered = entry.tx.buffered_writes
+                if buffered + len(request.mutations) > self._limits.max_buffered_writes:
+                    raise TransactionLimitError(
+                        f"transaction would buffer more than "
+                        f"{self._limits.max_buffered_writes} writes"
+                    )
+                for m in request.mutations:
+                    if m.WhichOneof("kind") == "put":
+                        entry.tx.put(m.table, m.row, m.column, m.put)
+                    else:
+                        entry.tx.delete(m.table, m.row, m.column)
+                buffered = entry.tx.buffered_writes
+        except Exception as exc:
+            abort_with(context, exc)
+        return pb.WriteResponse(buffered=buffered)
+
+    def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
+        try:
+            entry = self._entry(request.txn_id)
+            if not hmac.compare_digest(request.commit_secret.encode(), entry.secret.encode()):
+                raise NotTransactionOwnerError(
+                    f"only the client that began transaction {request.txn_id} may commit it"
+                )
+            with entry.lock:
+                try:
+                    commit_ts = entry.tx.commit()
+                finally:
+                    if entry.tx.status is not TransactionStatus.ACTIVE:
+                        self._finish(request.txn_id, entry)
+        except Exception as exc:
+            abort_with(context, exc)
+        return pb.CommitResponse(commit_ts=commit_ts)
+
+    def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortResponse:
+        try:
+            entry = self._entry(request.txn_id)
+            with entry.lock:
+                entry.tx.abort()
+                self._finish(request.txn_id, entry)
+        except Exception as exc:
+            abort_with(context, exc)
+        return pb.AbortResponse()
+
+    def Attach(self, request: pb.AttachRequest, context: grpc.ServicerContext) -> pb.AttachResponse:
+        try:
+            entry = self._entry(request.txn_id)
+            if entry.tx.status is not TransactionStatus.ACTIVE:
+                raise TransactionClosedError(f"transaction {request.txn_id} is not active")
+        except Exception as exc:
+            abort_with(context, exc)
+        return pb.AttachResponse(
+            start_ts=entry.tx.start_ts, isolation=isolation_to_pb(entry.tx.isolation)
+        )
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
+        try:
+            with self._registry:
+                entry = self._open.get(request.txn_id)
+                finished = self._finished.get(request.txn_id)
+            if entry is not None:
+                tx = entry.tx
+                return pb.StatusResponse(
+                    state=state_to_pb(tx.status), start_ts=tx.start_ts, commit_ts=tx.commit_ts or 0
+                )
+            start_ts = _start_ts_of(request.txn_id)
+            if finished is not None and finished[0] is not TransactionStatus.UNKNOWN:
+                status, commit_ts = finished
+                return pb.StatusResponse(
+                    state=state_to_pb(status), start_ts=start_ts, commit_ts=commit_ts or 0
+                )
+            # Not open here: the transactions table is the truth, on any gateway.
+            outcome = self._tm.outcome(start_ts, settle=request.settle)
+        except Exception as exc:
+            abort_with(context, exc)
+        if outcome is None:
+            return pb.StatusResponse(state=pb.TRANSACTION_STATE_UNSPECIFIED, start_ts=start_ts)
+        if outcome == ABORTED:
+            return pb.StatusResponse(state=pb.TRANSACTION_STATE_ABORTED, start_ts=start_ts)
+        return pb.StatusResponse(
+            state=pb.TRANSACTION_STATE_COMMITTED, start_ts=start_ts, commit_ts=outcome
+        )
+
+
+def _start_ts_of(txn_id: str) -> int:
+    if not txn_id.isdigit():
+        raise TransactionNotFoundError(f"{txn_id!r} is not a transaction id")
+    return int(txn_id)
