@@ -63,3 +63,40 @@ def tm(store_url_factory: Callable[[], str]) -> Iterator[TransactionManager]:
     )
     yield manager
     manager.close()
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("cassandra", marks=pytest.mark.cassandra),
+        pytest.param("remote-sqlite", marks=pytest.mark.integration),
+    ]
+)
+def any_tm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TransactionManager]:
+    """A manager on each backend, and one through a real gateway process.
+
+    Suites that use only the public API take this fixture, so that they run
+    unchanged against ``TransactionManager.remote``.
+    """
+    kind: str = request.param
+    if kind == "remote-sqlite":
+        from tests.servers import ServerProcess
+
+        server = ServerProcess("all", ["--store", f"sqlite:///{tmp_path}/gw.db"], tmp_path).start()
+        manager = TransactionManager.remote(server.address)
+        try:
+            yield manager
+        finally:
+            manager.close()
+            server.stop()
+        return
+    if kind == "cassandra":
+        url = str(request.getfixturevalue("cassandra_store_url"))
+    elif kind == "sqlite":
+        url = f"sqlite:///{tmp_path}/any-{next(_counter)}.db"
+    else:
+        url = "memory://"
+    embedded = TransactionManager.embedded(url, config=TransactionConfig(**TEST_CONFIG_KW))
+    yield embedded
+    embedded.close()

@@ -57,6 +57,7 @@ class Transaction:
         self.commit_ts: int | None = None
         self._writes = WriteBuffer()
         self._reads = ReadSet() if isolation is Isolation.SERIALIZABLE else None
+        self.scans_started = 0
 
     @property
     def id(self) -> str:
@@ -131,7 +132,23 @@ class Transaction:
         record = ScanRecord(table, start_row, end_row)
         if self._reads is not None:
             self._reads.scans.append(record)
+        self.scans_started += 1
         return self._scan(record)
+
+    def limit_scan(self, scan_id: int, last: Cell | None, exhausted: bool) -> None:
+        """Narrow what a SERIALIZABLE commit validates of scan ``scan_id`` to what the
+        client consumed (a gateway reads ahead of its client)."""
+        if self._reads is None:
+            return
+        if not 0 <= scan_id < len(self._reads.scans):
+            raise ValueError(f"no scan {scan_id} in transaction {self.id}")
+        record = self._reads.scans[scan_id]
+        if exhausted and record.exhausted:
+            return
+        if last is not None and record.upto is not None and last > record.upto:
+            raise ValueError(f"scan {scan_id} was not read as far as {last!r}")
+        record.exhausted = False
+        record.upto = last
 
     def _scan(self, record: ScanRecord) -> Iterator[tuple[bytes, bytes, bytes]]:
         stored = self._rt.reader.scan(

@@ -67,6 +67,7 @@ class RemoteTransaction:
         self.commit_ts: int | None = None
         self._secret = commit_secret
         self._pending: list[pb.Mutation] = []
+        self._scans: dict[int, pb.ScanProgress] = {}
 
     @property
     def attached(self) -> bool:
@@ -141,9 +142,17 @@ class RemoteTransaction:
         return self._scan(request)
 
     def _scan(self, request: pb.ScanRequest) -> Iterator[tuple[bytes, bytes, bytes]]:
+        progress: pb.ScanProgress | None = None
         for batch in stream(self._m._stub.Scan, request, self._m._conn, self._m.timeout_s):
+            if progress is None:
+                progress = self._scans.setdefault(
+                    batch.scan_id, pb.ScanProgress(scan_id=batch.scan_id)
+                )
             for cell in batch.cells:
                 yield cell.row, cell.column, cell.value
+                progress.last.row, progress.last.column = cell.row, cell.column
+        if progress is not None:
+            progress.exhausted = True
 
     # --- writes --------------------------------------------------------------------
 
@@ -180,7 +189,9 @@ class RemoteTransaction:
             self.status = TransactionStatus.ABORTED
             raise
         self.status = TransactionStatus.COMMITTING
-        request = pb.CommitRequest(txn_id=self.id, commit_secret=self._secret)
+        request = pb.CommitRequest(
+            txn_id=self.id, commit_secret=self._secret, scans=list(self._scans.values())
+        )
         try:
             got = self._m._call(self._m._stub.Commit, request)
         except TransactionAbortedError:

@@ -23,7 +23,7 @@ import grpc
 from percolake.rpc import abort_with
 from percolake.v1 import transaction_pb2 as pb
 from percolake.v1 import transaction_pb2_grpc as pb_grpc
-from storage_adapters import check_table
+from storage_adapters import Cell, check_table
 from storage_adapters._base import check_key, check_value
 from txn._isolation import TransactionStatus
 from txn._lowering import isolation_from_pb, isolation_to_pb, state_to_pb
@@ -200,6 +200,7 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
             entry = self._entry(request.txn_id)
             end = request.end_row if request.HasField("end_row") else None
             with entry.lock:
+                scan_id = entry.tx.scans_started
                 rows = entry.tx.scan(request.table, request.start_row, end)
             while True:
                 with entry.lock:
@@ -210,7 +211,7 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                     entry.last_used = time.monotonic()
                 if not cells:
                     return
-                yield pb.ScanResponse(cells=cells)
+                yield pb.ScanResponse(cells=cells, scan_id=scan_id)
                 if len(cells) < batch:
                     return
         except Exception as exc:
@@ -253,6 +254,13 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                     f"only the client that began transaction {request.txn_id} may commit it"
                 )
             with entry.lock:
+                for progress in request.scans:
+                    last = progress.last if progress.HasField("last") else None
+                    entry.tx.limit_scan(
+                        progress.scan_id,
+                        None if last is None else Cell(last.row, last.column),
+                        progress.exhausted,
+                    )
                 try:
                     commit_ts = entry.tx.commit()
                 finally:

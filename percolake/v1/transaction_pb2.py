@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epercolake/v1/transaction.proto\x12\x0cpercolake.v1\"#\n\x04\x43\x65ll\x12\x0b\n\x03row\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\x0c\"7\n\tCellValue\x12\x0b\n\x03row\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\":\n\x0c\x42\x65ginRequest\x12*\n\tisolation\x18\x01 \x01(\x0e\x32\x17.percolake.v1.Isolation\"t\n\rBeginResponse\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x10\n\x08start_ts\x18\x02 \x01(\x04\x12*\n\tisolation\x18\x03 \x01(\x0e\x32\x17.percolake.v1.Isolation\x12\x15\n\rcommit_secret\x18\x04 \x01(\t\"H\n\nGetRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0b\n\x03row\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x04 \x01(\x0c\"+\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\"R\n\x0eGetManyRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12!\n\x05\x63\x65lls\x18\x03 \x03(\x0b\x32\x12.percolake.v1.Cell\"9\n\x0fGetManyResponse\x12&\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x17.percolake.v1.CellValue\"u\n\x0bScanRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tstart_row\x18\x03 \x01(\x0c\x12\x14\n\x07\x65nd_row\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\nbatch_size\x18\x05 \x01(\rB\n\n\x08_end_row\"6\n\x0cScanResponse\x12&\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x17.percolake.v1.CellValue\"_\n\x08Mutation\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03row\x18\x02 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x03 \x01(\x0c\x12\r\n\x03put\x18\x04 \x01(\x0cH\x00\x12\x10\n\x06\x64\x65lete\x18\x05 \x01(\x08H\x00\x42\x06\n\x04kind\"I\n\x0cWriteRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12)\n\tmutations\x18\x02 \x03(\x0b\x32\x16.percolake.v1.Mutation\"!\n\rWriteResponse\x12\x10\n\x08\x62uffered\x18\x01 \x01(\r\"6\n\rCommitRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x15\n\rcommit_secret\x18\x02 \x01(\t\"#\n\x0e\x43ommitResponse\x12\x11\n\tcommit_ts\x18\x01 \x01(\x04\"\x1e\n\x0c\x41\x62ortRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\"\x0f\n\rAbortResponse\"\x1f\n\rAttachRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\"N\n\x0e\x41ttachResponse\x12\x10\n\x08start_ts\x18\x01 \x01(\x04\x12*\n\tisolation\x18\x02 \x01(\x0e\x32\x17.percolake.v1.Isolation\"/\n\rStatusRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x0e\n\x06settle\x18\x02 \x01(\x08\"d\n\x0eStatusResponse\x12-\n\x05state\x18\x01 \x01(\x0e\x32\x1e.percolake.v1.TransactionState\x12\x10\n\x08start_ts\x18\x02 \x01(\x04\x12\x11\n\tcommit_ts\x18\x03 \x01(\x04*Z\n\tIsolation\x12\x19\n\x15ISOLATION_UNSPECIFIED\x10\x00\x12\x16\n\x12ISOLATION_SNAPSHOT\x10\x01\x12\x1a\n\x16ISOLATION_SERIALIZABLE\x10\x02*\xd4\x01\n\x10TransactionState\x12!\n\x1dTRANSACTION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18TRANSACTION_STATE_ACTIVE\x10\x01\x12 \n\x1cTRANSACTION_STATE_COMMITTING\x10\x02\x12\x1f\n\x1bTRANSACTION_STATE_COMMITTED\x10\x03\x12\x1d\n\x19TRANSACTION_STATE_ABORTED\x10\x04\x12\x1d\n\x19TRANSACTION_STATE_UNKNOWN\x10\x05\x32\xee\x04\n\x12TransactionService\x12@\n\x05\x42\x65gin\x12\x1a.percolake.v1.BeginRequest\x1a\x1b.percolake.v1.BeginResponse\x12:\n\x03Get\x12\x18.percolake.v1.GetRequest\x1a\x19.percolake.v1.GetResponse\x12\x46\n\x07GetMany\x12\x1c.percolake.v1.GetManyRequest\x1a\x1d.percolake.v1.GetManyResponse\x12?\n\x04Scan\x12\x19.percolake.v1.ScanRequest\x1a\x1a.percolake.v1.ScanResponse0\x01\x12@\n\x05Write\x12\x1a.percolake.v1.WriteRequest\x1a\x1b.percolake.v1.WriteResponse\x12\x43\n\x06\x43ommit\x12\x1b.percolake.v1.CommitRequest\x1a\x1c.percolake.v1.CommitResponse\x12@\n\x05\x41\x62ort\x12\x1a.percolake.v1.AbortRequest\x1a\x1b.percolake.v1.AbortResponse\x12\x43\n\x06\x41ttach\x12\x1b.percolake.v1.AttachRequest\x1a\x1c.percolake.v1.AttachResponse\x12\x43\n\x06Status\x12\x1b.percolake.v1.StatusRequest\x1a\x1c.percolake.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epercolake/v1/transaction.proto\x12\x0cpercolake.v1\"#\n\x04\x43\x65ll\x12\x0b\n\x03row\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\x0c\"7\n\tCellValue\x12\x0b\n\x03row\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\":\n\x0c\x42\x65ginRequest\x12*\n\tisolation\x18\x01 \x01(\x0e\x32\x17.percolake.v1.Isolation\"t\n\rBeginResponse\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x10\n\x08start_ts\x18\x02 \x01(\x04\x12*\n\tisolation\x18\x03 \x01(\x0e\x32\x17.percolake.v1.Isolation\x12\x15\n\rcommit_secret\x18\x04 \x01(\t\"H\n\nGetRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0b\n\x03row\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x04 \x01(\x0c\"+\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\"R\n\x0eGetManyRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12!\n\x05\x63\x65lls\x18\x03 \x03(\x0b\x32\x12.percolake.v1.Cell\"9\n\x0fGetManyResponse\x12&\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x17.percolake.v1.CellValue\"u\n\x0bScanRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tstart_row\x18\x03 \x01(\x0c\x12\x14\n\x07\x65nd_row\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\nbatch_size\x18\x05 \x01(\rB\n\n\x08_end_row\"G\n\x0cScanResponse\x12&\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x17.percolake.v1.CellValue\x12\x0f\n\x07scan_id\x18\x02 \x01(\r\"b\n\x0cScanProgress\x12\x0f\n\x07scan_id\x18\x01 \x01(\r\x12\x11\n\texhausted\x18\x02 \x01(\x08\x12%\n\x04last\x18\x03 \x01(\x0b\x32\x12.percolake.v1.CellH\x00\x88\x01\x01\x42\x07\n\x05_last\"_\n\x08Mutation\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03row\x18\x02 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x03 \x01(\x0c\x12\r\n\x03put\x18\x04 \x01(\x0cH\x00\x12\x10\n\x06\x64\x65lete\x18\x05 \x01(\x08H\x00\x42\x06\n\x04kind\"I\n\x0cWriteRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12)\n\tmutations\x18\x02 \x03(\x0b\x32\x16.percolake.v1.Mutation\"!\n\rWriteResponse\x12\x10\n\x08\x62uffered\x18\x01 \x01(\r\"a\n\rCommitRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x15\n\rcommit_secret\x18\x02 \x01(\t\x12)\n\x05scans\x18\x03 \x03(\x0b\x32\x1a.percolake.v1.ScanProgress\"#\n\x0e\x43ommitResponse\x12\x11\n\tcommit_ts\x18\x01 \x01(\x04\"\x1e\n\x0c\x41\x62ortRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\"\x0f\n\rAbortResponse\"\x1f\n\rAttachRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\"N\n\x0e\x41ttachResponse\x12\x10\n\x08start_ts\x18\x01 \x01(\x04\x12*\n\tisolation\x18\x02 \x01(\x0e\x32\x17.percolake.v1.Isolation\"/\n\rStatusRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x0e\n\x06settle\x18\x02 \x01(\x08\"d\n\x0eStatusResponse\x12-\n\x05state\x18\x01 \x01(\x0e\x32\x1e.percolake.v1.TransactionState\x12\x10\n\x08start_ts\x18\x02 \x01(\x04\x12\x11\n\tcommit_ts\x18\x03 \x01(\x04*Z\n\tIsolation\x12\x19\n\x15ISOLATION_UNSPECIFIED\x10\x00\x12\x16\n\x12ISOLATION_SNAPSHOT\x10\x01\x12\x1a\n\x16ISOLATION_SERIALIZABLE\x10\x02*\xd4\x01\n\x10TransactionState\x12!\n\x1dTRANSACTION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18TRANSACTION_STATE_ACTIVE\x10\x01\x12 \n\x1cTRANSACTION_STATE_COMMITTING\x10\x02\x12\x1f\n\x1bTRANSACTION_STATE_COMMITTED\x10\x03\x12\x1d\n\x19TRANSACTION_STATE_ABORTED\x10\x04\x12\x1d\n\x19TRANSACTION_STATE_UNKNOWN\x10\x05\x32\xee\x04\n\x12TransactionService\x12@\n\x05\x42\x65gin\x12\x1a.percolake.v1.BeginRequest\x1a\x1b.percolake.v1.BeginResponse\x12:\n\x03Get\x12\x18.percolake.v1.GetRequest\x1a\x19.percolake.v1.GetResponse\x12\x46\n\x07GetMany\x12\x1c.percolake.v1.GetManyRequest\x1a\x1d.percolake.v1.GetManyResponse\x12?\n\x04Scan\x12\x19.percolake.v1.ScanRequest\x1a\x1a.percolake.v1.ScanResponse0\x01\x12@\n\x05Write\x12\x1a.percolake.v1.WriteRequest\x1a\x1b.percolake.v1.WriteResponse\x12\x43\n\x06\x43ommit\x12\x1b.percolake.v1.CommitRequest\x1a\x1c.percolake.v1.CommitResponse\x12@\n\x05\x41\x62ort\x12\x1a.percolake.v1.AbortRequest\x1a\x1b.percolake.v1.AbortResponse\x12\x43\n\x06\x41ttach\x12\x1b.percolake.v1.AttachRequest\x1a\x1c.percolake.v1.AttachResponse\x12\x43\n\x06Status\x12\x1b.percolake.v1.StatusRequest\x1a\x1c.percolake.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'percolake.v1.transaction_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ISOLATION']._serialized_start=1370
-  _globals['_ISOLATION']._serialized_end=1460
-  _globals['_TRANSACTIONSTATE']._serialized_start=1463
-  _globals['_TRANSACTIONSTATE']._serialized_end=1675
+  _globals['_ISOLATION']._serialized_start=1530
+  _globals['_ISOLATION']._serialized_end=1620
+  _globals['_TRANSACTIONSTATE']._serialized_start=1623
+  _globals['_TRANSACTIONSTATE']._serialized_end=1835
   _globals['_CELL']._serialized_start=48
   _globals['_CELL']._serialized_end=83
   _globals['_CELLVALUE']._serialized_start=85
@@ -54,29 +54,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCANREQUEST']._serialized_start=582
   _globals['_SCANREQUEST']._serialized_end=699
   _globals['_SCANRESPONSE']._serialized_start=701
-  _globals['_SCANRESPONSE']._serialized_end=755
-  _globals['_MUTATION']._serialized_start=757
-  _globals['_MUTATION']._serialized_end=852
-  _globals['_WRITEREQUEST']._serialized_start=854
-  _globals['_WRITEREQUEST']._serialized_end=927
-  _globals['_WRITERESPONSE']._serialized_start=929
-  _globals['_WRITERESPONSE']._serialized_end=962
-  _globals['_COMMITREQUEST']._serialized_start=964
-  _globals['_COMMITREQUEST']._serialized_end=1018
-  _globals['_COMMITRESPONSE']._serialized_start=1020
-  _globals['_COMMITRESPONSE']._serialized_end=1055
-  _globals['_ABORTREQUEST']._serialized_start=1057
-  _globals['_ABORTREQUEST']._serialized_end=1087
-  _globals['_ABORTRESPONSE']._serialized_start=1089
-  _globals['_ABORTRESPONSE']._serialized_end=1104
-  _globals['_ATTACHREQUEST']._serialized_start=1106
-  _globals['_ATTACHREQUEST']._serialized_end=1137
-  _globals['_ATTACHRESPONSE']._serialized_start=1139
-  _globals['_ATTACHRESPONSE']._serialized_end=1217
-  _globals['_STATUSREQUEST']._serialized_start=1219
-  _globals['_STATUSREQUEST']._serialized_end=1266
-  _globals['_STATUSRESPONSE']._serialized_start=1268
-  _globals['_STATUSRESPONSE']._serialized_end=1368
-  _globals['_TRANSACTIONSERVICE']._serialized_start=1678
-  _globals['_TRANSACTIONSERVICE']._serialized_end=2300
+  _globals['_SCANRESPONSE']._serialized_end=772
+  _globals['_SCANPROGRESS']._serialized_start=774
+  _globals['_SCANPROGRESS']._serialized_end=872
+  _globals['_MUTATION']._serialized_start=874
+  _globals['_MUTATION']._serialized_end=969
+  _globals['_WRITEREQUEST']._serialized_start=971
+  _globals['_WRITEREQUEST']._serialized_end=1044
+  _globals['_WRITERESPONSE']._serialized_start=1046
+  _globals['_WRITERESPONSE']._serialized_end=1079
+  _globals['_COMMITREQUEST']._serialized_start=1081
+  _globals['_COMMITREQUEST']._serialized_end=1178
+  _globals['_COMMITRESPONSE']._serialized_start=1180
+  _globals['_COMMITRESPONSE']._serialized_end=1215
+  _globals['_ABORTREQUEST']._serialized_start=1217
+  _globals['_ABORTREQUEST']._serialized_end=1247
+  _globals['_ABORTRESPONSE']._serialized_start=1249
+  _globals['_ABORTRESPONSE']._serialized_end=1264
+  _globals['_ATTACHREQUEST']._serialized_start=1266
+  _globals['_ATTACHREQUEST']._serialized_end=1297
+  _globals['_ATTACHRESPONSE']._serialized_start=1299
+  _globals['_ATTACHRESPONSE']._serialized_end=1377
+  _globals['_STATUSREQUEST']._serialized_start=1379
+  _globals['_STATUSREQUEST']._serialized_end=1426
+  _globals['_STATUSRESPONSE']._serialized_start=1428
+  _globals['_STATUSRESPONSE']._serialized_end=1528
+  _globals['_TRANSACTIONSERVICE']._serialized_start=1838
+  _globals['_TRANSACTIONSERVICE']._serialized_end=2460
 # @@protoc_insertion_point(module_scope)

@@ -293,20 +293,59 @@ class ScanResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CELLS_FIELD_NUMBER: _builtins.int
+    SCAN_ID_FIELD_NUMBER: _builtins.int
+    scan_id: _builtins.int
+    """this scan's number within the transaction, from 0"""
     @_builtins.property
     def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellValue]: ...
     def __init__(
         self,
         *,
         cells: _abc.Iterable[Global___CellValue] | None = ...,
+        scan_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cells", b"cells"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cells", b"cells", "scan_id", b"scan_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ScanResponse: _TypeAlias = ScanResponse  # noqa: Y015
+
+@_typing.final
+class ScanProgress(_message.Message):
+    """How far the client consumed a scan: the gateway reads ahead of it, and a
+    SERIALIZABLE commit validates only what the client actually saw.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCAN_ID_FIELD_NUMBER: _builtins.int
+    EXHAUSTED_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    scan_id: _builtins.int
+    exhausted: _builtins.bool
+    """the client read to the end"""
+    @_builtins.property
+    def last(self) -> Global___Cell:
+        """the last cell it consumed; unset: none"""
+
+    def __init__(
+        self,
+        *,
+        scan_id: _builtins.int = ...,
+        exhausted: _builtins.bool = ...,
+        last: Global___Cell | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_last", b"_last", "last", b"last"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last", b"_last", "exhausted", b"exhausted", "last", b"last", "scan_id", b"scan_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__last: _TypeAlias = _typing.Literal["last"]  # noqa: Y015
+    _WhichOneofArgType__last: _TypeAlias = _typing.Literal["_last", b"_last"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last) -> _WhichOneofReturnType__last | None: ...
+
+Global___ScanProgress: _TypeAlias = ScanProgress  # noqa: Y015
 
 @_typing.final
 class Mutation(_message.Message):
@@ -390,17 +429,21 @@ class CommitRequest(_message.Message):
 
     TXN_ID_FIELD_NUMBER: _builtins.int
     COMMIT_SECRET_FIELD_NUMBER: _builtins.int
+    SCANS_FIELD_NUMBER: _builtins.int
     txn_id: _builtins.str
     commit_secret: _builtins.str
+    @_builtins.property
+    def scans(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScanProgress]: ...
     def __init__(
         self,
         *,
         txn_id: _builtins.str = ...,
         commit_secret: _builtins.str = ...,
+        scans: _abc.Iterable[Global___ScanProgress] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_secret", b"commit_secret", "txn_id", b"txn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_secret", b"commit_secret", "scans", b"scans", "txn_id", b"txn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

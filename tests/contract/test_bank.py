@@ -29,9 +29,9 @@ def balances(tx: Transaction) -> dict[bytes, int]:
 
 @pytest.mark.parametrize("isolation", list(Isolation))
 def test_concurrent_transfers_preserve_the_total(
-    tm: TransactionManager, isolation: Isolation
+    any_tm: TransactionManager, isolation: Isolation
 ) -> None:
-    with tm.begin() as tx:
+    with any_tm.begin() as tx:
         for i in range(ACCOUNTS):
             tx.put(TABLE, account(i), BAL, str(INITIAL).encode())
     total = ACCOUNTS * INITIAL
@@ -55,7 +55,7 @@ def test_concurrent_transfers_preserve_the_total(
                 return
             src, dst = rng.sample(range(ACCOUNTS), 2)
             try:
-                with tm.begin(isolation) as tx:
+                with any_tm.begin(isolation) as tx:
                     transfer(tx, account(src), account(dst), rng.randint(1, 30))
                 with lock:
                     stats["transfers"] += 1
@@ -67,7 +67,7 @@ def test_concurrent_transfers_preserve_the_total(
         for _ in range(40):
             if time.monotonic() > deadline:
                 return
-            tx = tm.begin(isolation)
+            tx = any_tm.begin(isolation)
             seen = balances(tx)
             tx.commit()  # read-only: never aborts
             with lock:
@@ -85,5 +85,5 @@ def test_concurrent_transfers_preserve_the_total(
         t.join()
     assert errors == []
     assert stats["transfers"] > 0 and stats["reads"] > 0
-    final = balances(tm.begin())
+    final = balances(any_tm.begin())
     assert sum(final.values()) == total

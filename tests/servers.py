@@ -1,0 +1,84 @@
+"""Start real ``percolake serve`` processes for tests, on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+READY_TIMEOUT_S = 30.0
+
+
+class ServerProcess:
+    """One ``percolake serve`` subprocess; stopped by pid, never by name."""
+
+    def __init__(self, role: str, args: Sequence[str], workdir: Path, env: dict[str, str] | None = None) -> None:
+        self.role = role
+        self.args = list(args)
+        self.workdir = workdir
+        self.env = {**os.environ, **(env or {})}
+        self.port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"{role}-{time.monotonic_ns()}.log"
+
+    def start(self, port: int | None = None) -> ServerProcess:
+        """Start, on ``port`` if given (a restart keeps its address), else a free one."""
+        ready = self.workdir / f"{self.role}-{time.monotonic_ns()}.ready"
+        listen = f"127.0.0.1:{port if port is not None else 0}"
+        command = [
+            sys.executable, "-m", "percolake", "serve", self.role, "--listen", listen,
+            "--ready-file", str(ready), "--grace-s", "5", *self.args,
+        ]
+        with self.log_path.open("ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=self.env
+            )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not ready.exists() or not ready.read_text().strip():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.role} exited: {self.log_path.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"{self.role} not ready: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.02)
+        self.port = int(ready.read_text())
+        return self
+
+    @property
+    def address(self) -> str:
+        assert self.port is not None
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def signal(self, signum: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up at all, as a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM and wait for a graceful exit; SIGKILL if it does not come."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
