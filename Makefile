@@ -22,13 +22,28 @@ $(STAMP): pyproject.toml
 .PHONY: install
 install: $(STAMP) ## create .venv and install percolake with its dev extras
 
+TOOLS_BIN := $(HOME)/.cache/percolake/bin
+GRPCURL_VERSION := v1.9.3
+
+.PHONY: tools
+tools: ## install grpcurl (Go module proxy) for the interoperability test
+	@if [ -x $(TOOLS_BIN)/grpcurl ]; then :; \
+	elif command -v go >/dev/null; then \
+		mkdir -p $(TOOLS_BIN) && GOBIN=$(TOOLS_BIN) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION) \
+		|| echo "grpcurl could not be installed: its test will be skipped"; \
+	else echo "no Go toolchain: grpcurl's test will be skipped"; fi
+
 .PHONY: run
 run: $(STAMP) ## set up everything and run the demo on the embedded SQLite store
 	$(PY) -m percolake demo
 
 .PHONY: test
-test: $(STAMP) ## set up everything (Cassandra from Maven Central included) and run the whole suite
+test: $(STAMP) tools ## set up everything (Cassandra from Maven Central included) and run the whole suite
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: protos
+protos: $(STAMP) ## regenerate the committed gRPC code from proto/
+	$(PY) scripts/gen_protos.py
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## unit, contract and property tiers only (no servers)

@@ -83,6 +83,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         (StaleTokenError, grpc.StatusCode.FAILED_PRECONDITION, STALE_TOKEN),
         (OracleFencedError, grpc.StatusCode.UNAVAILABLE, ORACLE_FENCED),
         (StoreError, grpc.StatusCode.UNAVAILABLE, UNAVAILABLE),
+        (ServiceUnavailableError, grpc.StatusCode.UNAVAILABLE, UNAVAILABLE),
         (ValueError, grpc.StatusCode.INVALID_ARGUMENT, INVALID_ARGUMENT),
         (TypeError, grpc.StatusCode.INVALID_ARGUMENT, INVALID_ARGUMENT),
     ]

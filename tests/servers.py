@@ -16,7 +16,9 @@ READY_TIMEOUT_S = 30.0
 class ServerProcess:
     """One ``percolake serve`` subprocess; stopped by pid, never by name."""
 
-    def __init__(self, role: str, args: Sequence[str], workdir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, role: str, args: Sequence[str], workdir: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.role = role
         self.args = list(args)
         self.workdir = workdir
@@ -30,8 +32,18 @@ class ServerProcess:
         ready = self.workdir / f"{self.role}-{time.monotonic_ns()}.ready"
         listen = f"127.0.0.1:{port if port is not None else 0}"
         command = [
-            sys.executable, "-m", "percolake", "serve", self.role, "--listen", listen,
-            "--ready-file", str(ready), "--grace-s", "5", *self.args,
+            sys.executable,
+            "-m",
+            "percolake",
+            "serve",
+            self.role,
+            "--listen",
+            listen,
+            "--ready-file",
+            str(ready),
+            "--grace-s",
+            "5",
+            *self.args,
         ]
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
