@@ -1,7 +1,7 @@
 """Isolation tests named after the anomaly they forbid or allow (Adya, Hermitage).
 
-Every test runs on every backend through the ``any_tm`` fixture (embedded and through a gateway). Snapshot isolation
-forbids G0, G1a, G1b, G1c, OTV, PMP, G-single and lost update and allows write
+Every test runs on every backend through the ``any_tm`` fixture, embedded and through a
+gateway process. Snapshot isolation forbids G0, G1a, G1b, G1c, OTV, PMP, G-single and lost update and allows write
 skew (G2-item); SERIALIZABLE forbids that too, phantoms included.
 """
 
