@@ -1,8 +1,9 @@
 """Isolation tests named after the anomaly they forbid or allow (Adya, Hermitage).
 
 Every test runs on every backend through the ``any_tm`` fixture, embedded and through a
-gateway process. Snapshot isolation forbids G0, G1a, G1b, G1c, OTV, PMP, G-single and lost update and allows write
-skew (G2-item); SERIALIZABLE forbids that too, phantoms included.
+gateway process. Snapshot isolation forbids G0, G1a, G1b, G1c, OTV, PMP, G-single and
+lost update and allows write skew (G2-item); SERIALIZABLE forbids that too, phantoms
+included.
 """
 
 from __future__ import annotations
