@@ -323,8 +323,10 @@ def test_broken_protocol_is_caught() -> None:
             BrokenProtocolMachine,
             settings=settings(
                 MACHINE_SETTINGS,
-                max_examples=2000,
-                phases=[Phase.generate, Phase.shrink],
+                max_examples=3000,
+                phases=[Phase.generate],  # finding it is the point; shrinking is slow
                 report_multiple_bugs=False,
+                derandomize=True,  # the same exploration on every run: no flaky verdicts
+                database=None,
             ),
         )
