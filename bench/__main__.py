@@ -31,6 +31,11 @@ def main() -> int:
         figures.extend(got)
     path = write_results(figures)
     print(f"wrote {path}")
+    from bench.report import plot, update_readme
+
+    update_readme(path)
+    for png in plot(path):
+        print(f"wrote {png}")
     return 0
 
 

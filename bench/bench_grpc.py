@@ -100,34 +100,50 @@ def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[F
             for callers in (1, 8, 64):
                 name = f"tso.grpc.clients{callers}.ts_per_s"
                 progress(name)
-                figures.append(measure(
-                    name, "timestamps/s", PERCOLATOR_ORACLE, runs,
-                    lambda c=callers: _timestamps_per_second(server.address, c, seconds),
-                    note="one client process; concurrent callers share RPCs through the batcher",
-                ))
+
+                def once(c: int = callers) -> float:
+                    return _timestamps_per_second(server.address, c, seconds)
+
+                note = "one client process; concurrent callers share RPCs through the batcher"
+                figures.append(measure(name, "timestamps/s", PERCOLATOR_ORACLE, runs, once, note))
             progress("tso.grpc.range1000.ts_per_s")
-            figures.append(measure(
-                "tso.grpc.range1000.ts_per_s", "timestamps/s", PERCOLATOR_ORACLE, runs,
-                lambda: _range_timestamps_per_second(server.address, 1000, seconds),
-                note="one caller taking ranges of 1000: the oracle's capacity per RPC",
-            ))
+            figures.append(
+                measure(
+                    "tso.grpc.range1000.ts_per_s",
+                    "timestamps/s",
+                    PERCOLATOR_ORACLE,
+                    runs,
+                    lambda: _range_timestamps_per_second(server.address, 1000, seconds),
+                    note="one caller taking ranges of 1000: the oracle's capacity per RPC",
+                )
+            )
             progress("locks.grpc.lock_unlock_pairs_per_s")
-            figures.append(measure(
-                "locks.grpc.lock_unlock_pairs_per_s", "pairs/s",
-                "AtlasDB: 1 + 3 synchronous lock/timestamp calls per write transaction", runs,
-                lambda: _lock_pairs_per_second(server.address, seconds),
-            ))
+            figures.append(
+                measure(
+                    "locks.grpc.lock_unlock_pairs_per_s",
+                    "pairs/s",
+                    "AtlasDB: 1 + 3 synchronous lock/timestamp calls per write transaction",
+                    runs,
+                    lambda: _lock_pairs_per_second(server.address, seconds),
+                )
+            )
             for cells in (1, 100):
                 progress(f"gateway.commit.cells{cells}")
                 latencies = sorted(_commit_latencies_ms(server.address, cells, commits))
                 p50 = statistics.median(latencies)
                 p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
                 for label, value in (("p50", p50), ("p99", p99)):
-                    figures.append(Figure(
-                        f"gateway.commit.cells{cells}.{label}_ms", round(value, 3), "ms", 1,
-                        0.0, "no published anchor: begin + writes + commit through the gateway",
-                        note=f"{commits} sequential commits, memory store",
-                    ))
+                    figures.append(
+                        Figure(
+                            f"gateway.commit.cells{cells}.{label}_ms",
+                            round(value, 3),
+                            "ms",
+                            1,
+                            0.0,
+                            "no published anchor: begin + writes + commit through the gateway",
+                            note=f"{commits} sequential commits, memory store",
+                        )
+                    )
         finally:
             server.stop()
     return figures
