@@ -38,8 +38,12 @@ run: $(STAMP) ## set up everything and run the demo on the embedded SQLite store
 	$(PY) -m percolake demo
 
 .PHONY: test
-test: $(STAMP) tools ## set up everything (Cassandra from Maven Central included) and run the whole suite
+test: $(STAMP) tools cassandra-jars ## set up everything (Cassandra from Maven Central included) and run the whole suite
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: cassandra-jars
+cassandra-jars: $(STAMP) ## fetch Apache Cassandra's jars from Maven Central into ~/.cache/percolake
+	$(PY) -m percolake.cassandra fetch
 
 .PHONY: protos
 protos: $(STAMP) ## regenerate the committed gRPC code from proto/

@@ -64,6 +64,10 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grace-s", type=float, default=30.0, help="drain time on SIGTERM")
     serve.add_argument("--ready-file", help="write the bound port here once serving")
 
+    from percolake.cassandra import add_cassandra_commands
+
+    add_cassandra_commands(commands)
+
     demo = commands.add_parser("demo", help="run the demo on the embedded SQLite store")
     demo.add_argument(
         "--workdir", default=".percolake", help="where the demo store goes (default .percolake)"
@@ -118,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from percolake.checker import run_check
 
         return run_check(args.history, args.model, as_json=args.json, out=sys.stdout)
+    if args.command == "cassandra":
+        from percolake.cassandra import run_cassandra_command
+
+        return run_cassandra_command(args)
     if args.command == "serve":
         return _serve(args, parser)
     if args.command == "demo":

@@ -15,6 +15,8 @@ import pytest
 from storage_adapters import KVStore, open_store
 from txn import TransactionConfig, TransactionManager
 
+pytest_plugins = ["tests.cassandra_plugin"]
+
 StoreFactory = Callable[[], KVStore]
 
 _counter = itertools.count()

@@ -1,0 +1,1075 @@
+"""The production backend: ``cassandra://HOST[:PORT][,HOST[:PORT]...]/KEYSPACE[?OPTIONS]``.
+
+Physical layout (fixed; logical tables need no DDL at run time)::
+
+    versions    ((tbl, shard), row, col, ts DESC) -> value, deleted
+    system_rows ((tbl, key))                      -> value
+    store_meta  (name)                            -> value     -- the shard count
+
+Ordered scans over a hashing partitioner. Every row of a logical table lives in one
+of ``shards`` partitions, ``shard = blake2b(row) mod shards``: a row's cells stay
+together, and a partition holds about ``1/shards`` of its table (32 by default, so
+ten million cells of ~150 bytes make partitions of ~45 MB; pass ``shards=`` at
+creation for bigger tables). Within a partition Cassandra keeps rows sorted by the
+clustering key ``(row, col, ts DESC)``, so a scan reads every shard of the table from
+the cursor on and merges the sorted streams (a k-way heap merge). The server picks
+each cell's newest version below the scan timestamp (``GROUP BY row, col`` returns a
+group's first row, and ``ts DESC`` makes that the newest). Each shard is read a page
+at a time, small pages first and doubling up to ``page_size``, with the next page
+requested before the current one is consumed. A scan of one row
+(``end_row == start_row + b"\\x00"``) reads only that row's shard. The shard count is
+fixed when the keyspace is created and stored in ``store_meta``: every client must
+agree on it.
+
+Consistency: versions at ``consistency`` (``QUORUM`` by default, or ``LOCAL_QUORUM``
+or ``ALL``); system rows through lightweight transactions (``IF NOT EXISTS``,
+``IF value = ?``) at ``serial_consistency`` (``SERIAL`` or ``LOCAL_SERIAL``), and
+read at that serial level, which makes them linearizable (rule S1).
+``LOCAL_QUORUM``/``LOCAL_SERIAL`` are linearizable only while every client uses the
+same data centre.
+
+Errors. A conditional write whose outcome is unknown (``WriteTimeout`` of type CAS,
+``WriteFailure``, a client-side timeout, a connection lost mid-request, a server
+error) raises :class:`StoreTimeoutError`; the driver never retries a conditional
+write by itself (rule S6). ``Unavailable`` (raised by the coordinator before any
+Paxos proposal), overload and no reachable host raise
+:class:`StoreUnavailableError`. A failed read of any kind raises
+:class:`StoreUnavailableError`: a read writes nothing.
+
+URL options (all optional):
+
+``replication_factor=N``    keyspace replication when this URL creates it (default 1)
+``consistency=QUORUM``      data reads and writes: QUORUM, LOCAL_QUORUM or ALL
+``serial_consistency=SERIAL`` conditional writes and system reads: SERIAL or LOCAL_SERIAL
+``shards=32``               partitions per logical table; fixed when the keyspace is created
+``local_dc=NAME``           the data centre to prefer (default: the contact points')
+``timeout_s=30``            client-side request timeout, above the server's own timeouts
+``connect_timeout_s=10``    connection timeout
+
+A user and password in the URL (``cassandra://user:password@host/ks``) log in with
+Cassandra's password authenticator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import logging
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+from urllib.parse import parse_qs, unquote
+
+from cassandra import (
+    ConsistencyLevel,
+    CoordinationFailure,
+    OperationTimedOut,
+    ReadTimeout,
+    Unavailable,
+    WriteTimeout,
+)
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
+from cassandra.connection import ConnectionException
+from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy, TokenAwarePolicy
+from cassandra.protocol import IsBootstrappingErrorMessage, OverloadedErrorMessage, ServerError
+from cassandra.query import BatchStatement, BatchType, tuple_factory
+
+from storage_adapters._base import (
+    MAX_TIMESTAMP,
+    CasResult,
+    Cell,
+    KVStore,
+    ScanEntry,
+    StoreTimeoutError,
+    StoreUnavailableError,
+    Version,
+    VersionWrite,
+    check_cells,
+    check_key,
+    check_table,
+    check_ts,
+    check_value,
+    check_writes,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9042
+DEFAULT_SHARDS = 32
+
+#: Requests in flight at once for one batched call: enough to hide a round trip,
+#: few enough not to swamp a small cluster's native-transport queue.
+CONCURRENCY = 64
+
+# Writes to one partition go as one unlogged batch (one mutation, one request), kept
+# under Cassandra's batch_size_warn_threshold (5 KiB) so that no batch logs a warning.
+_BATCH_BYTES = 4096
+_BATCH_ROWS = 100
+# Reads of many cells in one partition go as one query with an IN list of this size at most.
+_IN_LIMIT = 100
+# Cassandra limits each clustering or partition key value to 64 KiB - 1 (an unsigned short).
+_MAX_KEY_BYTES = 0xFFFF
+# CQL LIMIT takes a 32-bit int.
+_NO_LIMIT = (1 << 31) - 1
+_KEYSPACE = re.compile(r"[A-Za-z0-9_]{1,48}")
+_HOST = re.compile(r"[A-Za-z0-9.-]+")
+_DATA_LEVELS = ("QUORUM", "LOCAL_QUORUM", "ALL")
+_SERIAL_LEVELS = ("SERIAL", "LOCAL_SERIAL")
+_OPTIONS = (
+    "replication_factor",
+    "consistency",
+    "serial_consistency",
+    "shards",
+    "local_dc",
+    "timeout_s",
+    "connect_timeout_s",
+)
+# Table IDs derived from keyspace and table name: two clients creating the same table
+# at once agree on its ID instead of racing to a schema disagreement.
+_TABLE_ID_NAMESPACE = uuid.UUID("2f1f8c3e-6a43-5d7e-9a57-3c0fd6d4a1b2")
+_FORMAT_VERSION = "1"
+
+
+# --- URL ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CassandraSettings:
+    """What a ``cassandra://`` URL asks for."""
+
+    hosts: tuple[str, ...]
+    port: int
+    keyspace: str
+    replication_factor: int = 1
+    consistency: str = "QUORUM"
+    serial_consistency: str = "SERIAL"
+    shards: int = DEFAULT_SHARDS
+    shards_given: bool = False
+    local_dc: str | None = None
+    timeout_s: float = 30.0
+    connect_timeout_s: float = 10.0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+
+def parse_cassandra_url(url: str) -> CassandraSettings:
+    """Parse and validate a ``cassandra://`` URL; ``ValueError`` names what is wrong."""
+    if not isinstance(url, str):
+        raise TypeError(f"store URL must be str, got {type(url).__name__}")
+    prefix = "cassandra://"
+    if not url.startswith(prefix):
+        raise ValueError(f"not a cassandra URL: {url!r}")
+    rest = url[len(prefix) :]
+    rest, _, query = rest.partition("?")
+    if "#" in query or "#" in rest:
+        raise ValueError(f"invalid cassandra URL {url!r}: fragments ('#') are not allowed")
+    netloc, slash, path = rest.partition("/")
+    if not slash or not path:
+        raise ValueError(
+            f"invalid cassandra URL {url!r}: no keyspace (expected cassandra://HOST[:PORT]/KEYSPACE)"
+        )
+    if not _KEYSPACE.fullmatch(path):
+        raise ValueError(
+            f"invalid cassandra URL {url!r}: keyspace {path!r} must be 1-48 characters "
+            "from [A-Za-z0-9_]"
+        )
+    username = password = None
+    if "@" in netloc:
+        credentials, _, netloc = netloc.rpartition("@")
+        user, colon, secret = credentials.partition(":")
+        if not user or not colon:
+            raise ValueError("invalid cassandra URL: credentials must be user:password@")
+        username, password = unquote(user), unquote(secret)
+    hosts, port = _parse_hosts(url, netloc)
+    options = _parse_options(url, query)
+    return CassandraSettings(
+        hosts=hosts,
+        port=port,
+        keyspace=path,
+        username=username,
+        password=password,
+        **options,
+    )
+
+
+def _parse_hosts(url: str, netloc: str) -> tuple[tuple[str, ...], int]:
+    if not netloc:
+        raise ValueError(f"invalid cassandra URL {url!r}: no host")
+    hosts: list[str] = []
+    ports: set[int] = set()
+    for part in netloc.split(","):
+        if part.startswith("["):  # [IPv6]:port
+            host, bracket, tail = part[1:].partition("]")
+            if not bracket or not host or (tail and not tail.startswith(":")):
+                raise ValueError(f"invalid cassandra URL {url!r}: bad IPv6 host {part!r}")
+            port_text = tail[1:] if tail else ""
+        else:
+            host, _, port_text = part.partition(":")
+            if not host or not _HOST.fullmatch(host):
+                raise ValueError(f"invalid cassandra URL {url!r}: bad host {part!r}")
+        if port_text:
+            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+                raise ValueError(f"invalid cassandra URL {url!r}: bad port {port_text!r}")
+            ports.add(int(port_text))
+        else:
+            ports.add(DEFAULT_PORT)
+        hosts.append(host)
+    if len(ports) > 1:
+        raise ValueError(
+            f"invalid cassandra URL {url!r}: every host must use the same port, got {sorted(ports)}"
+        )
+    return tuple(hosts), ports.pop()
+
+
+def _parse_options(url: str, query: str) -> dict[str, Any]:
+    try:
+        raw = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise ValueError(f"invalid cassandra URL {url!r}: bad query string ({exc})") from None
+    unknown = sorted(set(raw) - set(_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"invalid cassandra URL {url!r}: unknown option(s) {unknown}; "
+            f"expected some of {list(_OPTIONS)}"
+        )
+    options: dict[str, Any] = {}
+    for name, values in raw.items():
+        if len(values) != 1:
+            raise ValueError(f"invalid cassandra URL {url!r}: option {name!r} given twice")
+        value = values[0]
+        if name in ("replication_factor", "shards"):
+            limit = 4096 if name == "shards" else 100
+            if not value.isdigit() or not 1 <= int(value) <= limit:
+                raise ValueError(
+                    f"invalid cassandra URL {url!r}: {name} must be an integer in [1, {limit}], "
+                    f"got {value!r}"
+                )
+            options[name] = int(value)
+        elif name == "consistency":
+            options[name] = _level(url, name, value, _DATA_LEVELS)
+        elif name == "serial_consistency":
+            options[name] = _level(url, name, value, _SERIAL_LEVELS)
+        elif name in ("timeout_s", "connect_timeout_s"):
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = -1.0
+            if not 0 < seconds <= 3600:
+                raise ValueError(
+                    f"invalid cassandra URL {url!r}: {name} must be seconds in (0, 3600], "
+                    f"got {value!r}"
+                )
+            options[name] = seconds
+        elif name == "local_dc":
+            if not value:
+                raise ValueError(f"invalid cassandra URL {url!r}: local_dc is empty")
+            options[name] = value
+    options["shards_given"] = "shards" in options
+    return options
+
+
+def _level(url: str, name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value.upper() not in allowed:
+        raise ValueError(
+            f"invalid cassandra URL {url!r}: {name} must be one of {list(allowed)}, got {value!r}"
+        )
+    return value.upper()
+
+
+def shard_of(row: bytes, shards: int) -> int:
+    """The partition (of ``shards``) that holds ``row``: stable across processes."""
+    digest = hashlib.blake2b(row, digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards
+
+
+# --- errors ---------------------------------------------------------------------------
+
+
+def translate_error(exc: BaseException, *, conditional_write: bool, write: bool) -> Exception:
+    """The store error for a driver exception, or ``exc`` itself when it is a bug.
+
+    ``conditional_write``: the request was a lightweight transaction, whose outcome
+    matters (rule S6). ``write``: it could have changed data.
+    """
+    name = type(exc).__name__
+    # Refused before anything was applied anywhere: safe to call "unavailable".
+    if isinstance(
+        exc, Unavailable | NoHostAvailable | OverloadedErrorMessage | IsBootstrappingErrorMessage
+    ):
+        return StoreUnavailableError(f"Cassandra unavailable ({name}): {exc}")
+    # Sent, then lost: a write may or may not have been applied.
+    if isinstance(
+        exc,
+        WriteTimeout
+        | ReadTimeout
+        | CoordinationFailure
+        | OperationTimedOut
+        | ConnectionException
+        | ServerError,
+    ):
+        if write:
+            kind = "conditional write" if conditional_write else "write"
+            return StoreTimeoutError(f"Cassandra {kind} outcome unknown ({name}): {exc}")
+        return StoreUnavailableError(f"Cassandra read failed ({name}): {exc}")
+    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+# --- the store ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    insert_version: Any
+    latest: Any
+    latest_rows: Any  # row IN ?, col = ?
+    latest_cols: Any  # row = ?, col IN ?
+    version_ts: Any
+    version_ts_rows: Any
+    version_ts_cols: Any
+    delete_version: Any
+    scan_from: Any  # (row, col) >= cursor
+    scan_after: Any  # (row, col) > cursor
+    scan_from_until: Any
+    scan_after_until: Any
+    put_unless_exists: Any
+    compare_and_set: Any
+    get_system: Any
+
+
+_DDL = {
+    "versions": """
+        CREATE TABLE IF NOT EXISTS {ks}.versions (
+            tbl text, shard int, row blob, col blob, ts bigint, value blob, deleted boolean,
+            PRIMARY KEY ((tbl, shard), row, col, ts)
+        ) WITH CLUSTERING ORDER BY (row ASC, col ASC, ts DESC) AND ID = {id}""",
+    "system_rows": """
+        CREATE TABLE IF NOT EXISTS {ks}.system_rows (
+            tbl text, key blob, value blob, PRIMARY KEY ((tbl, key))
+        ) WITH ID = {id}""",
+    "store_meta": """
+        CREATE TABLE IF NOT EXISTS {ks}.store_meta (
+            name text PRIMARY KEY, value text
+        ) WITH ID = {id}""",
+}
+
+_SCAN_SELECT = (
+    "SELECT row, col, ts, value, deleted FROM {ks}.versions "
+    "WHERE tbl = ? AND shard = ? AND (row, col) {op} (?, ?) {until}AND ts < ? "
+    # GROUP BY returns each cell's first row, its newest version below ts (ts DESC).
+    "GROUP BY row, col LIMIT ? ALLOW FILTERING"
+)
+
+
+class CassandraStore(KVStore):
+    """:class:`KVStore` on Apache Cassandra (see the module docstring for the layout)."""
+
+    def __init__(self, url: str) -> None:
+        self.settings = parse_cassandra_url(url)
+        self._url = _redact(url)
+        self._closed = False
+        self._cluster: Any = None
+        self._session: Any = self._connect()
+        try:
+            self._ensure_schema()
+            self._stmts = self._prepare()
+            self.shards = self._agree_on_shards()
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def _with_session(cls, url: str, session: Any, shards: int = DEFAULT_SHARDS) -> CassandraStore:
+        """A store over an existing (possibly fake) session: no connect, no DDL. For tests."""
+        store = cls.__new__(cls)
+        store.settings = parse_cassandra_url(url)
+        store._url = _redact(url)
+        store._closed = False
+        store._cluster = None
+        store._session = session
+        store._stmts = store._prepare()
+        store.shards = shards
+        return store
+
+    # --- setup ----------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        s = self.settings
+        data_level = getattr(ConsistencyLevel, s.consistency)
+        serial_level = getattr(ConsistencyLevel, s.serial_consistency)
+
+        def balancing() -> Any:
+            return TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=s.local_dc))
+
+        profiles = {
+            EXEC_PROFILE_DEFAULT: ExecutionProfile(
+                load_balancing_policy=balancing(),
+                consistency_level=data_level,
+                request_timeout=s.timeout_s,
+                row_factory=tuple_factory,
+            ),
+            # The commit phase of a conditional write runs at the data level, its
+            # Paxos rounds at the serial level; see ConditionalWriteRetryPolicy.
+            "lwt": ExecutionProfile(
+                load_balancing_policy=balancing(),
+                consistency_level=data_level,
+                serial_consistency_level=serial_level,
+                request_timeout=s.timeout_s,
+                row_factory=tuple_factory,
+                retry_policy=ConditionalWriteRetryPolicy(),
+            ),
+            "serial_read": ExecutionProfile(
+                load_balancing_policy=balancing(),
+                consistency_level=serial_level,
+                request_timeout=s.timeout_s,
+                row_factory=tuple_factory,
+            ),
+        }
+        auth = (
+            PlainTextAuthProvider(username=s.username, password=s.password)
+            if s.username is not None
+            else None
+        )
+        self._cluster = Cluster(
+            list(s.hosts),
+            port=s.port,
+            protocol_version=5,
+            execution_profiles=profiles,
+            auth_provider=auth,
+            connect_timeout=s.connect_timeout_s,
+            control_connection_timeout=s.connect_timeout_s,
+        )
+        try:
+            return self._cluster.connect()
+        except Exception as exc:
+            self._cluster.shutdown()
+            raise translate_error(exc, conditional_write=False, write=False) from exc
+
+    def _ensure_schema(self) -> None:
+        s = self.settings
+        ks = _quote(s.keyspace)
+        metadata = self._cluster.metadata.keyspaces.get(s.keyspace)
+        if metadata is None:
+            log.info("creating keyspace %s (replication factor %d)", ks, s.replication_factor)
+            self._ddl(
+                f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = "
+                "{'class': 'NetworkTopologyStrategy', "
+                f"'replication_factor': {s.replication_factor}}}"
+            )
+            metadata = self._cluster.metadata.keyspaces.get(s.keyspace)
+        existing = set(metadata.tables) if metadata is not None else set()
+        for table, ddl in _DDL.items():
+            if table not in existing:
+                table_id = uuid.uuid5(_TABLE_ID_NAMESPACE, f"{s.keyspace}.{table}")
+                self._ddl(ddl.format(ks=ks, id=table_id))
+
+    def _ddl(self, statement: str) -> None:
+        """Run a schema change and wait until every node has it.
+
+        A conditional write to a table some replica does not know yet fails with
+        INCOMPATIBLE_SCHEMA, so the first use of a new keyspace must wait here.
+        """
+        try:
+            result = self._session.execute(statement, timeout=max(self.settings.timeout_s, 60.0))
+            agreed = result.response_future.is_schema_agreed
+            if not agreed:
+                agreed = self._cluster.control_connection.wait_for_schema_agreement(wait_time=60)
+        except Exception as exc:
+            raise translate_error(exc, conditional_write=False, write=True) from exc
+        if not agreed:
+            raise StoreUnavailableError(
+                "Cassandra nodes did not agree on the schema within 60 s after: "
+                + " ".join(statement.split())
+            )
+
+    def _prepare(self) -> _Statements:
+        ks = _quote(self.settings.keyspace)
+
+        def prepare(cql: str, *, idempotent: bool = True) -> Any:
+            statement = self._session.prepare(cql.format(ks=ks))
+            statement.is_idempotent = idempotent
+            return statement
+
+        cell = "tbl = ? AND shard = ? AND row = ? AND col = ?"
+        return _Statements(
+            insert_version=prepare(
+                "INSERT INTO {ks}.versions (tbl, shard, row, col, ts, value, deleted) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)"
+            ),
+            latest=prepare(
+                f"SELECT row, col, ts, value, deleted FROM {{ks}}.versions WHERE {cell} "
+                "AND ts < ? LIMIT 1"
+            ),
+            # GROUP BY returns each cell's first row: its newest version below ts.
+            latest_rows=prepare(
+                "SELECT row, col, ts, value, deleted FROM {ks}.versions WHERE tbl = ? "
+                "AND shard = ? AND row IN ? AND col = ? AND ts < ? GROUP BY row, col"
+            ),
+            latest_cols=prepare(
+                "SELECT row, col, ts, value, deleted FROM {ks}.versions WHERE tbl = ? "
+                "AND shard = ? AND row = ? AND col IN ? AND ts < ? GROUP BY row, col"
+            ),
+            version_ts=prepare(
+                f"SELECT row, col, ts FROM {{ks}}.versions WHERE {cell} AND ts > ? AND ts < ? "
+                "LIMIT ?"
+            ),
+            version_ts_rows=prepare(
+                "SELECT row, col, ts FROM {ks}.versions WHERE tbl = ? AND shard = ? "
+                "AND row IN ? AND col = ? AND ts > ? AND ts < ? LIMIT ?"
+            ),
+            version_ts_cols=prepare(
+                "SELECT row, col, ts FROM {ks}.versions WHERE tbl = ? AND shard = ? "
+                "AND row = ? AND col IN ? AND ts > ? AND ts < ? LIMIT ?"
+            ),
+            delete_version=prepare(f"DELETE FROM {{ks}}.versions WHERE {cell} AND ts = ?"),
+            scan_from=prepare(_SCAN_SELECT.format(ks="{ks}", op=">=", until="")),
+            scan_after=prepare(_SCAN_SELECT.format(ks="{ks}", op=">", until="")),
+            scan_from_until=prepare(
+                _SCAN_SELECT.format(ks="{ks}", op=">=", until="AND (row) < (?) ")
+            ),
+            scan_after_until=prepare(
+                _SCAN_SELECT.format(ks="{ks}", op=">", until="AND (row) < (?) ")
+            ),
+            put_unless_exists=prepare(
+                "INSERT INTO {ks}.system_rows (tbl, key, value) VALUES (?, ?, ?) IF NOT EXISTS",
+                idempotent=False,
+            ),
+            compare_and_set=prepare(
+                "UPDATE {ks}.system_rows SET value = ? WHERE tbl = ? AND key = ? IF value = ?",
+                idempotent=False,
+            ),
+            get_system=prepare("SELECT value FROM {ks}.system_rows WHERE tbl = ? AND key = ?"),
+        )
+
+    def _agree_on_shards(self) -> int:
+        """The keyspace's shard count: the first opener's choice, stored with an LWT."""
+        ks = _quote(self.settings.keyspace)
+        insert = self._session.prepare(
+            f"INSERT INTO {ks}.store_meta (name, value) VALUES (?, ?) IF NOT EXISTS"
+        )
+        self._execute_lwt(insert, ("format", _FORMAT_VERSION))
+        applied, stored = self._execute_lwt(insert, ("shards", str(self.settings.shards)))
+        shards = self.settings.shards if applied else int(stored or DEFAULT_SHARDS)
+        if self.settings.shards_given and shards != self.settings.shards:
+            raise ValueError(
+                f"keyspace {self.settings.keyspace!r} was created with shards={shards}; "
+                f"the URL asks for shards={self.settings.shards}"
+            )
+        return shards
+
+    # --- versioned cells ------------------------------------------------------------
+
+    def put_versions(self, table: str, versions: Sequence[VersionWrite]) -> None:
+        check_table(table)
+        writes = check_writes(versions)
+        for v in writes:
+            _check_key_size("row", v.row)
+            _check_key_size("column", v.column)
+        self._check_open()
+        # The last write of a version wins, as in the reference backend; within one
+        # batch Cassandra would instead keep the greater value.
+        latest = {(v.row, v.column, v.ts): v.value for v in writes}
+        items = [
+            (
+                shard_of(row, self.shards),
+                (table, shard_of(row, self.shards), row, column, ts, value or b"", value is None),
+                len(row) + len(column) + len(value or b"") + 32,
+            )
+            for (row, column, ts), value in latest.items()
+        ]
+        self._execute_all(_batched(self._stmts.insert_version, items), write=True)
+
+    def get_latest(
+        self, table: str, cells: Sequence[tuple[bytes, bytes]], below_ts: int
+    ) -> dict[Cell, Version]:
+        check_table(table)
+        wanted = check_cells(cells)
+        check_ts("below_ts", below_ts)
+        self._check_open()
+        queries = []
+        for group in self._cell_groups(wanted):
+            stmt = (self._stmts.latest, self._stmts.latest_rows, self._stmts.latest_cols)
+            queries.append((stmt[group.kind], (table, *group.key_params(), below_ts)))
+        out: dict[Cell, Version] = {}
+        for rows in self._execute_all(queries, write=False):
+            for row, column, ts, value, deleted in rows:
+                out[Cell(row, column)] = Version(ts, _value(value, deleted))
+        return out
+
+    def scan(
+        self,
+        table: str,
+        start_row: bytes,
+        end_row: bytes | None,
+        below_ts: int,
+        *,
+        start_column: bytes = b"",
+        page_size: int = 1000,
+    ) -> Iterator[ScanEntry]:
+        check_table(table)
+        check_key("start_row", start_row, allow_empty=True)
+        if end_row is not None:
+            check_key("end_row", end_row, allow_empty=True)
+        check_key("start_column", start_column, allow_empty=True)
+        check_ts("below_ts", below_ts)
+        if not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size must be positive, got {page_size}")
+        _check_key_size("start_row", start_row)
+        _check_key_size("start_column", start_column)
+        if end_row is not None:
+            _check_key_size("end_row", end_row)
+        self._check_open()
+        return self._scan(table, start_row, end_row, below_ts, start_column, page_size)
+
+    def _scan(
+        self,
+        table: str,
+        start_row: bytes,
+        end_row: bytes | None,
+        below_ts: int,
+        start_column: bytes,
+        page_size: int,
+    ) -> Iterator[ScanEntry]:
+        if end_row is not None and end_row <= start_row:
+            return
+        if end_row == start_row + b"\x00":  # exactly one row: it lives in one shard
+            shards: Sequence[int] = [shard_of(start_row, self.shards)]
+        else:
+            shards = range(self.shards)
+        # Rows spread evenly over shards, so a first page of 2 * page_size / shards per
+        # shard usually fills the caller's first page without reading far ahead.
+        first_limit = min(page_size, max(16, 2 * -(-page_size // len(shards))))
+        streams = [
+            _ShardScan(
+                self,
+                table,
+                shard,
+                start_row,
+                start_column,
+                end_row,
+                below_ts,
+                first_limit,
+                page_size,
+            )
+            for shard in shards
+        ]
+        for stream in streams:
+            stream.request()
+        yield from heapq.merge(*(s.entries() for s in streams))
+
+    def get_version_timestamps(
+        self,
+        table: str,
+        cells: Sequence[tuple[bytes, bytes]],
+        *,
+        above_ts: int = -1,
+        below_ts: int = MAX_TIMESTAMP,
+        limit: int | None = None,
+    ) -> dict[Cell, list[int]]:
+        check_table(table)
+        wanted = check_cells(cells)
+        for name, bound in (("above_ts", above_ts), ("below_ts", below_ts)):
+            if not isinstance(bound, int) or isinstance(bound, bool):
+                raise TypeError(f"{name} must be int, got {type(bound).__name__}")
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"limit must be positive, got {limit}")
+        self._check_open()
+        wanted = list(dict.fromkeys(wanted))
+        # Stored timestamps lie in [0, MAX_TIMESTAMP]: clamp the open bounds to what
+        # a bigint can carry without changing which versions match.
+        above_ts, below_ts = max(above_ts, -1), min(below_ts, MAX_TIMESTAMP)
+        if below_ts <= above_ts + 1:
+            return {}
+        stmts = (self._stmts.version_ts, self._stmts.version_ts_rows, self._stmts.version_ts_cols)
+        groups = self._cell_groups(wanted)
+        queries = []
+        for group in groups:
+            # One LIMIT for the whole group: enough when no cell has more than its share.
+            group_limit = _NO_LIMIT if limit is None else min(limit * len(group.cells), _NO_LIMIT)
+            params = (table, *group.key_params(), above_ts, below_ts, group_limit)
+            queries.append((stmts[group.kind], params))
+        found: dict[Cell, list[int]] = {}
+        short: list[Cell] = []  # cells a group's LIMIT may have cut off
+        for group, (_, params), rows in zip(
+            groups, queries, self._execute_all(queries, write=False), strict=True
+        ):
+            for row, column, ts in rows:
+                found.setdefault(Cell(row, column), []).append(ts)
+            if limit is not None and len(rows) == params[-1]:
+                short += [c for c in group.cells if len(found.get(c, ())) < limit]
+        if short:
+            assert limit is not None
+            retry = [
+                (
+                    stmts[0],
+                    (
+                        table,
+                        shard_of(c.row, self.shards),
+                        c.row,
+                        c.column,
+                        above_ts,
+                        below_ts,
+                        limit,
+                    ),
+                )
+                for c in short
+            ]
+            for cell, rows in zip(short, self._execute_all(retry, write=False), strict=True):
+                found.pop(cell, None)
+                if rows:
+                    found[cell] = [ts for _, _, ts in rows]
+        out: dict[Cell, list[int]] = {}
+        for cell, tss in found.items():
+            tss.sort(reverse=True)
+            out[cell] = tss if limit is None else tss[:limit]
+        return out
+
+    def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
+        check_table(table)
+        items: list[tuple[int, tuple[Any, ...], int]] = []
+        for entry in versions:
+            if not isinstance(entry, tuple) or len(entry) != 3:
+                raise TypeError(f"a version to delete must be (row, column, ts), got {entry!r}")
+            row, column, ts = entry
+            check_key("row", row)
+            check_key("column", column)
+            check_ts("ts", ts)
+            _check_key_size("row", row)
+            _check_key_size("column", column)
+            shard = shard_of(row, self.shards)
+            items.append((shard, (table, shard, row, column, ts), len(row) + len(column) + 32))
+        self._check_open()
+        self._execute_all(_batched(self._stmts.delete_version, items), write=True)
+
+    # --- system rows ----------------------------------------------------------------
+
+    def put_unless_exists(self, table: str, key: bytes, value: bytes) -> CasResult:
+        check_table(table)
+        check_key("key", key)
+        check_value(value)
+        _check_key_size("key", key)
+        self._check_open()
+        applied, existing = self._execute_lwt(self._stmts.put_unless_exists, (table, key, value))
+        if applied:
+            return CasResult(True, value)
+        return CasResult(False, None if existing is None else _bytes(existing))
+
+    def compare_and_set(
+        self, table: str, key: bytes, expected: bytes | None, value: bytes
+    ) -> CasResult:
+        check_table(table)
+        check_key("key", key)
+        if expected is not None:
+            check_value(expected)
+        check_value(value)
+        _check_key_size("key", key)
+        if expected is None:
+            return self.put_unless_exists(table, key, value)
+        self._check_open()
+        applied, current = self._execute_lwt(
+            self._stmts.compare_and_set, (value, table, key, expected)
+        )
+        if applied:
+            return CasResult(True, value)
+        return CasResult(False, None if current is None else _bytes(current))
+
+    def get_system(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        check_table(table)
+        wanted = [check_key("key", k) for k in keys]
+        for key in wanted:
+            _check_key_size("key", key)
+        self._check_open()
+        wanted = list(dict.fromkeys(wanted))
+        results = self._execute_many(
+            self._stmts.get_system,
+            [(table, k) for k in wanted],
+            write=False,
+            profile="serial_read",
+        )
+        return {k: _bytes(rows[0][0]) for k, rows in zip(wanted, results, strict=True) if rows}
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._cluster is not None:
+            self._cluster.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("store is closed")
+
+    # --- execution ------------------------------------------------------------------
+
+    def _execute_many(
+        self,
+        statement: Any,
+        params: Sequence[tuple[Any, ...]],
+        *,
+        write: bool,
+        profile: object = None,
+    ) -> list[list[tuple[Any, ...]]]:
+        """Run one prepared statement per parameter tuple, ``CONCURRENCY`` at a time."""
+        if not params:
+            return []
+        try:
+            if len(params) == 1:
+                rows = self._session.execute(
+                    statement, params[0], execution_profile=profile or EXEC_PROFILE_DEFAULT
+                )
+                return [list(rows or ())]
+            results = execute_concurrent_with_args(
+                self._session,
+                statement,
+                params,
+                concurrency=CONCURRENCY,
+                raise_on_first_error=True,
+                execution_profile=profile or EXEC_PROFILE_DEFAULT,
+            )
+        except Exception as exc:
+            raise translate_error(exc, conditional_write=False, write=write) from exc
+        return [list(result or ()) for _, result in results]
+
+    def _execute_all(
+        self, queries: Sequence[tuple[Any, tuple[Any, ...] | None]], *, write: bool
+    ) -> list[list[tuple[Any, ...]]]:
+        """Run ``(statement, params)`` pairs, ``CONCURRENCY`` at a time; rows of each."""
+        if not queries:
+            return []
+        try:
+            if len(queries) == 1:
+                statement, params = queries[0]
+                return [list(self._session.execute(statement, params) or ())]
+            results = execute_concurrent(
+                self._session, queries, concurrency=CONCURRENCY, raise_on_first_error=True
+            )
+            return [list(result or ()) for _, result in results]
+        except Exception as exc:
+            raise translate_error(exc, conditional_write=False, write=write) from exc
+
+    def _cell_groups(self, cells: Sequence[Cell]) -> list[_CellGroup]:
+        """Cells grouped for one query per group: same partition, and same column or row.
+
+        Per partition, by column (``row IN ?``) or by row (``col IN ?``), whichever
+        makes fewer queries. A query per group rather than per cell: a 100-cell
+        transaction costs about ``shards`` requests instead of 100.
+        """
+        by_shard: dict[int, list[Cell]] = {}
+        for cell in dict.fromkeys(cells):
+            by_shard.setdefault(shard_of(cell.row, self.shards), []).append(cell)
+        groups: list[_CellGroup] = []
+        for shard, members in by_shard.items():
+            by_column: dict[bytes, list[Cell]] = {}
+            by_row: dict[bytes, list[Cell]] = {}
+            for cell in members:
+                by_column.setdefault(cell.column, []).append(cell)
+                by_row.setdefault(cell.row, []).append(cell)
+            kind, split = (
+                (_CellGroup.ROWS, by_column)
+                if len(by_column) <= len(by_row)
+                else (_CellGroup.COLUMNS, by_row)
+            )
+            for same in split.values():
+                for i in range(0, len(same), _IN_LIMIT):
+                    chunk = same[i : i + _IN_LIMIT]
+                    groups.append(
+                        _CellGroup(_CellGroup.ONE if len(chunk) == 1 else kind, shard, chunk)
+                    )
+        return groups
+
+    def _execute_lwt(self, statement: Any, params: tuple[Any, ...]) -> tuple[bool, Any]:
+        """Run one conditional write: ``(applied, value found when not applied)``."""
+        try:
+            result = self._session.execute(statement, params, execution_profile="lwt")
+        except Exception as exc:
+            raise translate_error(exc, conditional_write=True, write=True) from exc
+        names = list(result.column_names or ())
+        rows = list(result)
+        if not rows:
+            raise RuntimeError("a conditional write returned no [applied] row")
+        row = rows[0]
+        applied = bool(row[0])
+        if applied or "value" not in names:
+            return applied, None
+        return applied, row[names.index("value")]
+
+
+class _ShardScan:
+    """One shard's part of a scan: sorted pages, each requested before the last is read."""
+
+    def __init__(
+        self,
+        store: CassandraStore,
+        table: str,
+        shard: int,
+        start_row: bytes,
+        start_column: bytes,
+        end_row: bytes | None,
+        below_ts: int,
+        first_limit: int,
+        max_limit: int,
+    ) -> None:
+        self._store = store
+        self._table = table
+        self._shard = shard
+        self._cursor = (start_row, start_column)
+        self._inclusive = True
+        self._end_row = end_row
+        self._below_ts = below_ts
+        self._limit = first_limit
+        self._max_limit = max_limit
+        self._pending: Any = None
+
+    def request(self) -> None:
+        """Start fetching the next page, asynchronously."""
+        stmts = self._store._stmts
+        row, column = self._cursor
+        params: list[Any] = [self._table, self._shard, row, column]
+        if self._end_row is None:
+            statement = stmts.scan_from if self._inclusive else stmts.scan_after
+        else:
+            statement = stmts.scan_from_until if self._inclusive else stmts.scan_after_until
+            params.append(self._end_row)
+        params += [self._below_ts, self._limit]
+        try:
+            self._pending = self._store._session.execute_async(statement, params)
+        except Exception as exc:
+            raise translate_error(exc, conditional_write=False, write=False) from exc
+
+    def entries(self) -> Iterator[ScanEntry]:
+        while self._pending is not None:
+            try:
+                rows = list(self._pending.result())
+            except Exception as exc:
+                raise translate_error(exc, conditional_write=False, write=False) from exc
+            self._pending = None
+            if len(rows) == self._limit:  # maybe more: ask now, read while it travels
+                last = rows[-1]
+                self._cursor, self._inclusive = (last[0], last[1]), False
+                self._limit = min(self._max_limit, self._limit * 2)
+                self.request()
+            for row, column, ts, value, deleted in rows:
+                yield ScanEntry(row, column, ts, _value(value, deleted))
+
+
+@dataclass(frozen=True, slots=True)
+class _CellGroup:
+    """Cells read by one query: one cell, or many sharing a partition and a column or row."""
+
+    ONE: ClassVar[int] = 0  # row = ?, col = ?
+    ROWS: ClassVar[int] = 1  # row IN ?, col = ?
+    COLUMNS: ClassVar[int] = 2  # row = ?, col IN ?
+
+    kind: int
+    shard: int
+    cells: list[Cell]
+
+    def key_params(self) -> tuple[Any, ...]:
+        """``shard`` and the row and column restrictions, in statement order."""
+        first = self.cells[0]
+        if self.kind == self.ONE:
+            return (self.shard, first.row, first.column)
+        if self.kind == self.ROWS:
+            return (self.shard, [c.row for c in self.cells], first.column)
+        return (self.shard, first.row, [c.column for c in self.cells])
+
+
+def _batched(
+    statement: Any, items: Sequence[tuple[int, tuple[Any, ...], int]]
+) -> list[tuple[Any, tuple[Any, ...] | None]]:
+    """``(shard, params, approximate bytes)`` writes as unlogged batches, one partition each."""
+    by_shard: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
+    for shard, params, size in items:
+        by_shard.setdefault(shard, []).append((params, size))
+    out: list[tuple[Any, tuple[Any, ...] | None]] = []
+
+    def flush(chunk: list[tuple[Any, ...]]) -> None:
+        if len(chunk) == 1:
+            out.append((statement, chunk[0]))
+            return
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        batch.is_idempotent = True
+        for params in chunk:
+            batch.add(statement, params)
+        out.append((batch, None))
+
+    for entries in by_shard.values():
+        chunk: list[tuple[Any, ...]] = []
+        chunk_bytes = 0
+        for params, size in entries:
+            if chunk and (chunk_bytes + size > _BATCH_BYTES or len(chunk) >= _BATCH_ROWS):
+                flush(chunk)
+                chunk, chunk_bytes = [], 0
+            chunk.append(params)
+            chunk_bytes += size
+        if chunk:
+            flush(chunk)
+    return out
+
+
+class ConditionalWriteRetryPolicy(RetryPolicy):  # type: ignore[misc]
+    """Retry a conditional write only when Cassandra refused it before doing anything.
+
+    ``Unavailable`` is raised before any Paxos proposal, so another coordinator may
+    try; every other error leaves the outcome unknown and goes to the caller, who
+    settles it by reading at SERIAL (rule S6). The default policy would also resend
+    after a lost connection, turning one unknown outcome into two.
+    """
+
+    def on_read_timeout(self, *args: Any, **kwargs: Any) -> tuple[int, None]:
+        return self.RETHROW, None
+
+    def on_write_timeout(self, *args: Any, **kwargs: Any) -> tuple[int, None]:
+        return self.RETHROW, None
+
+    def on_unavailable(
+        self,
+        query: Any,
+        consistency: Any,
+        required_replicas: int,
+        alive_replicas: int,
+        retry_num: int,
+    ) -> tuple[int, Any]:
+        return (self.RETRY_NEXT_HOST, None) if retry_num == 0 else (self.RETHROW, None)
+
+    def on_request_error(self, *args: Any, **kwargs: Any) -> tuple[int, None]:
+        return self.RETHROW, None
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+def _value(value: bytes | None, deleted: bool | None) -> bytes | None:
+    if deleted:
+        return None
+    return b"" if value is None else _bytes(value)
+
+
+def _bytes(value: Any) -> bytes:
+    return bytes(value)
+
+
+def _check_key_size(kind: str, key: bytes) -> None:
+    if len(key) > _MAX_KEY_BYTES:
+        raise ValueError(
+            f"{kind} is {len(key)} bytes; the cassandra backend allows at most {_MAX_KEY_BYTES}"
+        )
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for logs."""
+    head, at, tail = url.partition("@")
+    if not at:
+        return url
+    scheme, _, credentials = head.partition("://")
+    user = credentials.partition(":")[0]
+    return f"{scheme}://{user}:***@{tail}"

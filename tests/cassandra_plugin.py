@@ -1,0 +1,173 @@
+"""Pytest plugin: one real Apache Cassandra node for the session, an empty store per test.
+
+``cassandra_cluster`` (session) starts a node through ``percolake.cassandra`` in a
+temporary directory on free ports (fetching the jars into the shared cache the first
+time, which takes about half a minute) and stops it when the session ends.
+
+``cassandra_store_url`` (function) is the URL of an empty store. Stores come from a
+small pool of keyspaces, used in turn and wiped (``TRUNCATE``) just before each use:
+a truncate costs ~0.05 s where a fresh keyspace costs ~0.5 s to create plus ~0.4 s to
+drop, and rotating the pool keeps a write still in flight from the previous test
+(a background cleaner, say) out of the next test's keyspace.
+
+Set ``PERCOLAKE_SKIP_CASSANDRA=1`` to skip Cassandra tests on a machine without Java 17
+and Maven; otherwise a node that cannot start fails them, loudly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from percolake.cassandra import CassandraCluster, CassandraError
+
+log = logging.getLogger(__name__)
+
+#: Keyspaces rotated through by ``cassandra_store_url``.
+POOL_SIZE = 3
+POOL_PREFIX = "percolake_test_"
+
+# A loaded two-core machine can stall a node for longer than Cassandra's default
+# 2 s write and 1.8 s contention timeouts; timeouts still fire, just not spuriously.
+TEST_NODE_YAML = {
+    "write_request_timeout": "5000ms",
+    "cas_contention_timeout": "5000ms",
+    "read_request_timeout": "10000ms",
+    "range_request_timeout": "10000ms",
+    "truncate_request_timeout": "60000ms",
+}
+
+_PHYSICAL_TABLES = ("versions", "system_rows")
+
+_sessions: dict[tuple[tuple[str, ...], int], Any] = {}
+_sessions_lock = threading.Lock()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _distinct_free_ports(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        port = _free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+@pytest.fixture(scope="session")
+def cassandra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CassandraCluster]:
+    """One real Cassandra node on 127.0.0.1, free ports, for the whole session."""
+    if os.environ.get("PERCOLAKE_SKIP_CASSANDRA"):
+        pytest.skip("PERCOLAKE_SKIP_CASSANDRA is set")
+    native, storage, jmx = _distinct_free_ports(3)
+    cluster = CassandraCluster(
+        nodes=1,
+        base_dir=tmp_path_factory.mktemp("cassandra"),
+        cluster_name="percolake-test",
+        native_transport_port=native,
+        storage_port=storage,
+        jmx_port=jmx,
+        extra_yaml=TEST_NODE_YAML,
+    )
+    try:
+        cluster.start()
+    except CassandraError:
+        cluster.stop()
+        raise
+    try:
+        yield cluster
+    finally:
+        close_sessions()
+        cluster.stop()
+
+
+class KeyspacePool:
+    """Keyspaces handed out in turn, each wiped just before it is handed out."""
+
+    def __init__(self, cluster: CassandraCluster, size: int = POOL_SIZE) -> None:
+        from storage_adapters import open_store
+
+        self._cluster = cluster
+        self._urls = [cluster.store_url(f"{POOL_PREFIX}{i}") for i in range(size)]
+        for url in self._urls:  # creates keyspace and tables once
+            open_store(url).close()
+        self._turn = itertools.cycle(self._urls)
+
+    def next_empty_url(self) -> str:
+        url = next(self._turn)
+        wipe_store(url)
+        return url
+
+
+@pytest.fixture(scope="session")
+def cassandra_keyspace_pool(cassandra_cluster: CassandraCluster) -> KeyspacePool:
+    return KeyspacePool(cassandra_cluster)
+
+
+@pytest.fixture
+def cassandra_store_url(cassandra_keyspace_pool: KeyspacePool) -> str:
+    """``cassandra://127.0.0.1:PORT/KEYSPACE`` of an empty store."""
+    return cassandra_keyspace_pool.next_empty_url()
+
+
+def wipe_store(url: str) -> None:
+    """Empty the store at ``url``: truncate its versions and system rows.
+
+    The shard count (``store_meta``) is kept: it is the keyspace's, not the data's.
+    """
+    from storage_adapters.cassandra import parse_cassandra_url
+
+    settings = parse_cassandra_url(url)
+    session = _session(settings.hosts, settings.port)
+    keyspace = '"' + settings.keyspace + '"'
+    futures = [
+        session.execute_async(f"TRUNCATE {keyspace}.{table}", timeout=120)
+        for table in _PHYSICAL_TABLES
+    ]
+    for future in futures:
+        future.result()
+
+
+def _session(hosts: tuple[str, ...], port: int) -> Any:
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+    from cassandra.policies import RoundRobinPolicy
+
+    key = (hosts, port)
+    with _sessions_lock:
+        session = _sessions.get(key)
+        if session is None:
+            profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy())
+            cluster = Cluster(
+                list(hosts),
+                port=port,
+                protocol_version=5,
+                execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+            )
+            session = _sessions[key] = cluster.connect()
+        return session
+
+
+def close_sessions() -> None:
+    """Shut down the driver sessions ``wipe_store`` opened."""
+    with _sessions_lock:
+        for session in _sessions.values():
+            session.cluster.shutdown()
+        _sessions.clear()
+
+
+def node_log(cluster: CassandraCluster, index: int = 1) -> Path:
+    """The node's ``system.log``, to attach to a failure report."""
+    return cluster.layout.node_dir(index) / "logs" / "system.log"

@@ -1,0 +1,677 @@
+"""The Cassandra launcher and what is specific to the ``cassandra://`` backend.
+
+Unit tests (no server): URL parsing, error translation (rule S6), the retry policy of
+conditional writes, node configuration. Integration tests run against the session's
+real node (``tests.cassandra_plugin``): ordered scans across shards, partition sizes,
+lightweight-transaction semantics, the command line, and (slow) a three-node cluster
+losing nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cassandra import (
+    ConsistencyLevel,
+    InvalidRequest,
+    OperationTimedOut,
+    ReadTimeout,
+    Unavailable,
+    WriteFailure,
+    WriteTimeout,
+)
+from cassandra.cluster import NoHostAvailable
+from cassandra.connection import ConnectionShutdown
+from cassandra.policies import RetryPolicy, WriteType
+
+from percolake.cassandra import CassandraCluster, ClusterLayout, add_cassandra_commands, main
+from percolake.cassandra.launcher import (
+    DEFAULT_VERSION,
+    java_command,
+    node_config,
+    render_yaml,
+)
+from storage_adapters import (
+    MAX_TIMESTAMP,
+    Cell,
+    KVStore,
+    ScanEntry,
+    StoreTimeoutError,
+    StoreUnavailableError,
+    Version,
+    VersionWrite,
+    open_store,
+)
+from storage_adapters.cassandra import (
+    DEFAULT_SHARDS,
+    CassandraStore,
+    ConditionalWriteRetryPolicy,
+    parse_cassandra_url,
+    shard_of,
+    translate_error,
+)
+from tests.cassandra_plugin import TEST_NODE_YAML, KeyspacePool, _distinct_free_ports
+
+unit = pytest.mark.unit
+
+
+# --- URLs (no server) -------------------------------------------------------------------
+
+
+@unit
+def test_url_defaults() -> None:
+    s = parse_cassandra_url("cassandra://db1/ks")
+    assert (s.hosts, s.port, s.keyspace) == (("db1",), 9042, "ks")
+    assert (s.replication_factor, s.consistency, s.serial_consistency) == (1, "QUORUM", "SERIAL")
+    assert (s.shards, s.shards_given) == (DEFAULT_SHARDS, False)
+
+
+@unit
+def test_url_with_every_option() -> None:
+    s = parse_cassandra_url(
+        "cassandra://u:p%40ss@10.0.0.1:9142,10.0.0.2:9142,[::1]:9142/Prod_1"
+        "?replication_factor=3&consistency=local_quorum&serial_consistency=LOCAL_SERIAL"
+        "&shards=64&local_dc=dc2&timeout_s=5&connect_timeout_s=2.5"
+    )
+    assert s.hosts == ("10.0.0.1", "10.0.0.2", "::1")
+    assert (s.port, s.keyspace, s.replication_factor) == (9142, "Prod_1", 3)
+    assert (s.consistency, s.serial_consistency) == ("LOCAL_QUORUM", "LOCAL_SERIAL")
+    assert (s.shards, s.shards_given, s.local_dc) == (64, True, "dc2")
+    assert (s.timeout_s, s.connect_timeout_s) == (5.0, 2.5)
+    assert (s.username, s.password) == ("u", "p@ss")
+    assert "p@ss" not in repr(s)
+
+
+@unit
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("cassandra://", "no keyspace"),
+        ("cassandra://host", "no keyspace"),
+        ("cassandra://host/", "no keyspace"),
+        ("cassandra:///ks", "no host"),
+        ("cassandra://host/bad-name", "keyspace"),
+        ("cassandra://host/a/b", "keyspace"),
+        ("cassandra://host/" + "k" * 49, "keyspace"),
+        ("cassandra://host:0/ks", "bad port"),
+        ("cassandra://host:99999/ks", "bad port"),
+        ("cassandra://host:abc/ks", "bad port"),
+        ("cassandra://a:9042,b:9043/ks", "same port"),
+        ("cassandra://a,,b/ks", "bad host"),
+        ("cassandra://[::1/ks", "IPv6"),
+        ("cassandra://host/ks?replication=3", "unknown option"),
+        ("cassandra://host/ks?replication_factor=0", "replication_factor"),
+        ("cassandra://host/ks?replication_factor=x", "replication_factor"),
+        ("cassandra://host/ks?consistency=ONE", "consistency"),
+        ("cassandra://host/ks?serial_consistency=QUORUM", "serial_consistency"),
+        ("cassandra://host/ks?shards=0", "shards"),
+        ("cassandra://host/ks?shards=5000", "shards"),
+        ("cassandra://host/ks?shards=2&shards=3", "twice"),
+        ("cassandra://host/ks?timeout_s=-1", "timeout_s"),
+        ("cassandra://host/ks?local_dc=", "local_dc"),
+        ("cassandra://host/ks#frag", "fragment"),
+        ("cassandra://user@host/ks", "credentials"),
+    ],
+)
+def test_malformed_urls_are_refused_before_connecting(url: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        open_store(url)
+
+
+@unit
+def test_no_server_means_store_unavailable() -> None:
+    with pytest.raises(StoreUnavailableError, match="Unable to connect"):
+        open_store("cassandra://127.0.0.1:1/ks?connect_timeout_s=1")
+
+
+@unit
+def test_shard_of_is_stable_and_spreads_rows() -> None:
+    assert shard_of(b"row-1", 32) == shard_of(b"row-1", 32)
+    assert shard_of(b"anything", 1) == 0
+    counts = [0] * 32
+    for i in range(32_000):
+        counts[shard_of(f"row{i:08d}".encode(), 32)] += 1
+    assert max(counts) < 1.15 * 1000 and min(counts) > 0.85 * 1000
+
+
+# --- error translation (rule S6), no server ---------------------------------------------
+
+
+def _write_timeout(write_type: int) -> WriteTimeout:
+    return WriteTimeout(
+        "timed out",
+        consistency=ConsistencyLevel.SERIAL,
+        required_responses=2,
+        received_responses=1,
+        write_type=write_type,
+    )
+
+
+@unit
+@pytest.mark.parametrize(
+    "exc",
+    [
+        _write_timeout(WriteType.CAS),
+        _write_timeout(WriteType.SIMPLE),
+        WriteFailure("failed", consistency=ConsistencyLevel.QUORUM, write_type=WriteType.CAS),
+        OperationTimedOut("client timeout"),
+        ConnectionShutdown("connection lost mid-request"),
+    ],
+)
+def test_unknown_write_outcomes_become_store_timeout(exc: Exception) -> None:
+    assert isinstance(translate_error(exc, conditional_write=True, write=True), StoreTimeoutError)
+
+
+@unit
+@pytest.mark.parametrize(
+    "exc",
+    [
+        Unavailable(
+            "down", consistency=ConsistencyLevel.QUORUM, required_replicas=2, alive_replicas=1
+        ),
+        NoHostAvailable("no host", {}),
+    ],
+)
+def test_refusals_become_store_unavailable(exc: Exception) -> None:
+    for write in (True, False):
+        translated = translate_error(exc, conditional_write=write, write=write)
+        assert isinstance(translated, StoreUnavailableError)
+
+
+@unit
+def test_failed_reads_become_store_unavailable() -> None:
+    read_timeout = ReadTimeout("slow", consistency=ConsistencyLevel.SERIAL)
+    for exc in (read_timeout, OperationTimedOut("slow")):
+        assert isinstance(
+            translate_error(exc, conditional_write=False, write=False), StoreUnavailableError
+        )
+
+
+@unit
+def test_programming_errors_pass_through() -> None:
+    exc = InvalidRequest("bad query")
+    assert translate_error(exc, conditional_write=True, write=True) is exc
+
+
+class _FakeResult(list[tuple[Any, ...]]):
+    column_names = ("[applied]", "tbl", "key", "value")
+
+
+class FakeSession:
+    """Stands in for a driver session: prepares anything, fails or answers on execute."""
+
+    def __init__(self, fail_with: Exception | None = None, answer: Any = None) -> None:
+        self.fail_with = fail_with
+        self.answer = answer
+        self.executed: list[tuple[Any, Any]] = []
+
+    def prepare(self, query: str) -> Any:
+        return argparse.Namespace(query=query, is_idempotent=True)
+
+    def execute(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
+        self.executed.append((statement.query, params))
+        if self.fail_with is not None:
+            raise self.fail_with
+        return self.answer
+
+
+def _fake_store(session: FakeSession) -> CassandraStore:
+    return CassandraStore._with_session("cassandra://127.0.0.1/fake", session)
+
+
+@unit
+def test_timed_out_put_unless_exists_raises_store_timeout_and_is_not_retried() -> None:
+    session = FakeSession(fail_with=_write_timeout(WriteType.CAS))
+    store = _fake_store(session)
+    with pytest.raises(StoreTimeoutError, match="conditional write"):
+        store.put_unless_exists("_txn", b"7", b"commit:9")
+    assert len(session.executed) == 1
+    assert "IF NOT EXISTS" in session.executed[0][0]
+
+
+@unit
+def test_timed_out_compare_and_set_raises_store_timeout() -> None:
+    session = FakeSession(fail_with=_write_timeout(WriteType.CAS))
+    with pytest.raises(StoreTimeoutError):
+        _fake_store(session).compare_and_set("_tso", b"bound", b"1", b"2")
+    assert "IF value = ?" in session.executed[0][0]
+
+
+@unit
+def test_unavailable_conditional_write_raises_store_unavailable() -> None:
+    session = FakeSession(
+        fail_with=Unavailable(
+            "down", consistency=ConsistencyLevel.SERIAL, required_replicas=2, alive_replicas=1
+        )
+    )
+    with pytest.raises(StoreUnavailableError):
+        _fake_store(session).put_unless_exists("_txn", b"7", b"x")
+
+
+@unit
+def test_lost_put_unless_exists_reports_the_winner() -> None:
+    session = FakeSession(answer=_FakeResult([(False, "_txn", b"7", b"aborted")]))
+    result = _fake_store(session).put_unless_exists("_txn", b"7", b"commit:9")
+    assert (result.applied, result.current) == (False, b"aborted")
+
+
+@unit
+def test_arguments_are_checked_before_any_io() -> None:
+    session = FakeSession(fail_with=AssertionError("no I/O expected"))
+    store = _fake_store(session)
+    with pytest.raises(ValueError):
+        store.put_versions("bad name", [])
+    with pytest.raises(TypeError):
+        store.put_unless_exists("t", "k", b"v")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at most 65535"):
+        store.put_versions("t", [VersionWrite(b"r" * 70_000, b"c", 1, b"v")])
+    with pytest.raises(TypeError):
+        store.delete_versions("t", [(b"r", b"c")])  # type: ignore[list-item]
+    assert session.executed == []
+
+
+@unit
+def test_conditional_write_retry_policy_retries_only_unavailable() -> None:
+    policy = ConditionalWriteRetryPolicy()
+    assert policy.on_unavailable(None, None, 2, 1, retry_num=0)[0] == RetryPolicy.RETRY_NEXT_HOST
+    assert policy.on_unavailable(None, None, 2, 1, retry_num=1)[0] == RetryPolicy.RETHROW
+    write_timeout = policy.on_write_timeout(None, None, WriteType.CAS, 2, 1, retry_num=0)
+    assert write_timeout[0] == RetryPolicy.RETHROW
+    error = policy.on_request_error(None, None, ConnectionShutdown("x"), retry_num=0)
+    assert error[0] == RetryPolicy.RETHROW
+
+
+# --- launcher configuration (no server) --------------------------------------------------
+
+
+@unit
+def test_three_node_layout_has_distinct_addresses_ports_and_even_tokens(tmp_path: Path) -> None:
+    layout = ClusterLayout(nodes=3, base_dir=tmp_path, jmx_port=7199)
+    configs = [node_config(layout, i) for i in (1, 2, 3)]
+    assert [c["listen_address"] for c in configs] == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    tokens = [int(c["initial_token"]) for c in configs]
+    assert tokens == [-(2**63), -(2**63) + 2**64 // 3, -(2**63) + 2 * (2**64 // 3)]
+    assert all(c["paxos_variant"] == "v2" and c["auto_snapshot"] is False for c in configs)
+    assert all(c["auto_bootstrap"] is False for c in configs)
+    seeds = {c["seed_provider"][0]["parameters"][0]["seeds"] for c in configs}
+    assert seeds == {"127.0.0.1:7000"}
+    assert len({c["data_file_directories"][0] for c in configs}) == 3
+    jamm = tmp_path / "lib" / "jamm-0.4.0.jar"
+    jamm.parent.mkdir()
+    jamm.touch()
+    jmx = [
+        next(a for a in java_command(layout, i, "java", jamm.parent) if "jmx.local.port" in a)
+        for i in (1, 2, 3)
+    ]
+    assert jmx == [f"-Dcassandra.jmx.local.port={p}" for p in (7199, 7200, 7201)]
+    command = java_command(layout, 1, "java", jamm.parent)
+    assert f"-javaagent:{jamm}" in command
+    assert "-Djdk.attach.allowAttachSelf=true" in command
+    assert "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED" in command
+    assert command[-1] == "org.apache.cassandra.service.CassandraDaemon"
+
+
+@unit
+def test_rendered_yaml_is_one_json_value_per_key(tmp_path: Path) -> None:
+    import json
+
+    layout = ClusterLayout(nodes=1, base_dir=tmp_path, extra_yaml={"concurrent_reads": 8})
+    text = render_yaml(node_config(layout, 1))
+    pairs = dict(line.split(": ", 1) for line in text.splitlines()[1:])
+    assert json.loads(pairs["concurrent_reads"]) == 8
+    assert json.loads(pairs["initial_token"]) == str(-(2**63))
+
+
+@unit
+def test_cli_parser_has_start_stop_status() -> None:
+    parser = argparse.ArgumentParser(prog="percolake")
+    add_cassandra_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["cassandra", "start", "--nodes", "3", "--dir", "/tmp/x"])
+    assert (args.cassandra_command, args.nodes, args.dir) == ("start", 3, "/tmp/x")
+    assert callable(args.handler)
+
+
+@unit
+def test_stop_without_a_cluster_fails_cleanly(tmp_path: Path) -> None:
+    assert main(["stop", "--dir", str(tmp_path / "none")]) == 1
+
+
+# --- against the session's real node -------------------------------------------------------
+
+
+@pytest.fixture
+def store(cassandra_store_url: str) -> Iterator[KVStore]:
+    s = open_store(cassandra_store_url)
+    yield s
+    s.close()
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_node_is_up_and_is_cassandra_5(cassandra_cluster: CassandraCluster) -> None:
+    (status,) = cassandra_cluster.status()
+    assert status.process_alive and status.cql_ready and status.pid
+    store = open_store(cassandra_cluster.store_url("percolake_test_0"))
+    try:
+        assert isinstance(store, CassandraStore)
+        rows = store._session.execute("SELECT release_version FROM system.local")
+        assert rows.one()[0].startswith(DEFAULT_VERSION.rsplit(".", 1)[0])
+    finally:
+        store.close()
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_scan_is_in_key_order_across_every_shard(store: KVStore) -> None:
+    rnd = random.Random(7)
+    rows = sorted({rnd.randbytes(rnd.randint(1, 12)) for _ in range(3000)})
+    shuffled = rows[:]
+    rnd.shuffle(shuffled)
+    store.put_versions("t", [VersionWrite(r, c, 5, r + c) for r in shuffled for c in (b"a", b"b")])
+    assert isinstance(store, CassandraStore)
+    assert len({shard_of(r, store.shards) for r in rows}) == store.shards
+    expected = [ScanEntry(r, c, 5, r + c) for r in rows for c in (b"a", b"b")]
+    for page_size in (1, 37, 1000, 10_000):
+        got = list(store.scan("t", b"", None, MAX_TIMESTAMP, page_size=page_size))
+        assert got == expected, page_size
+    lo, hi = rows[500], rows[2500]
+    middle = [e for e in expected if lo <= e.row < hi and (e.row, e.column) >= (lo, b"b")]
+    assert list(store.scan("t", lo, hi, 6, start_column=b"b", page_size=64)) == middle
+    assert list(store.scan("t", b"", None, 5)) == []  # nothing below ts 5
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_scan_of_one_row_reads_only_its_shard(store: KVStore) -> None:
+    store.put_versions("t", [VersionWrite(b"row", bytes([c]), 1, b"v") for c in range(1, 50)])
+    store.put_versions("t", [VersionWrite(b"row\x00", b"c", 1, b"next row")])
+    got = list(store.scan("t", b"row", b"row\x00", 2, page_size=7))
+    assert [e.column for e in got] == [bytes([c]) for c in range(1, 50)]
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_batched_reads_keep_limits_per_cell_within_one_partition(store: KVStore) -> None:
+    """Cells of one partition are read with one query; a deep cell must not crowd out others."""
+    assert isinstance(store, CassandraStore)
+    candidates = (f"row{i}".encode() for i in itertools.count())
+    shard = shard_of(b"deep", store.shards)
+    rows = list(itertools.islice((r for r in candidates if shard_of(r, store.shards) == shard), 3))
+    store.put_versions("t", [VersionWrite(b"deep", b"c", ts, b"v") for ts in range(1, 41)])
+    store.put_versions("t", [VersionWrite(r, b"c", 5 + i, b"w") for i, r in enumerate(rows)])
+    store.put_versions("t", [VersionWrite(rows[0], b"d", 3, None)])
+    cells = [(b"deep", b"c"), *((r, b"c") for r in rows), (rows[0], b"d"), (b"absent", b"c")]
+    got = store.get_version_timestamps("t", cells, limit=2)
+    assert got == {
+        Cell(b"deep", b"c"): [40, 39],
+        **{Cell(r, b"c"): [5 + i] for i, r in enumerate(rows)},
+        Cell(rows[0], b"d"): [3],
+    }
+    assert store.get_version_timestamps("t", cells, above_ts=38)[Cell(b"deep", b"c")] == [40, 39]
+    latest = store.get_latest("t", cells, 30)
+    assert latest[Cell(b"deep", b"c")] == Version(29, b"v")
+    assert latest[Cell(rows[0], b"d")] == Version(3, None)
+    assert Cell(b"absent", b"c") not in latest and len(latest) == 5
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_partitions_stay_bounded_as_a_table_grows(
+    store: KVStore, cassandra_cluster: CassandraCluster
+) -> None:
+    assert isinstance(store, CassandraStore)
+    n = 20_000
+    store.put_versions("big", [VersionWrite(f"r{i:07d}".encode(), b"c", 1, b"x") for i in range(n)])
+    count = store._session.prepare(
+        f'SELECT COUNT(*) FROM "{store.settings.keyspace}".versions WHERE tbl = ? AND shard = ?'
+    )
+    sizes = [store._session.execute(count, ("big", s)).one()[0] for s in range(store.shards)]
+    assert sum(sizes) == n
+    # Each partition holds ~1/shards of the table: growth spreads, no hot partition.
+    assert max(sizes) < 1.25 * n / store.shards
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_shard_count_is_fixed_when_the_keyspace_is_created(
+    cassandra_cluster: CassandraCluster,
+) -> None:
+    url = cassandra_cluster.store_url("percolake_shards_fixed", shards=4)
+    with open_store(url) as first:
+        assert isinstance(first, CassandraStore) and first.shards == 4
+        first.put_versions("t", [VersionWrite(b"r", b"c", 1, b"v")])
+    with open_store(cassandra_cluster.store_url("percolake_shards_fixed")) as second:
+        assert isinstance(second, CassandraStore) and second.shards == 4
+        assert [e.row for e in second.scan("t", b"", None, 2)] == [b"r"]
+    with pytest.raises(ValueError, match="created with shards=4"):
+        open_store(cassandra_cluster.store_url("percolake_shards_fixed", shards=8))
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_keyspace_is_created_with_the_requested_replication(
+    cassandra_cluster: CassandraCluster,
+) -> None:
+    with open_store(cassandra_cluster.store_url("percolake_rf", replication_factor=1)) as store:
+        assert isinstance(store, CassandraStore)
+        row = store._session.execute(
+            "SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = 'percolake_rf'"
+        ).one()
+        assert row[0]["class"].endswith("NetworkTopologyStrategy")
+        assert row[0]["datacenter1"] == "1"
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_put_unless_exists_is_linearizable_under_contention(store: KVStore) -> None:
+    """16 threads race on each of 5 keys: one winner per key, everyone sees it."""
+    results: dict[bytes, list[tuple[bool, bytes | None, bytes]]] = {}
+    lock = threading.Lock()
+    barrier = threading.Barrier(16)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        for k in range(5):
+            key, mine = f"k{k}".encode(), f"w{i}".encode()
+            result = store.put_unless_exists("_txn", key, mine)
+            with lock:
+                results.setdefault(key, []).append((result.applied, result.current, mine))
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stored = store.get_system("_txn", [f"k{k}".encode() for k in range(5)])
+    for key, outcomes in results.items():
+        winners = [mine for applied, _, mine in outcomes if applied]
+        assert len(winners) == 1
+        assert all(current == winners[0] for _, current, _ in outcomes)
+        assert stored[key] == winners[0]
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_compare_and_set_counter_loses_no_increment(store: KVStore) -> None:
+    """A CAS retry loop from 4 threads: every increment lands exactly once."""
+    store.put_unless_exists("_tso", b"n", b"0")
+
+    def bump(times: int) -> None:
+        for _ in range(times):
+            while True:
+                current = store.get_system("_tso", [b"n"])[b"n"]
+                if store.compare_and_set("_tso", b"n", current, b"%d" % (int(current) + 1)).applied:
+                    break
+
+    threads = [threading.Thread(target=bump, args=(10,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.get_system("_tso", [b"n"]) == {b"n": b"40"}
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_two_handles_see_each_others_writes(cassandra_store_url: str) -> None:
+    with open_store(cassandra_store_url) as a, open_store(cassandra_store_url) as b:
+        a.put_versions("t", [VersionWrite(b"r", b"c", 3, b"v")])
+        assert b.put_unless_exists("_txn", b"3", b"c:4").applied
+        assert [e.value for e in b.scan("t", b"", None, 4)] == [b"v"]
+        assert a.get_system("_txn", [b"3"]) == {b"3": b"c:4"}
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_keyspace_pool_hands_out_empty_stores(cassandra_keyspace_pool: KeyspacePool) -> None:
+    urls = [cassandra_keyspace_pool.next_empty_url() for _ in range(4)]
+    assert urls[0] == urls[3] != urls[1]
+    with open_store(urls[0]) as s:
+        s.put_versions("t", [VersionWrite(b"r", b"c", 1, b"v")])
+        s.put_unless_exists("_txn", b"k", b"v")
+    for _ in range(3):
+        url = cassandra_keyspace_pool.next_empty_url()
+    assert url == urls[0]
+    with open_store(url) as s:
+        assert list(s.scan("t", b"", None, 5)) == [] and s.get_system("_txn", [b"k"]) == {}
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+def test_cli_starts_reports_and_stops_a_node_from_separate_calls(tmp_path: Path) -> None:
+    native, storage, jmx = _distinct_free_ports(3)
+    base = str(tmp_path / "cli")
+    started = time.monotonic()
+    assert (
+        main(
+            [
+                "start",
+                "--dir",
+                base,
+                "--port",
+                str(native),
+                "--storage-port",
+                str(storage),
+                "--jmx-port",
+                str(jmx),
+            ]
+        )
+        == 0
+    )
+    try:
+        startup_s = time.monotonic() - started
+        assert startup_s < 120
+        out = io.StringIO()
+        status = argparse.Namespace(cassandra_command="status", dir=base)
+        from percolake.cassandra import run_cassandra_command
+
+        assert run_cassandra_command(status, out) == 0
+        assert f"127.0.0.1:{native}" in out.getvalue() and " up" in out.getvalue()
+        # Another "process": a fresh object that only knows the directory.
+        assert CassandraCluster.from_dir(base).status()[0].cql_ready
+    finally:
+        assert main(["stop", "--dir", base]) == 0
+    (after,) = CassandraCluster.from_dir(base).status()
+    assert not after.process_alive and not after.cql_ready
+    assert main(["status", "--dir", base]) == 1
+
+
+# --- three nodes (slow) ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CassandraCluster]:
+    native, storage, jmx = _distinct_free_ports(3)
+    cluster = CassandraCluster(
+        nodes=3,
+        base_dir=tmp_path_factory.mktemp("cassandra3"),
+        cluster_name="percolake-test-3",
+        native_transport_port=native,
+        storage_port=storage,
+        jmx_port=jmx,
+        first_address=11,  # 127.0.0.11-13: clear of the session's node on 127.0.0.1
+        heap_mb=512,
+        extra_yaml=TEST_NODE_YAML,
+    )
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _retry(fn: Any, *, deadline_s: float, expected: tuple[type[Exception], ...]) -> Any:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return fn()
+        except expected:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+@pytest.mark.integration
+@pytest.mark.cassandra
+@pytest.mark.slow
+def test_three_nodes_survive_one_loss_and_refuse_on_two(three_nodes: CassandraCluster) -> None:
+    assert len(three_nodes.contact_points) == 3
+    url = three_nodes.store_url("percolake_rf3", replication_factor=3, timeout_s=15)
+    with open_store(url) as store:
+        store.put_versions("t", [VersionWrite(b"r%d" % i, b"c", 1, b"v") for i in range(50)])
+        assert store.put_unless_exists("_txn", b"1", b"c:2").applied
+
+        three_nodes.kill_node(3, signal.SIGKILL)
+        errors = (StoreTimeoutError, StoreUnavailableError)
+        # A quorum (2 of 3) is left: conditional writes and QUORUM reads go on, once
+        # the driver and the survivors notice the loss (timeouts until then).
+        applied = _retry(
+            lambda: store.put_unless_exists("_txn", b"2", b"c:3"), deadline_s=60, expected=errors
+        )
+        assert applied.current == b"c:3"
+        assert (
+            _retry(lambda: len(list(store.scan("t", b"", None, 2))), deadline_s=60, expected=errors)
+            == 50
+        )
+
+        three_nodes.kill_node(2, signal.SIGKILL)
+        # No quorum: once gossip marks node 2 down the coordinator refuses up front.
+        deadline = time.monotonic() + 90
+        outcome: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                store.put_unless_exists("_txn", b"3", b"c:4")
+                raise AssertionError("a conditional write succeeded without a quorum")
+            except StoreUnavailableError as exc:
+                outcome = exc
+                break
+            except StoreTimeoutError as exc:  # outcome unknown until the loss is noticed
+                outcome = exc
+                time.sleep(0.5)
+        assert isinstance(outcome, StoreUnavailableError), outcome
+        with pytest.raises(StoreUnavailableError):
+            store.get_system("_txn", [b"1"])
+
+        three_nodes.start_node(2)
+        three_nodes.start_node(3)
+        # S6: key 3's earlier attempts timed out or were refused; with a quorum back,
+        # a serial read settles whether any of them applied, and re-issuing is safe.
+        settled = _retry(
+            lambda: store.put_unless_exists("_txn", b"3", b"c:4"), deadline_s=90, expected=errors
+        )
+        assert settled.current == b"c:4"
+        assert store.get_system("_txn", [b"1", b"2", b"3"]) == {
+            b"1": b"c:2",
+            b"2": b"c:3",
+            b"3": b"c:4",
+        }
