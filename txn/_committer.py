@@ -210,44 +210,62 @@ def _check_write_conflicts(rt: Runtime, start_ts: int, writes: WriteBuffer) -> N
     would have conflicted with that one, and at most one of the two can commit.
     """
     for table, cells in writes.tables():
-        keys = list(cells.keys())
-        newer = rt.store.get_version_timestamps(table, keys, above_ts=start_ts)
-        newer_writers = {ts for tss in newer.values() for ts in tss}
-        if newer_writers:
-            outcomes = rt.resolver.resolve(newer_writers)
-            for ts in sorted(newer_writers):
-                if outcomes[ts] != ABORTED:
-                    raise TransactionConflictError(
-                        f"write-write conflict in {table!r}: transaction {ts} started after "
-                        f"{start_ts} and committed first"
-                    )
-        below: dict[Cell, int] = {cell: start_ts for cell in keys}
-        while below:
-            older: dict[Cell, list[int]] = {}
-            for bound in set(below.values()):
-                group = [c for c, b in below.items() if b == bound]
-                older.update(
-                    rt.store.get_version_timestamps(
-                        table, group, below_ts=bound, limit=_CONFLICT_PAGE
-                    )
+        _check_table_conflicts(rt, table, list(cells.keys()), start_ts)
+
+
+def _check_table_conflicts(rt: Runtime, table: str, keys: list[Cell], start_ts: int) -> None:
+    # One newest-first read usually shows every newer writer and the newest older ones;
+    # only cells with long histories need more reads.
+    page = rt.store.get_version_timestamps(table, keys, limit=_CONFLICT_PAGE)
+    newer: set[int] = set()
+    older: dict[Cell, list[int]] = {}
+    below_bound: dict[Cell, int] = {}  # where to read on when the page was full
+    for cell, tss in page.items():
+        newer.update(ts for ts in tss if ts > start_ts)
+        older[cell] = [ts for ts in tss if ts < start_ts]
+        if len(tss) == _CONFLICT_PAGE:
+            lowest = tss[-1]
+            if lowest > start_ts:  # newer versions may go on below this page
+                rest = rt.store.get_version_timestamps(
+                    table, [cell], above_ts=start_ts, below_ts=lowest
                 )
-            outcomes = rt.resolver.resolve({ts for tss in older.values() for ts in tss})
-            next_below: dict[Cell, int] = {}
-            for cell, tss in older.items():
-                for ts in tss:
-                    outcome = outcomes[ts]
-                    if outcome == ABORTED:
-                        continue
-                    if outcome > start_ts:
-                        raise TransactionConflictError(
-                            f"write-write conflict in {table!r}: transaction {ts} committed "
-                            f"at {outcome}, after {start_ts} started"
-                        )
-                    break  # committed before we started: no older writer matters
-                else:
-                    if len(tss) == _CONFLICT_PAGE:
-                        next_below[cell] = tss[-1]
-            below = next_below
+                newer.update(rest.get(cell, []))
+            below_bound[cell] = min(lowest, start_ts)
+    if newer:
+        outcomes = rt.resolver.resolve(newer)
+        for ts in sorted(newer):
+            if outcomes[ts] != ABORTED:
+                raise TransactionConflictError(
+                    f"write-write conflict in {table!r}: transaction {ts} started after "
+                    f"{start_ts} and committed first"
+                )
+    while older:
+        outcomes = rt.resolver.resolve({ts for tss in older.values() for ts in tss})
+        next_bound: dict[Cell, int] = {}
+        for cell, tss in older.items():
+            for ts in tss:
+                outcome = outcomes[ts]
+                if outcome == ABORTED:
+                    continue
+                if outcome > start_ts:
+                    raise TransactionConflictError(
+                        f"write-write conflict in {table!r}: transaction {ts} committed "
+                        f"at {outcome}, after {start_ts} started"
+                    )
+                break  # committed before we started: no older writer matters
+            else:
+                if cell in below_bound:  # every older version seen was aborted: read on
+                    next_bound[cell] = min([below_bound[cell], *tss])
+        older, below_bound = {}, {}
+        for bound in set(next_bound.values()):
+            group = [c for c, b in next_bound.items() if b == bound]
+            got = rt.store.get_version_timestamps(
+                table, group, below_ts=bound, limit=_CONFLICT_PAGE
+            )
+            for cell, tss in got.items():
+                older[cell] = tss
+                if len(tss) == _CONFLICT_PAGE:
+                    below_bound[cell] = tss[-1]
 
 
 def _validate_reads(rt: Runtime, start_ts: int, commit_ts: int, reads: ReadSet) -> None:
