@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-EXTRAS ?= dev,cassandra
+EXTRAS ?= dev,cassandra,spark,bench
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -34,8 +34,9 @@ tools: ## install grpcurl (Go module proxy) for the interoperability test
 	else echo "no Go toolchain: grpcurl's test will be skipped"; fi
 
 .PHONY: run
-run: $(STAMP) ## set up everything and run the demo on the embedded SQLite store
+run: $(STAMP) ## set up everything and run the main job: PySpark writers through percolake serve on SQLite
 	$(PY) -m percolake demo
+	$(PY) -m percolake demo --tour
 
 .PHONY: test
 test: $(STAMP) tools cassandra-jars ## set up everything (Cassandra from Maven Central included) and run the whole suite

@@ -10,7 +10,13 @@ import sys
 from bench._results import Figure, write_results
 
 #: Benchmark modules, each with ``run(quick, progress) -> list[Figure]``.
-SUITES = ["bench.bench_txn", "bench.bench_grpc", "bench.bench_cassandra", "bench.bench_checker"]
+SUITES = [
+    "bench.bench_txn",
+    "bench.bench_grpc",
+    "bench.bench_cassandra",
+    "bench.bench_lakehouse",
+    "bench.bench_checker",
+]
 
 
 def main() -> int:

@@ -68,10 +68,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_cassandra_commands(commands)
 
-    demo = commands.add_parser("demo", help="run the demo on the embedded SQLite store")
-    demo.add_argument(
-        "--workdir", default=".percolake", help="where the demo store goes (default .percolake)"
+    demo = commands.add_parser(
+        "demo",
+        help="the main job: PySpark writers committing through 'percolake serve' (make run)",
     )
+    demo.add_argument(
+        "--tour", action="store_true", help="a tour of the transaction layer instead (no Spark)"
+    )
+    demo.add_argument("--workdir", default=None, help="where the demo's store and tables go")
     return parser
 
 
@@ -131,8 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from pathlib import Path
 
-        from percolake.demo import run_demo
+        if args.tour:
+            from percolake.demo import run_demo
 
-        return run_demo(Path(args.workdir), sys.stdout)
+            return run_demo(Path(args.workdir or ".percolake"), sys.stdout)
+        from percolake.pipeline import default_workdir, run_pipeline
+
+        return run_pipeline(Path(args.workdir) if args.workdir else default_workdir(), sys.stdout)
     parser.error(f"unknown command {args.command!r}")
     return 2

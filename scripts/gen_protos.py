@@ -28,11 +28,16 @@ def generate(out_root: Path) -> None:
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     bin_dir = Path(sys.executable).parent  # mypy-protobuf's plugins live beside python
     command = [
-        sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_ROOT}",
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"-I{PROTO_ROOT}",
         f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
         f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
-        f"--python_out={out_root}", f"--grpc_python_out={out_root}",
-        f"--mypy_out={out_root}", f"--mypy_grpc_out={out_root}",
+        f"--python_out={out_root}",
+        f"--grpc_python_out={out_root}",
+        f"--mypy_out={out_root}",
+        f"--mypy_grpc_out={out_root}",
         *protos,
     ]
     subprocess.run(command, check=True, cwd=ROOT)

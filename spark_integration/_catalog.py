@@ -1,0 +1,608 @@
+"""The metadata layer: table metadata in percolake transactions, no Spark involved.
+
+Every change to a table is one percolake transaction that writes the table's
+head cell (see ``_model`` for the layout). Two changes of one table therefore
+always conflict on the head (first committer wins), and the loser retries on
+a fresh snapshot where it re-checks what it depends on:
+
+* a blind append depends on nothing but the table existing, so it always
+  retries until it wins;
+* an overwrite depends on the version it replaced: if the head moved, it fails
+  with :class:`ConcurrentModificationError` instead of dropping the new files;
+* every job depends on vacuum not having removed its files: a job that started
+  before the cutoff of a vacuum that committed first fails the same way;
+* an ``(app_id, batch_id)`` mark is read and written in the same transaction,
+  so a replay racing its original serialises behind it and finds its mark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from spark_integration._errors import (
+    ConcurrentModificationError,
+    LakehouseError,
+    TableExistsError,
+    TableNotFoundError,
+    VersionNotFoundError,
+)
+from spark_integration._model import (
+    APPEND,
+    CREATE,
+    OVERWRITE,
+    Checkpoint,
+    EntryFactory,
+    FileEntry,
+    Generation,
+    Head,
+    Layout,
+    LogRecord,
+    TableMeta,
+    decode_chunk,
+    decode_file,
+    encode_chunk,
+)
+from txn import Transaction, TransactionManager
+from txn.errors import CommitUnknownError, TransactionConflictError, TransactionError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+E = TypeVar("E")
+
+#: Backoff between attempts at the head: full jitter, doubling from the base up to
+#: the cap. The cap stays small because a conflicting append only lost a race for
+#: one cell; long sleeps would only leave the head idle.
+RETRY_BASE_S = 0.002
+RETRY_CAP_S = 0.05
+
+#: A checkpoint every this many versions of a generation bounds the rows that
+#: listing reads one by one (Delta checkpoints every 100 commits; a checkpoint here
+#: costs one transaction that rewrites the live set, so it can be rarer).
+CHECKPOINT_INTERVAL = 1000
+#: Files per checkpoint cell: ~100-200 KB of JSON, well inside what every store
+#: (Cassandra included) handles as one value.
+CHUNK_FILES = 2000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What a job reads before it writes any file."""
+
+    meta: TableMeta
+    head: Head
+    replayed_version: int | None  # the version its (app_id, batch_id) already committed
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    version: int
+    commit_ts: int | None
+    replayed: bool  # the (app_id, batch_id) had committed before: nothing was added
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    record: LogRecord
+    commit_ts: int | None
+    added: list[FileEntry]
+    removed: list[FileEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class VacuumPlan:
+    meta: TableMeta
+    head: Head
+    #: Files of every generation from this one on are kept.
+    keep_from_gen: int
+    referenced: set[str]  # relative paths
+    min_readable_version: int
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic GC while building many small acyclic objects.
+
+    A checkpoint decodes into one object per live file; with the collector on,
+    its generation-0 passes over the growing list cost as much as the decoding
+    (measured: 100,000 files, 170 ms against 88 ms). Only the thread that paused
+    it resumes it, and a collector the application switched off stays off.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _abort_quietly(tx: Transaction) -> None:
+    # Already committed, aborted or failed: nothing to undo.
+    with contextlib.suppress(TransactionError):
+        tx.abort()
+
+
+class Catalog:
+    """Lakehouse metadata of one catalog, over one transaction manager. Thread-safe."""
+
+    def __init__(
+        self, tm: TransactionManager, catalog: str, *, commit_timeout_s: float = 300.0
+    ) -> None:
+        self._tm = tm
+        self.layout = Layout(catalog)
+        self._commit_timeout_s = commit_timeout_s
+        # Table metadata never changes once created, and tables are never dropped.
+        self._meta: dict[str, TableMeta] = {}
+        self._head_locks: dict[str, threading.Lock] = {}
+        self._head_locks_guard = threading.Lock()
+
+    # --- the retry loop ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _head_turn(self, name: str) -> Iterator[None]:
+        """Commits of one table from this process take turns at its head.
+
+        Only one of them could win a given version anyway; the others would each
+        write, conflict, clean up and retry. Queueing here costs nothing in
+        safety (other processes still race through the transaction protocol) and
+        keeps eight threads of one process near one thread's throughput.
+        """
+        with self._head_locks_guard:
+            lock = self._head_locks.setdefault(name, threading.Lock())
+        if not lock.acquire(timeout=self._commit_timeout_s):
+            raise ConcurrentModificationError(
+                f"commit to table {name!r} waited {self._commit_timeout_s:.0f} s for its "
+                "turn behind other commits of this process; nothing was committed"
+            )
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _transact(
+        self,
+        fn: Callable[[Transaction], T],
+        *,
+        what: str,
+        settle: Callable[[T], bool] | None = None,
+    ) -> tuple[T, int | None]:
+        """Run ``fn(tx)`` and commit; retry on conflicts at the head until the deadline.
+
+        ``fn`` raising (:class:`ConcurrentModificationError` included) aborts and
+        propagates. ``settle(result)`` decides an unknown commit outcome (S6) by
+        reading back what the attempt wrote: ``True`` committed, ``False`` not.
+        """
+        deadline = time.monotonic() + self._commit_timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
+            tx = self._tm.begin()
+            try:
+                result = fn(tx)
+            except BaseException:
+                _abort_quietly(tx)
+                raise
+            try:
+                return result, tx.commit()
+            except ConcurrentModificationError:
+                raise
+            except TransactionConflictError as exc:
+                # Only the head row is contended: another commit of this table won
+                # the race. Nothing of ours is visible; re-read and try again.
+                if time.monotonic() >= deadline:
+                    raise ConcurrentModificationError(
+                        f"{what}: lost the race for the table's head {attempt} times in "
+                        f"{self._commit_timeout_s:.0f} s; nothing was committed"
+                    ) from exc
+                delay = random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt))
+                log.debug("%s: attempt %d conflicted; retrying in %.3f s", what, attempt, delay)
+                time.sleep(delay)
+            except CommitUnknownError as unknown:
+                if settle is None:
+                    raise
+                try:
+                    committed = settle(result)
+                except TransactionError as settle_exc:
+                    # Still unknown: never retry blindly (S6); the caller must check.
+                    log.warning("%s: could not settle an unknown commit: %s", what, settle_exc)
+                    raise unknown from settle_exc
+                if committed:
+                    log.info("%s: unknown commit outcome settled as committed", what)
+                    return result, None
+                log.info("%s: unknown commit outcome settled as not committed; retrying", what)
+
+    # --- reads ------------------------------------------------------------------------
+
+    def _read_head(self, tx: Transaction, name: str) -> Head:
+        raw = tx.get(self.layout.head, Layout.name_row(name), Layout.COL_HEAD)
+        if raw is None:
+            raise TableNotFoundError(f"no table {name!r} in catalog {self.layout.catalog!r}")
+        return Head.decode(raw)
+
+    def _read_meta(self, tx: Transaction, name: str) -> TableMeta:
+        cached = self._meta.get(name)
+        if cached is not None:
+            return cached
+        raw = tx.get(self.layout.tables, Layout.name_row(name), Layout.COL_META)
+        if raw is None:
+            raise TableNotFoundError(f"no table {name!r} in catalog {self.layout.catalog!r}")
+        meta = TableMeta.decode(raw)
+        self._meta[name] = meta
+        return meta
+
+    def _read_mark(
+        self, tx: Transaction, name: str, app_id: str, batch_id: int | str
+    ) -> int | None:
+        raw = tx.get(self.layout.marks, Layout.mark_row(name, app_id, batch_id), Layout.COL_MARK)
+        return None if raw is None else int(raw)
+
+    def _generations(self, tx: Transaction, name: str) -> list[Generation]:
+        return [
+            Generation.decode(value)
+            for _, _, value in tx.scan(
+                self.layout.gens, Layout.prefix(name), Layout.prefix_end(name)
+            )
+        ]
+
+    def _scan_files(
+        self, tx: Transaction, name: str, start: bytes, end: bytes
+    ) -> Iterator[tuple[tuple[int, int, int], FileEntry]]:
+        for row, _, value in tx.scan(self.layout.files, start, end):
+            yield Layout.parse_file_row(name, row), FileEntry.decode(value)
+
+    def meta(self, name: str) -> TableMeta:
+        cached = self._meta.get(name)
+        if cached is not None:
+            return cached
+        with self._tm.begin() as tx:
+            return self._read_meta(tx, name)
+
+    def prepare(
+        self, name: str, app_id: str | None = None, batch_id: int | str | None = None
+    ) -> Prepared:
+        """Metadata, head and the batch's earlier version, at one snapshot."""
+        with self._tm.begin() as tx:
+            head = self._read_head(tx, name)
+            meta = self._read_meta(tx, name)
+            replayed = (
+                self._read_mark(tx, name, app_id, batch_id)
+                if app_id is not None and batch_id is not None
+                else None
+            )
+        return Prepared(meta, head, replayed)
+
+    def list_tables(self) -> list[str]:
+        with self._tm.begin() as tx:
+            return [row.decode() for row, _, _ in tx.scan(self.layout.tables)]
+
+    def files(
+        self, name: str, version: int | None, make: EntryFactory[E]
+    ) -> tuple[TableMeta, int, list[E]]:
+        """The table's metadata, the version read, and that version's files in commit order."""
+        with self._tm.begin() as tx:
+            head = self._read_head(tx, name)
+            meta = self._read_meta(tx, name)
+            if version is None:
+                version = head.version
+            self._check_readable(name, head, version)
+            gen = head.gen if version >= head.gen_start else self._gen_of(tx, name, version)
+            return meta, version, self._list_gen(tx, name, gen, version, make)
+
+    def _list_gen(
+        self, tx: Transaction, name: str, gen: int, version: int, make: EntryFactory[E]
+    ) -> list[E]:
+        """Files of generation ``gen`` as of ``version``: newest checkpoint, then rows after it."""
+        start, end = Layout.file_range(name, gen, below_version=version + 1)
+        latest: Checkpoint | None = None
+        for _, _, value in tx.scan(self.layout.checkpoints, start, end):
+            latest = Checkpoint.decode(value)
+        entries: list[E] = []
+        after = 0
+        if latest is not None:
+            row = Layout.checkpoint_row(name, gen, latest.version)
+            cells = [(row, Layout.chunk_column(i)) for i in range(latest.chunks)]
+            found = tx.get_many(self.layout.chunks, cells)
+            if len(found) != len(cells):
+                raise LakehouseError(
+                    f"checkpoint of {name!r} at version {latest.version} is missing chunks"
+                )
+            with _collector_paused():
+                for cell in cells:
+                    entries.extend(decode_chunk(found[cell], make))
+            after = latest.version + 1
+        start, end = Layout.file_range(name, gen, from_version=after, below_version=version + 1)
+        entries.extend(
+            decode_file(value, make) for _, _, value in tx.scan(self.layout.files, start, end)
+        )
+        return entries
+
+    def _checkpoint(self, name: str, gen: int, version: int) -> None:
+        """Pack generation ``gen``'s files as of ``version`` into chunk cells (best effort)."""
+        try:
+            with self._tm.begin() as tx:
+                entries = self._list_gen(tx, name, gen, version, FileEntry)
+                row = Layout.checkpoint_row(name, gen, version)
+                chunks = [entries[i : i + CHUNK_FILES] for i in range(0, len(entries), CHUNK_FILES)]
+                for index, chunk in enumerate(chunks):
+                    tx.put(self.layout.chunks, row, Layout.chunk_column(index), encode_chunk(chunk))
+                marker = Checkpoint(gen, version, len(entries), len(chunks))
+                tx.put(self.layout.checkpoints, row, Layout.COL_CHECKPOINT, marker.encode())
+        except TransactionError as exc:
+            # Derived data: without it listing only scans more rows. A concurrent
+            # writer of the same checkpoint conflicting here wrote the same cells.
+            log.info("no checkpoint of %s at version %d: %s", name, version, exc)
+            return
+        log.debug("checkpoint of %s at version %d: %d files", name, version, len(entries))
+
+    def _check_readable(self, name: str, head: Head, version: int) -> None:
+        if version > head.version:
+            raise VersionNotFoundError(
+                f"table {name!r} has no version {version}; its latest is {head.version}"
+            )
+        if version < head.min_readable_version:
+            raise VersionNotFoundError(
+                f"version {version} of table {name!r} is no longer readable: vacuum removed "
+                f"its files (versions from {head.min_readable_version} on are readable)"
+            )
+
+    def _gen_of(self, tx: Transaction, name: str, version: int) -> int:
+        gen = 0
+        for g in self._generations(tx, name):
+            if g.start_version > version:
+                break
+            gen = g.gen
+        return gen
+
+    def history(self, name: str) -> list[HistoryEntry]:
+        """Every version in order, with the files each one added and removed."""
+        with self._tm.begin() as tx:
+            self._read_head(tx, name)
+            records: dict[int, LogRecord] = {}
+            commit_tss: dict[int, int] = {}
+            for row, column, value in tx.scan(
+                self.layout.log, Layout.prefix(name), Layout.prefix_end(name)
+            ):
+                version = Layout.version_of_log_row(name, row)
+                if column == Layout.COL_RECORD:
+                    records[version] = LogRecord.decode(value)
+                elif column == Layout.COL_COMMIT_TS:
+                    commit_tss[version] = int(value)
+            by_version: dict[int, list[FileEntry]] = {}
+            by_gen: dict[int, list[FileEntry]] = {}
+            start, end = Layout.prefix(name), Layout.prefix_end(name)
+            for (gen, version, _), entry in self._scan_files(tx, name, start, end):
+                by_version.setdefault(version, []).append(entry)
+                by_gen.setdefault(gen, []).append(entry)
+        return [
+            HistoryEntry(
+                record,
+                commit_tss.get(version),
+                by_version.get(version, []),
+                by_gen.get(record.gen - 1, []) if record.operation == OVERWRITE else [],
+            )
+            for version, record in sorted(records.items())
+        ]
+
+    # --- changes ----------------------------------------------------------------------
+
+    def _settle_by_log(self, name: str, version: int, job_id: str) -> bool:
+        """Did the commit that claimed ``version`` for ``job_id`` land? (rule S6)"""
+        with self._tm.begin() as tx:
+            raw = tx.get(self.layout.log, Layout.log_row(name, version), Layout.COL_RECORD)
+        return raw is not None and LogRecord.decode(raw).job_id == job_id
+
+    def _record_commit_ts(self, name: str, version: int, commit_ts: int | None) -> None:
+        """Record the commit timestamp, which the commit itself cannot know (history only)."""
+        if commit_ts is None:
+            return
+        try:
+            with self._tm.begin() as tx:
+                tx.put(
+                    self.layout.log,
+                    Layout.log_row(name, version),
+                    Layout.COL_COMMIT_TS,
+                    str(commit_ts).encode(),
+                )
+        except TransactionError as exc:
+            # Only history's commit_ts depends on this cell; the version stands.
+            log.warning("could not record commit_ts of %s version %d: %s", name, version, exc)
+
+    def create(self, meta: TableMeta, job_id: str) -> int | None:
+        """Create the table at version 0; returns the commit timestamp."""
+        name = meta.name
+
+        def attempt(tx: Transaction) -> int:
+            row = Layout.name_row(name)
+            if tx.get(self.layout.tables, row, Layout.COL_META) is not None:
+                raise TableExistsError(f"table {name!r} already exists")
+            ms = now_ms()
+            tx.put(self.layout.tables, row, Layout.COL_META, meta.encode())
+            tx.put(self.layout.head, row, Layout.COL_HEAD, Head(0, 0, 0, ms).encode())
+            tx.put(self.layout.gens, Layout.gen_row(name, 0), Layout.COL_GEN, _gen0(ms))
+            record = LogRecord(0, CREATE, ms, 0, 0, job_id, None, None, tx.start_ts)
+            tx.put(self.layout.log, Layout.log_row(name, 0), Layout.COL_RECORD, record.encode())
+            return 0
+
+        _, commit_ts = self._transact(
+            attempt,
+            what=f"create table {name!r}",
+            settle=lambda version: self._settle_by_log(name, version, job_id),
+        )
+        self._record_commit_ts(name, 0, commit_ts)
+        return commit_ts
+
+    def commit_files(
+        self,
+        name: str,
+        operation: str,
+        files: Sequence[FileEntry],
+        *,
+        job_id: str,
+        job_started_ms: int,
+        app_id: str | None = None,
+        batch_id: int | str | None = None,
+        base_version: int | None = None,
+    ) -> Committed:
+        """Commit ``files`` as the next version, in one transaction.
+
+        ``APPEND`` adds them; ``OVERWRITE`` makes them the only live files and
+        requires the head to still be at ``base_version``.
+        """
+        if operation not in (APPEND, OVERWRITE):
+            raise ValueError(f"unknown operation {operation!r}")
+        if operation == OVERWRITE and base_version is None:
+            raise ValueError("an overwrite needs the base_version it replaces")
+
+        def attempt(tx: Transaction) -> tuple[int, bool, int, int]:
+            head = self._read_head(tx, name)
+            if app_id is not None and batch_id is not None:
+                done = self._read_mark(tx, name, app_id, batch_id)
+                if done is not None:
+                    return done, False, head.gen, head.gen_start
+            if base_version is not None and head.version != base_version:
+                raise ConcurrentModificationError(
+                    f"{operation.lower()} of table {name!r} was based on version "
+                    f"{base_version}, but version {head.version} committed meanwhile; "
+                    "nothing was committed (retry the job on the new version)"
+                )
+            if job_started_ms < head.vacuum_cutoff_ms:
+                raise ConcurrentModificationError(
+                    f"a vacuum of table {name!r} with cutoff {head.vacuum_cutoff_ms} ms ran "
+                    f"while this job (started {job_started_ms} ms) was writing, and may have "
+                    "removed its files; nothing was committed (retry the job)"
+                )
+            version = head.version + 1
+            ms = max(now_ms(), head.last_ms)
+            if operation == OVERWRITE:
+                gen, gen_start = head.gen + 1, version
+                tx.put(
+                    self.layout.gens,
+                    Layout.gen_row(name, gen),
+                    Layout.COL_GEN,
+                    Generation(gen, version, ms).encode(),
+                )
+            else:
+                gen, gen_start = head.gen, head.gen_start
+            for index, entry in enumerate(files):
+                tx.put(
+                    self.layout.files,
+                    Layout.file_row(name, gen, version, index),
+                    Layout.COL_FILE,
+                    entry.encode(),
+                )
+            record = LogRecord(
+                version, operation, ms, gen, len(files), job_id, app_id, batch_id, tx.start_ts
+            )
+            tx.put(
+                self.layout.log, Layout.log_row(name, version), Layout.COL_RECORD, record.encode()
+            )
+            new_head = Head(
+                version,
+                gen,
+                gen_start,
+                ms,
+                head.vacuum_cutoff_ms,
+                head.min_readable_version,
+            )
+            tx.put(self.layout.head, Layout.name_row(name), Layout.COL_HEAD, new_head.encode())
+            if app_id is not None and batch_id is not None:
+                tx.put(
+                    self.layout.marks,
+                    Layout.mark_row(name, app_id, batch_id),
+                    Layout.COL_MARK,
+                    str(version).encode(),
+                )
+            return version, True, gen, gen_start
+
+        with self._head_turn(name):
+            (version, fresh, gen, gen_start), commit_ts = self._transact(
+                attempt,
+                what=f"{operation.lower()} to table {name!r}",
+                settle=lambda result: not result[1] or self._settle_by_log(name, result[0], job_id),
+            )
+        if not fresh:
+            return Committed(version, None, replayed=True)
+        self._record_commit_ts(name, version, commit_ts)
+        if version > gen_start and (version - gen_start) % CHECKPOINT_INTERVAL == 0:
+            self._checkpoint(name, gen, version)
+        return Committed(version, commit_ts, replayed=False)
+
+    # --- vacuum -----------------------------------------------------------------------
+
+    def vacuum_plan(self, name: str, cutoff_ms: int) -> VacuumPlan:
+        """Which files the versions inside the retention can read, at one snapshot.
+
+        A version is inside the retention while it is the latest or was replaced
+        at or after ``cutoff_ms``. Files leave the live set only when an
+        overwrite ends their generation, so the files of a generation are needed
+        until the overwrite that ended it is older than the cutoff.
+        """
+        with self._tm.begin() as tx:
+            head = self._read_head(tx, name)
+            meta = self._read_meta(tx, name)
+            gens = self._generations(tx, name)
+            keep_from = head.gen
+            for older, newer in itertools.pairwise(gens):
+                if newer.started_ms >= cutoff_ms:
+                    keep_from = older.gen
+                    break
+            referenced: set[str] = set()
+            for g, successor in itertools.zip_longest(gens, gens[1:]):
+                if g.gen < keep_from:
+                    continue
+                last = head.version if successor is None else successor.start_version - 1
+                referenced.update(e.path for e in self._list_gen(tx, name, g.gen, last, FileEntry))
+        start_version = next((g.start_version for g in gens if g.gen == keep_from), 0)
+        return VacuumPlan(meta, head, keep_from, referenced, start_version)
+
+    def vacuum_fence(self, name: str, plan: VacuumPlan, cutoff_ms: int) -> set[str]:
+        """Publish the cutoff in the head; returns files committed since the plan.
+
+        Conflicts on the head with every commit: a commit that wins first is
+        seen here and its files are kept; one that comes later sees the cutoff
+        and refuses to commit files that may be removed.
+        """
+
+        def attempt(tx: Transaction) -> set[str]:
+            head = self._read_head(tx, name)
+            since: set[str] = set()
+            if head.version > plan.head.version:
+                start, end = Layout.file_range(
+                    name, plan.head.gen, from_version=plan.head.version + 1
+                )
+                since.update(e.path for _, e in self._scan_files(tx, name, start, end))
+                if head.gen > plan.head.gen:
+                    start, end = Layout.files_from_gen(name, plan.head.gen + 1)
+                    since.update(e.path for _, e in self._scan_files(tx, name, start, end))
+            fenced = Head(
+                head.version,
+                head.gen,
+                head.gen_start,
+                head.last_ms,
+                max(head.vacuum_cutoff_ms, cutoff_ms),
+                max(head.min_readable_version, plan.min_readable_version),
+            )
+            tx.put(self.layout.head, Layout.name_row(name), Layout.COL_HEAD, fenced.encode())
+            return since
+
+        since, _ = self._transact(attempt, what=f"vacuum of table {name!r}")
+        return since
+
+
+def _gen0(ms: int) -> bytes:
+    return Generation(0, 0, ms).encode()

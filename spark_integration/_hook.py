@@ -1,0 +1,153 @@
+"""The commit hook's file side: a fresh staging folder per job, and what Spark left in it.
+
+Spark writes a job's Parquet files into ``<location>/_lh_job=<job id>/`` (Hive-style
+partition folders below it). Nothing there is visible until the commit transaction
+names the files; a job that dies before that leaves only unreferenced files, which
+``vacuum`` removes once they are older than its retention. Files stay where Spark
+wrote them: committing never moves data, so it costs the same on any file system.
+"""
+
+from __future__ import annotations
+
+import calendar
+import logging
+import os
+import re
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from spark_integration._model import FileEntry
+from spark_integration._schema import JOB_COLUMN, quote
+
+log = logging.getLogger(__name__)
+
+STAGING_PREFIX = f"{JOB_COLUMN}="
+
+#: How Spark (Hive) spells a null partition value in a folder name.
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+#: Footer reads are small random reads: overlap them.
+FOOTER_READERS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One write job: its id, when it started (driver clock), and its staging folder.
+
+    The start time is part of the id, so vacuum reads it back from the folder name
+    and compares the very number that the commit compares with vacuum's cutoff:
+    no clock skew between machines can make the two disagree.
+    """
+
+    job_id: str
+    started_ms: int
+    staging: Path
+
+
+_JOB_ID = re.compile(r"(\d{8}T\d{6})\.(\d{3})Z-[0-9a-f]+")
+
+
+def new_job(location: str) -> Job:
+    started_ms = time.time_ns() // 1_000_000
+    seconds, millis = divmod(started_ms, 1000)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(seconds))
+    job_id = f"{stamp}.{millis:03d}Z-{uuid.uuid4().hex[:16]}"
+    return Job(job_id, started_ms, Path(location) / f"{STAGING_PREFIX}{job_id}")
+
+
+def job_started_ms(folder_name: str) -> int | None:
+    """The start time encoded in a job folder's name; ``None`` for foreign names."""
+    if not folder_name.startswith(STAGING_PREFIX):
+        return None
+    match = _JOB_ID.fullmatch(folder_name[len(STAGING_PREFIX) :])
+    if match is None:
+        return None
+    stamp, millis = match.groups()
+    seconds = calendar.timegm(time.strptime(stamp, "%Y%m%dT%H%M%S"))
+    return seconds * 1000 + int(millis)
+
+
+def write_parquet(
+    df: DataFrame, schema: StructType, partition_by: tuple[str, ...], job: Job
+) -> None:
+    """Spark writes the DataFrame, columns in table order, into the job's staging folder."""
+    ordered = df.select(*[F.col(quote(name)) for name in schema.fieldNames()])
+    writer = ordered.write.mode("errorifexists").format("parquet")
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    writer.save(str(job.staging))
+
+
+def is_data_file(name: str) -> bool:
+    """Parquet data files; not ``_SUCCESS``, ``.crc`` checksums or other side files."""
+    return name.endswith(".parquet") and not name.startswith(("_", "."))
+
+
+def _is_hidden_dir(name: str) -> bool:
+    # Spark's own rule: "_temporary" and dot folders hide, "_col=value" folders do not.
+    return name.startswith(".") or (name.startswith("_") and "=" not in name)
+
+
+def parse_partition(relative_dir: str, partition_by: tuple[str, ...]) -> dict[str, str | None]:
+    """Partition values from Hive-style folders ``col=value/...`` as Spark escaped them."""
+    values: dict[str, str | None] = {}
+    parts = [p for p in relative_dir.split("/") if p]
+    if len(parts) != len(partition_by):
+        raise ValueError(f"unexpected folder {relative_dir!r} for partitions {partition_by}")
+    for part, column in zip(parts, partition_by, strict=True):
+        key, sep, raw = part.partition("=")
+        if not sep or unquote(key) != column:
+            raise ValueError(f"unexpected folder {part!r}: expected partition column {column!r}")
+        values[column] = None if raw == HIVE_NULL else unquote(raw)
+    return values
+
+
+def collect_files(location: str, job: Job, partition_by: tuple[str, ...]) -> list[FileEntry]:
+    """Every data file the job wrote, with its size and row count from its footer.
+
+    Files with no rows are left out (Spark writes one for an empty input); they
+    stay unreferenced and vacuum removes them.
+    """
+    found: list[tuple[str, str, str]] = []  # (absolute, relative to location, partition dir)
+    for root, dirs, files in os.walk(job.staging):
+        dirs[:] = sorted(d for d in dirs if not _is_hidden_dir(d))
+        partition_dir = os.path.relpath(root, job.staging)
+        for name in sorted(files):
+            if is_data_file(name):
+                absolute = os.path.join(root, name)
+                found.append(
+                    (
+                        absolute,
+                        os.path.relpath(absolute, location),
+                        "" if partition_dir == "." else partition_dir,
+                    )
+                )
+
+    def describe(item: tuple[str, str, str]) -> FileEntry:
+        absolute, relative, partition_dir = item
+        return FileEntry(
+            path=relative,
+            size_bytes=os.stat(absolute).st_size,
+            record_count=pq.read_metadata(absolute).num_rows,
+            partition=parse_partition(partition_dir, partition_by),
+        )
+
+    if len(found) <= 1:
+        entries = [describe(item) for item in found]
+    else:
+        with ThreadPoolExecutor(min(FOOTER_READERS, len(found))) as pool:
+            entries = list(pool.map(describe, found))
+    kept = [e for e in entries if e.record_count > 0]
+    log.debug(
+        "job %s wrote %d files (%d empty)", job.job_id, len(entries), len(entries) - len(kept)
+    )
+    return kept

@@ -1,0 +1,420 @@
+"""``Lakehouse``: Spark tables whose every commit is one percolake transaction."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from spark_integration import failpoints as fp
+from spark_integration._catalog import Catalog, now_ms
+from spark_integration._errors import TableExistsError
+from spark_integration._hook import STAGING_PREFIX, collect_files, new_job, write_parquet
+from spark_integration._model import (
+    APPEND,
+    CATALOG_NAME,
+    OVERWRITE,
+    TABLE_NAME,
+    Commit,
+    DataFile,
+    FileEntry,
+    TableMeta,
+)
+from spark_integration._reads import read_version
+from spark_integration._schema import check_dataframe_schema, check_table_schema, parse_schema
+from spark_integration._vacuum import sweep
+from txn import TransactionManager
+from txn.errors import CommitUnknownError
+
+log = logging.getLogger(__name__)
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"table name must be str, got {type(name).__name__}")
+    if not TABLE_NAME.fullmatch(name):
+        raise ValueError(
+            f"invalid table name {name!r}: expected 1-128 characters from [A-Za-z0-9_.-], "
+            "not starting with '.' or '-'"
+        )
+    return name
+
+
+def _check_batch(app_id: object, batch_id: object) -> tuple[str | None, int | str | None]:
+    if app_id is None and batch_id is None:
+        return None, None
+    if app_id is None or batch_id is None:
+        raise ValueError("app_id and batch_id go together: pass both or neither")
+    if not isinstance(app_id, str):
+        raise TypeError(f"app_id must be str, got {type(app_id).__name__}")
+    if not app_id:
+        raise ValueError("app_id must not be empty")
+    if isinstance(batch_id, bool) or not isinstance(batch_id, int | str):
+        raise TypeError(f"batch_id must be int or str, got {type(batch_id).__name__}")
+    if isinstance(batch_id, int) and batch_id < 0:
+        raise ValueError(f"batch_id must not be negative, got {batch_id}")
+    if isinstance(batch_id, str) and not batch_id:
+        raise ValueError("batch_id must not be empty")
+    return app_id, batch_id
+
+
+def _check_version(version: object) -> int | None:
+    if version is None:
+        return None
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TypeError(f"version must be int, got {type(version).__name__}")
+    if version < 0:
+        raise ValueError(f"version must not be negative, got {version}")
+    return version
+
+
+def _check_dataframe(df: object) -> DataFrame:
+    if not isinstance(df, DataFrame):
+        raise TypeError(f"expected a pyspark DataFrame, got {type(df).__name__}")
+    if df.isStreaming:
+        raise TypeError(
+            "a streaming DataFrame cannot be written directly; use foreachBatch and pass "
+            "the batch id as batch_id (with an app_id) so that replays are idempotent"
+        )
+    return df
+
+
+class Lakehouse:
+    """Lakehouse tables: Parquet data in ``warehouse``, metadata in percolake.
+
+    ``tm`` is any transaction manager, embedded or remote. Table metadata lives in
+    percolake tables named ``<catalog>.*``, so several catalogs can share a store.
+    A table's files live under ``<warehouse>/<name>/``. Safe to share between threads.
+
+    ``commit_timeout_s`` bounds how long a commit keeps retrying at a busy
+    table's head before it gives up with ``ConcurrentModificationError``.
+    """
+
+    def __init__(
+        self,
+        tm: TransactionManager,
+        warehouse: str | os.PathLike[str],
+        *,
+        catalog: str = "lakehouse",
+        commit_timeout_s: float = 300.0,
+    ) -> None:
+        from txn.remote import RemoteTransactionManager
+
+        if not isinstance(tm, TransactionManager | RemoteTransactionManager):
+            raise TypeError(f"tm must be a TransactionManager, got {type(tm).__name__}")
+        if not isinstance(warehouse, str | os.PathLike):
+            raise TypeError(f"warehouse must be a path, got {type(warehouse).__name__}")
+        path = os.fspath(warehouse)
+        if not os.path.isabs(path):
+            raise ValueError(f"warehouse must be an absolute path, got {path!r}")
+        if not isinstance(catalog, str) or not CATALOG_NAME.fullmatch(catalog):
+            raise ValueError(f"invalid catalog name {catalog!r}: expected [A-Za-z0-9_-]{{1,64}}")
+        if isinstance(commit_timeout_s, bool) or not isinstance(commit_timeout_s, int | float):
+            raise TypeError("commit_timeout_s must be a number")
+        if not commit_timeout_s > 0:
+            raise ValueError(f"commit_timeout_s must be positive, got {commit_timeout_s}")
+        self._tm = tm
+        self._warehouse = os.path.normpath(path)
+        self._catalog = Catalog(tm, catalog, commit_timeout_s=float(commit_timeout_s))
+        self.failpoints = fp.FailPoints()
+
+    @property
+    def warehouse(self) -> str:
+        return self._warehouse
+
+    @property
+    def catalog(self) -> str:
+        return self._catalog.layout.catalog
+
+    def __repr__(self) -> str:
+        return f"<Lakehouse catalog={self.catalog!r} warehouse={self._warehouse!r}>"
+
+    # --- tables ----------------------------------------------------------------------
+
+    def create_table(
+        self, name: str, schema: StructType | str, partition_by: Sequence[str] | str = ()
+    ) -> None:
+        """Create an empty table at version 0.
+
+        ``schema`` is a ``StructType`` or a DDL string (``"id BIGINT, day DATE"``,
+        parsed by the active Spark session). Raises :class:`TableExistsError` when
+        the name is taken or its location already holds files.
+        """
+        _check_name(name)
+        columns = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
+        if not all(isinstance(c, str) for c in columns):
+            raise TypeError("partition_by must be column names")
+        struct = parse_schema(schema)
+        check_table_schema(struct, columns)
+        if name in self.list_tables():
+            raise TableExistsError(f"table {name!r} already exists")
+        location = os.path.join(self._warehouse, name)
+        if _holds_files(location):
+            raise TableExistsError(
+                f"location {location} of table {name!r} already holds files; "
+                "a table never adopts files it did not write"
+            )
+        meta = TableMeta(name, struct.json(), columns, location, now_ms())
+        self._catalog.create(meta, job_id=f"create-{uuid.uuid4().hex[:16]}")
+        os.makedirs(location, exist_ok=True)
+        log.info("created table %s at %s", name, location)
+
+    def list_tables(self) -> list[str]:
+        return self._catalog.list_tables()
+
+    def schema(self, name: str) -> StructType:
+        meta = self._catalog.meta(_check_name(name))
+        return StructType.fromJson(json.loads(meta.schema_json))
+
+    def version(self, name: str) -> int:
+        """The table's latest version."""
+        return self._catalog.prepare(_check_name(name)).head.version
+
+    # --- writes ----------------------------------------------------------------------
+
+    def append(
+        self,
+        name: str,
+        df: DataFrame,
+        app_id: str | None = None,
+        batch_id: int | str | None = None,
+    ) -> int:
+        """Add the DataFrame's rows as a new version; returns that version.
+
+        Concurrent appends never fail each other: they retry at the table's head.
+        A repeated ``(app_id, batch_id)`` returns its first version and adds nothing.
+        """
+        return self._write(APPEND, name, df, app_id, batch_id)
+
+    def overwrite(
+        self,
+        name: str,
+        df: DataFrame,
+        app_id: str | None = None,
+        batch_id: int | str | None = None,
+    ) -> int:
+        """Replace every row with the DataFrame's, atomically; returns the new version.
+
+        Raises :class:`ConcurrentModificationError` (nothing committed) if another
+        commit landed while this job ran: replacing rows it never saw would lose them.
+        """
+        return self._write(OVERWRITE, name, df, app_id, batch_id)
+
+    def _write(
+        self,
+        operation: str,
+        name: str,
+        df: DataFrame,
+        app_id: str | None,
+        batch_id: int | str | None,
+    ) -> int:
+        _check_name(name)
+        _check_dataframe(df)
+        app_id, batch_id = _check_batch(app_id, batch_id)
+        prepared = self._catalog.prepare(name, app_id, batch_id)
+        if prepared.replayed_version is not None:
+            log.info(
+                "%s (%s, %r) to %s already committed as version %d; nothing to do",
+                operation.lower(),
+                app_id,
+                batch_id,
+                name,
+                prepared.replayed_version,
+            )
+            return prepared.replayed_version
+        meta = prepared.meta
+        schema = StructType.fromJson(json.loads(meta.schema_json))
+        check_dataframe_schema(name, schema, df.schema)
+        job = new_job(meta.location)
+        self.failpoints.hit(fp.BEFORE_WRITE, job.job_id)
+        try:
+            write_parquet(df, schema, meta.partition_by, job)
+            self.failpoints.hit(fp.AFTER_WRITE, job.job_id)
+            files = collect_files(meta.location, job, meta.partition_by)
+            self.failpoints.hit(fp.BEFORE_COMMIT, job.job_id)
+            committed = self._catalog.commit_files(
+                name,
+                operation,
+                files,
+                job_id=job.job_id,
+                job_started_ms=job.started_ms,
+                app_id=app_id,
+                batch_id=batch_id,
+                base_version=prepared.head.version if operation == OVERWRITE else None,
+            )
+        except CommitUnknownError:
+            # The files may be committed: they must stay. Vacuum settles it later.
+            raise
+        except Exception:
+            # Definitely not committed, so nothing can name these files.
+            _remove_staging(job.staging)
+            raise
+        if committed.replayed:
+            _remove_staging(job.staging)
+            log.info(
+                "%s to %s lost to its own replay; version %d", operation, name, committed.version
+            )
+            return committed.version
+        self.failpoints.hit(fp.AFTER_COMMIT, job.job_id)
+        log.info(
+            "%s committed %s version %d (%d files, job %s)",
+            operation.lower(),
+            name,
+            committed.version,
+            len(files),
+            job.job_id,
+        )
+        return committed.version
+
+    def append_files(
+        self,
+        name: str,
+        files: Sequence[DataFile],
+        *,
+        app_id: str | None = None,
+        batch_id: int | str | None = None,
+        written_since_ms: int | None = None,
+    ) -> int:
+        """Commit Parquet files that are already in place, as one appended version.
+
+        For writers other than Spark (and for benchmarks). Every path must lie in a
+        job folder ``<location>/_lh_job=<id>/`` with the table's partition folders
+        below it; sizes, counts and partition values are taken as given.
+        ``written_since_ms`` is when the oldest file was written (default: now); a
+        vacuum with a later cutoff may have removed it, and the commit then fails.
+        """
+        _check_name(name)
+        app_id, batch_id = _check_batch(app_id, batch_id)
+        meta = self._catalog.meta(name)
+        entries = [_relative_entry(meta, f) for f in files]
+        committed = self._catalog.commit_files(
+            name,
+            APPEND,
+            entries,
+            job_id=f"files-{uuid.uuid4().hex[:16]}",
+            job_started_ms=now_ms() if written_since_ms is None else written_since_ms,
+            app_id=app_id,
+            batch_id=batch_id,
+        )
+        return committed.version
+
+    # --- reads -----------------------------------------------------------------------
+
+    def files(self, name: str, version: int | None = None) -> list[DataFile]:
+        """The data files of the latest version, or of ``version``, in commit order."""
+        _check_name(name)
+        _check_version(version)
+        prefix = self._catalog.meta(name).location + os.sep
+
+        def public(path: str, size: int, records: int, part: dict[str, str | None]) -> DataFile:
+            return DataFile(prefix + path, size, records, part)
+
+        return self._catalog.files(name, version, public)[2]
+
+    def read(self, spark: SparkSession, name: str, version: int | None = None) -> DataFrame:
+        """The rows of the latest version, or exactly those of ``version``."""
+        if not isinstance(spark, SparkSession):
+            raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
+        meta, _, entries = self._catalog.files(
+            _check_name(name), _check_version(version), FileEntry
+        )
+        schema = StructType.fromJson(json.loads(meta.schema_json))
+        return read_version(spark, schema, meta.partition_by, meta.location, entries)
+
+    def history(self, name: str) -> list[Commit]:
+        """Every version, oldest first."""
+        meta = self._catalog.meta(_check_name(name))
+        return [
+            Commit(
+                version=h.record.version,
+                commit_ts=h.commit_ts,
+                operation=h.record.operation,
+                added_files=tuple(_absolute(meta, e) for e in h.added),
+                removed_files=tuple(_absolute(meta, e) for e in h.removed),
+                app_id=h.record.app_id,
+                batch_id=h.record.batch_id,
+                timestamp_ms=h.record.timestamp_ms,
+            )
+            for h in self._catalog.history(name)
+        ]
+
+    # --- maintenance -----------------------------------------------------------------
+
+    def vacuum(self, name: str, retain_seconds: float) -> list[str]:
+        """Remove files that no version inside the retention can read; return their paths.
+
+        A version is inside the retention while it is the latest or was replaced
+        less than ``retain_seconds`` ago. Files of failed jobs go once older than
+        that. Versions whose files were removed can no longer be read
+        (:class:`VersionNotFoundError`). A job that started before the cutoff and
+        commits after this vacuum fails with ``ConcurrentModificationError``.
+        """
+        _check_name(name)
+        if isinstance(retain_seconds, bool) or not isinstance(retain_seconds, int | float):
+            raise TypeError(f"retain_seconds must be a number, got {type(retain_seconds).__name__}")
+        if not math.isfinite(retain_seconds) or retain_seconds < 0:
+            raise ValueError(f"retain_seconds must be finite and >= 0, got {retain_seconds}")
+        cutoff_ms = now_ms() - int(retain_seconds * 1000)
+        plan = self._catalog.vacuum_plan(name, cutoff_ms)
+        since = self._catalog.vacuum_fence(name, plan, cutoff_ms)
+        deleted = sweep(plan.meta.location, plan.referenced | since, cutoff_ms)
+        log.info(
+            "vacuum of %s (cutoff %d ms) removed %d paths; versions from %d stay readable",
+            name,
+            cutoff_ms,
+            len(deleted),
+            plan.min_readable_version,
+        )
+        return deleted
+
+
+def _holds_files(folder: str) -> bool:
+    if not os.path.isdir(folder):
+        return False
+    with os.scandir(folder) as entries:
+        return any(True for _ in entries)
+
+
+def _remove_staging(staging: Path) -> None:
+    # Best effort: a straggling task may still write here; vacuum removes what is left.
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _absolute(meta: TableMeta, entry: FileEntry) -> str:
+    return os.path.join(meta.location, entry.path)
+
+
+def _relative_entry(meta: TableMeta, f: DataFile) -> FileEntry:
+    if not isinstance(f, DataFile):
+        raise TypeError(f"expected DataFile, got {type(f).__name__}")
+    rel = os.path.relpath(os.path.normpath(f.path), meta.location)
+    parts = rel.split(os.sep)
+    if (
+        not os.path.isabs(f.path)
+        or rel.startswith("..")
+        or len(parts) != len(meta.partition_by) + 2
+        or not parts[0].startswith(STAGING_PREFIX)
+    ):
+        raise ValueError(
+            f"{f.path!r} is not in a job folder of table {meta.name!r}: expected "
+            f"{meta.location}/{STAGING_PREFIX}<id>/"
+            + "".join(f"{c}=<value>/" for c in meta.partition_by)
+            + "<file>.parquet"
+        )
+    if set(f.partition) != set(meta.partition_by):
+        raise ValueError(
+            f"{f.path!r}: partition values for {sorted(f.partition)}, "
+            f"the table is partitioned by {list(meta.partition_by)}"
+        )
+    for label, value in (("size_bytes", f.size_bytes), ("record_count", f.record_count)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{f.path!r}: {label} must be a non-negative int, got {value!r}")
+    return FileEntry(rel, f.size_bytes, f.record_count, dict(f.partition))

@@ -1,0 +1,444 @@
+"""What a lakehouse table is made of, and how each piece is encoded in percolake cells.
+
+Every piece of table metadata is a cell of one of six percolake tables, all named
+``<catalog>.<kind>`` (``lakehouse.head`` by default). Rows start with the table's
+name and a NUL byte (names cannot contain NUL), so one table's rows form one
+contiguous range and fixed-width big-endian integers after it sort numerically.
+
+========== ======================================== ===============================
+kind       row                                      value (JSON)
+========== ======================================== ===============================
+``tables`` ``name``                                 :class:`TableMeta`
+``head``   ``name``                                 :class:`Head`: current version
+``log``    ``name NUL version``                     :class:`LogRecord`, column ``c``;
+                                                    its commit timestamp, column ``ts``
+``files``  ``name NUL gen version index``           :class:`FileEntry`
+``gens``   ``name NUL gen``                         :class:`Generation`
+``marks``  ``name NUL [app_id, batch_id]``          the version that batch committed
+``checkpoints`` ``name NUL gen version``            :class:`Checkpoint` marker
+``chunks`` ``name NUL gen version``, column ``i``   files ``i*K .. i*K+K-1`` of that
+                                                    checkpoint, as one JSON array
+========== ======================================== ===============================
+
+Why this layout:
+
+* Every commit writes the head cell, so two commits of one table always conflict
+  there (first committer wins) and nowhere else that a retry would not rewrite:
+  the other rows it writes are keyed by the version it claims.
+* The live files are the rows of the current *generation*. An overwrite starts a
+  new generation instead of deleting rows, so it writes no tombstones, and
+  listing the live files is one range scan whose length is the number of live
+  files, however many commits came before.
+* Within a generation files are only ever added, and their rows sort by the
+  version that added them: the files of version ``N`` are exactly the rows of
+  ``N``'s generation below ``N + 1``, one range scan again (time travel).
+* Every ``CHECKPOINT_INTERVAL`` versions a checkpoint packs the generation's
+  files so far into a few large cells (Delta's checkpoint, in cells). Listing
+  version ``N`` reads the newest checkpoint at or below ``N`` plus the rows added
+  after it: a handful of cells and at most one interval of rows, so the per-file
+  cost is a JSON array element, not a cell. Checkpoints are derived, immutable
+  and written after the commit, by whoever committed the version; a missing one
+  only makes listing scan more rows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+E = TypeVar("E")
+
+#: Table names: usable as a percolake row and as a directory name.
+TABLE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+#: Catalog names: the prefix of the percolake tables holding the metadata.
+CATALOG_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
+
+#: Operations recorded in the log (the names Delta Lake uses in its history).
+CREATE = "CREATE TABLE"
+APPEND = "WRITE"
+OVERWRITE = "OVERWRITE"
+
+_SEP = b"\x00"
+_U64 = 8
+_U32 = 4
+
+
+# --- what callers see ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """One data file of a table version. ``path`` is absolute.
+
+    ``partition`` maps each partition column to its value as written in the
+    file's path (``None`` for a null value), the way Delta's ``partitionValues`` do.
+    """
+
+    path: str
+    size_bytes: int
+    record_count: int
+    partition: dict[str, str | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """One entry of a table's history: what a version added and removed.
+
+    ``commit_ts`` is the percolake commit timestamp of the transaction that made
+    the version. It is recorded right after that transaction commits, so it is
+    ``None`` only if the committing process died in between and the manager
+    cannot look it up. ``timestamp_ms`` is the committer's wall clock, which
+    ``vacuum`` retention is measured against.
+    """
+
+    version: int
+    commit_ts: int | None
+    operation: str
+    added_files: tuple[str, ...]
+    removed_files: tuple[str, ...]
+    app_id: str | None
+    batch_id: int | str | None
+    timestamp_ms: int = 0
+
+
+# --- what the cells hold -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TableMeta:
+    """Immutable after creation: nothing here changes while the table exists."""
+
+    name: str
+    schema_json: str  # Spark's StructType.json(); opaque to the metadata layer
+    partition_by: tuple[str, ...]
+    location: str
+    created_ms: int
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "name": self.name,
+                "schema": self.schema_json,
+                "partition_by": list(self.partition_by),
+                "location": self.location,
+                "created_ms": self.created_ms,
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> TableMeta:
+        d = _load(raw)
+        return cls(
+            name=str(d["name"]),
+            schema_json=str(d["schema"]),
+            partition_by=tuple(str(c) for c in d["partition_by"]),
+            location=str(d["location"]),
+            created_ms=int(d["created_ms"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The table's current state; written by every commit and by vacuum.
+
+    ``vacuum_cutoff_ms``: the latest cutoff of a vacuum; files of a job that
+    started before it may have been removed, so such a job must not commit.
+    ``min_readable_version``: versions below it lost files to vacuum.
+    ``last_ms``: wall clock of the latest commit; commit times never go backwards
+    even when a committer's clock does, which vacuum's retention relies on.
+    """
+
+    version: int
+    gen: int
+    gen_start: int
+    last_ms: int
+    vacuum_cutoff_ms: int = 0
+    min_readable_version: int = 0
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "v": self.version,
+                "g": self.gen,
+                "gs": self.gen_start,
+                "ms": self.last_ms,
+                "vc": self.vacuum_cutoff_ms,
+                "mr": self.min_readable_version,
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Head:
+        d = _load(raw)
+        return cls(int(d["v"]), int(d["g"]), int(d["gs"]), int(d["ms"]), int(d["vc"]), int(d["mr"]))
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """The commit record of one version (``Commit`` without the file lists)."""
+
+    version: int
+    operation: str
+    timestamp_ms: int
+    gen: int
+    added_count: int
+    job_id: str | None
+    app_id: str | None
+    batch_id: int | str | None
+    txn_start_ts: int
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "v": self.version,
+                "op": self.operation,
+                "ms": self.timestamp_ms,
+                "g": self.gen,
+                "n": self.added_count,
+                "job": self.job_id,
+                "app": self.app_id,
+                "batch": self.batch_id,
+                "tx": self.txn_start_ts,
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> LogRecord:
+        d = _load(raw)
+        batch = d["batch"]
+        return cls(
+            version=int(d["v"]),
+            operation=str(d["op"]),
+            timestamp_ms=int(d["ms"]),
+            gen=int(d["g"]),
+            added_count=int(d["n"]),
+            job_id=None if d["job"] is None else str(d["job"]),
+            app_id=None if d["app"] is None else str(d["app"]),
+            batch_id=batch if isinstance(batch, int | str) else None,
+            txn_start_ts=int(d["tx"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """A data file as recorded: ``path`` relative to the table location."""
+
+    path: str
+    size_bytes: int
+    record_count: int
+    partition: dict[str, str | None] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        d: dict[str, Any] = {"p": self.path, "s": self.size_bytes, "n": self.record_count}
+        if self.partition:
+            d["pv"] = self.partition
+        return _dump(d)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> FileEntry:
+        d = _load(raw)
+        return cls(str(d["p"]), int(d["s"]), int(d["n"]), dict(d.get("pv", {})))
+
+
+def encode_chunk(entries: Sequence[FileEntry]) -> bytes:
+    """Many entries in one cell: a JSON array of ``[path, size, records, partition]``."""
+    return json.dumps(
+        [[e.path, e.size_bytes, e.record_count, e.partition or None] for e in entries],
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode()
+
+
+#: Builds what a listing returns from ``(path, size_bytes, record_count, partition)``:
+#: a ``FileEntry``, or straight away the caller's public object (no second copy).
+EntryFactory = Callable[[str, int, int, dict[str, str | None]], E]
+
+
+def decode_chunk(raw: bytes, make: EntryFactory[E]) -> list[E]:
+    items = json.loads(raw)
+    if not isinstance(items, list):
+        raise ValueError(f"corrupt lakehouse checkpoint chunk: {raw[:80]!r}")
+    # Hot path of listing (one call per live file): values are trusted, as written.
+    return [make(p, s, n, dict(pv) if pv else {}) for p, s, n, pv in items]
+
+
+def decode_file(raw: bytes, make: EntryFactory[E]) -> E:
+    """A file row's value, built by ``make``."""
+    d = _load(raw)
+    return make(str(d["p"]), int(d["s"]), int(d["n"]), dict(d.get("pv", {})))
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Marker of a checkpoint: the generation's files up to ``version``, in ``chunks`` cells."""
+
+    gen: int
+    version: int
+    files: int
+    chunks: int
+
+    def encode(self) -> bytes:
+        return _dump({"g": self.gen, "v": self.version, "n": self.files, "k": self.chunks})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Checkpoint:
+        d = _load(raw)
+        return cls(int(d["g"]), int(d["v"]), int(d["n"]), int(d["k"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A run of versions that only added files; an overwrite starts the next one."""
+
+    gen: int
+    start_version: int
+    started_ms: int
+
+    def encode(self) -> bytes:
+        return _dump({"g": self.gen, "v": self.start_version, "ms": self.started_ms})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Generation:
+        d = _load(raw)
+        return cls(int(d["g"]), int(d["v"]), int(d["ms"]))
+
+
+def _dump(d: dict[str, Any]) -> bytes:
+    return json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _load(raw: bytes) -> dict[str, Any]:
+    d = json.loads(raw)
+    if not isinstance(d, dict):
+        raise ValueError(f"corrupt lakehouse metadata cell: {raw[:80]!r}")
+    return d
+
+
+# --- cell addresses ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The percolake tables and row keys of one catalog."""
+
+    catalog: str
+
+    COL_META = b"m"
+    COL_HEAD = b"h"
+    COL_RECORD = b"c"
+    COL_COMMIT_TS = b"ts"
+    COL_FILE = b"f"
+    COL_GEN = b"g"
+    COL_MARK = b"v"
+    COL_CHECKPOINT = b"m"
+
+    @staticmethod
+    def chunk_column(index: int) -> bytes:
+        return b"%06d" % index
+
+    @property
+    def tables(self) -> str:
+        return f"{self.catalog}.tables"
+
+    @property
+    def head(self) -> str:
+        return f"{self.catalog}.head"
+
+    @property
+    def log(self) -> str:
+        return f"{self.catalog}.log"
+
+    @property
+    def files(self) -> str:
+        return f"{self.catalog}.files"
+
+    @property
+    def gens(self) -> str:
+        return f"{self.catalog}.gens"
+
+    @property
+    def marks(self) -> str:
+        return f"{self.catalog}.marks"
+
+    @property
+    def checkpoints(self) -> str:
+        return f"{self.catalog}.checkpoints"
+
+    @property
+    def chunks(self) -> str:
+        return f"{self.catalog}.chunks"
+
+    @staticmethod
+    def name_row(name: str) -> bytes:
+        return name.encode()
+
+    @staticmethod
+    def prefix(name: str) -> bytes:
+        return name.encode() + _SEP
+
+    @staticmethod
+    def prefix_end(name: str) -> bytes:
+        """The first row after every row that starts with ``prefix(name)``."""
+        return name.encode() + b"\x01"
+
+    @classmethod
+    def log_row(cls, name: str, version: int) -> bytes:
+        return cls.prefix(name) + version.to_bytes(_U64, "big")
+
+    @classmethod
+    def version_of_log_row(cls, name: str, row: bytes) -> int:
+        return int.from_bytes(row[len(cls.prefix(name)) :], "big")
+
+    @classmethod
+    def gen_row(cls, name: str, gen: int) -> bytes:
+        return cls.prefix(name) + gen.to_bytes(_U64, "big")
+
+    @classmethod
+    def file_row(cls, name: str, gen: int, version: int, index: int) -> bytes:
+        return (
+            cls.prefix(name)
+            + gen.to_bytes(_U64, "big")
+            + version.to_bytes(_U64, "big")
+            + index.to_bytes(_U32, "big")
+        )
+
+    @classmethod
+    def file_range(
+        cls, name: str, gen: int, *, from_version: int = 0, below_version: int | None = None
+    ) -> tuple[bytes, bytes]:
+        """Rows of generation ``gen`` added by versions in ``[from_version, below_version)``."""
+        start = cls.prefix(name) + gen.to_bytes(_U64, "big")
+        end = (
+            cls.prefix(name) + (gen + 1).to_bytes(_U64, "big")
+            if below_version is None
+            else start + below_version.to_bytes(_U64, "big")
+        )
+        if from_version:
+            start += from_version.to_bytes(_U64, "big")
+        return start, end
+
+    @classmethod
+    def checkpoint_row(cls, name: str, gen: int, version: int) -> bytes:
+        return cls.prefix(name) + gen.to_bytes(_U64, "big") + version.to_bytes(_U64, "big")
+
+    @classmethod
+    def files_from_gen(cls, name: str, gen: int) -> tuple[bytes, bytes]:
+        """Rows of generation ``gen`` and every later one."""
+        return cls.prefix(name) + gen.to_bytes(_U64, "big"), cls.prefix_end(name)
+
+    @classmethod
+    def parse_file_row(cls, name: str, row: bytes) -> tuple[int, int, int]:
+        """``(gen, version, index)`` of a file row."""
+        rest = row[len(cls.prefix(name)) :]
+        return (
+            int.from_bytes(rest[:_U64], "big"),
+            int.from_bytes(rest[_U64 : 2 * _U64], "big"),
+            int.from_bytes(rest[2 * _U64 :], "big"),
+        )
+
+    @classmethod
+    def mark_row(cls, name: str, app_id: str, batch_id: int | str) -> bytes:
+        return cls.prefix(name) + _dump({"a": app_id, "b": batch_id})
