@@ -19,11 +19,11 @@ SUITES = [
 ]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short runs (under two minutes)")
     parser.add_argument("--only", action="append", help="run only these suites (repeatable)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     figures: list[Figure] = []
     for name in args.only or SUITES:

@@ -68,6 +68,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_cassandra_commands(commands)
 
+    bench = commands.add_parser(
+        "bench", help="run the benchmarks (from a source checkout) and write bench/results/"
+    )
+    bench.add_argument("--quick", action="store_true", help="short runs (under two minutes)")
+    bench.add_argument("--only", action="append", help="run only this suite (repeatable)")
+
     demo = commands.add_parser(
         "demo",
         help="the main job: PySpark writers committing through 'percolake serve' (make run)",
@@ -114,6 +120,20 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return serve(config)
 
 
+def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import os
+
+    sys.path.insert(0, os.getcwd())  # the benchmarks live in the checkout, not the package
+    try:
+        from bench.__main__ import main as bench_main
+    except ImportError:
+        parser.error("percolake bench runs from a source checkout (it needs bench/)")
+    argv = ["--quick"] if args.quick else []
+    for suite in args.only or []:
+        argv += ["--only", suite]
+    return bench_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
@@ -132,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_cassandra_command(args)
     if args.command == "serve":
         return _serve(args, parser)
+    if args.command == "bench":
+        return _bench(args, parser)
     if args.command == "demo":
         from pathlib import Path
 
