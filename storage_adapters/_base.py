@@ -124,6 +124,25 @@ def check_ts(name: str, ts: object) -> int:
     return ts
 
 
+def check_scan(
+    table: object,
+    start_row: object,
+    end_row: object,
+    below_ts: object,
+    start_column: object,
+    page_size: object,
+) -> None:
+    """Validate the arguments of :meth:`KVStore.scan` before any I/O."""
+    check_table(table)
+    check_key("start_row", start_row, allow_empty=True)
+    if end_row is not None:
+        check_key("end_row", end_row, allow_empty=True)
+    check_key("start_column", start_column, allow_empty=True)
+    check_ts("below_ts", below_ts)
+    if not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+
+
 def check_cells(cells: Iterable[tuple[bytes, bytes]]) -> list[Cell]:
     """Validate and normalise a batch of ``(row, column)`` pairs."""
     out = []

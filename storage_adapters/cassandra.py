@@ -90,6 +90,7 @@ from storage_adapters._base import (
     VersionWrite,
     check_cells,
     check_key,
+    check_scan,
     check_table,
     check_ts,
     check_value,
@@ -609,14 +610,7 @@ class CassandraStore(KVStore):
         start_column: bytes = b"",
         page_size: int = 1000,
     ) -> Iterator[ScanEntry]:
-        check_table(table)
-        check_key("start_row", start_row, allow_empty=True)
-        if end_row is not None:
-            check_key("end_row", end_row, allow_empty=True)
-        check_key("start_column", start_column, allow_empty=True)
-        check_ts("below_ts", below_ts)
-        if not isinstance(page_size, int) or page_size < 1:
-            raise ValueError(f"page_size must be positive, got {page_size}")
+        check_scan(table, start_row, end_row, below_ts, start_column, page_size)
         _check_key_size("start_row", start_row)
         _check_key_size("start_column", start_column)
         if end_row is not None:

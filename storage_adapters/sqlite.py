@@ -25,6 +25,7 @@ from storage_adapters._base import (
     VersionWrite,
     check_cells,
     check_key,
+    check_scan,
     check_table,
     check_ts,
     check_value,
@@ -149,14 +150,7 @@ class SQLiteStore(KVStore):
         start_column: bytes = b"",
         page_size: int = 1000,
     ) -> Iterator[ScanEntry]:
-        check_table(table)
-        check_key("start_row", start_row, allow_empty=True)
-        if end_row is not None:
-            check_key("end_row", end_row, allow_empty=True)
-        check_key("start_column", start_column, allow_empty=True)
-        check_ts("below_ts", below_ts)
-        if page_size < 1:
-            raise ValueError(f"page_size must be positive, got {page_size}")
+        check_scan(table, start_row, end_row, below_ts, start_column, page_size)
         return self._scan(table, start_row, end_row, below_ts, start_column, page_size)
 
     def _scan(
