@@ -26,7 +26,10 @@ TOOLS_BIN := $(HOME)/.cache/percolake/bin
 GRPCURL_VERSION := v1.9.3
 
 .PHONY: tools
-tools: ## install grpcurl (Go module proxy) for the interoperability test
+tools: ## install grpcurl (Go module proxy) and iptables (chaos partitions, root only)
+	@if ! command -v iptables >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && apt-get install -y -qq iptables >/dev/null \
+		|| echo "iptables could not be installed: chaos partitions will not run"; fi
 	@if [ -x $(TOOLS_BIN)/grpcurl ]; then :; \
 	elif command -v go >/dev/null; then \
 		mkdir -p $(TOOLS_BIN) && GOBIN=$(TOOLS_BIN) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION) \
@@ -53,6 +56,10 @@ protos: $(STAMP) ## regenerate the committed gRPC code from proto/
 .PHONY: test-fast
 test-fast: $(STAMP) ## unit, contract and property tiers only (no servers)
 	$(PY) -m pytest -m "not cassandra and not integration and not chaos and not spark" $(PYTEST_ARGS)
+
+.PHONY: chaos
+chaos: $(STAMP) tools cassandra-jars ## the long chaos runs (3-node Cassandra, partitions); reports in tests/chaos/results
+	$(PY) -m percolake chaos suite --out tests/chaos/results
 
 .PHONY: lint
 lint: $(STAMP) ## ruff (lint + format check) and strict mypy

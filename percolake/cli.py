@@ -65,8 +65,10 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ready-file", help="write the bound port here once serving")
 
     from percolake.cassandra import add_cassandra_commands
+    from percolake.chaos.cli import add_chaos_commands
 
     add_cassandra_commands(commands)
+    add_chaos_commands(commands)
 
     bench = commands.add_parser(
         "bench", help="run the benchmarks (from a source checkout) and write bench/results/"
@@ -146,6 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from percolake.checker import run_check
 
         return run_check(args.history, args.model, as_json=args.json, out=sys.stdout)
+    if args.command == "chaos":
+        from percolake.chaos.cli import run_chaos_command
+
+        return run_chaos_command(args)
     if args.command == "cassandra":
         from percolake.cassandra import run_cassandra_command
 

@@ -1,0 +1,22 @@
+"""Jepsen-style chaos runs: real processes, real faults, checked histories.
+
+``percolake chaos run --workload list-append|bank|lakehouse --nemesis kill,pause,...``
+starts a cluster of real processes on loopback (store, oracle, lock server, gateways,
+client processes), injects faults on a seeded schedule while the clients record every
+operation, heals everything, reads the final state and checks the history:
+
+* list-append with ``percolake.checker`` (snapshot isolation or serializable), plus a
+  final read that must hold every acknowledged append;
+* bank: every full read sums to the total, the final balances add up;
+* lakehouse: every version a reader sees is whole, acknowledged commits are kept,
+  replays add nothing;
+* for every workload, the oracle's timestamps: unique, increasing, across restarts.
+
+The run writes ``history.jsonl`` (or the workload's log), ``report.json`` and
+``plot.png`` to its folder. See :mod:`percolake.chaos.cli`.
+"""
+
+from percolake.chaos._config import NEMESES, WORKLOADS, RunConfig
+from percolake.chaos.cli import add_chaos_commands, run_chaos_command
+
+__all__ = ["NEMESES", "WORKLOADS", "RunConfig", "add_chaos_commands", "run_chaos_command"]

@@ -1,0 +1,147 @@
+"""What one chaos run is: workload, faults, cluster shape, bounds. Units in the names."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, TypeAlias
+
+WorkloadName: TypeAlias = Literal["list-append", "bank", "lakehouse"]
+IsolationName: TypeAlias = Literal["snapshot", "serializable"]
+
+WORKLOADS: Final[tuple[WorkloadName, ...]] = ("list-append", "bank", "lakehouse")
+ISOLATIONS: Final[tuple[IsolationName, ...]] = ("snapshot", "serializable")
+#: Fault families ``--nemesis`` accepts; see :mod:`percolake.chaos._nemesis`.
+NEMESES: Final[tuple[str, ...]] = ("kill", "pause", "partition", "slow")
+#: Faults that need the run to own its network (a namespace of its own).
+NETWORK_NEMESES: Final[frozenset[str]] = frozenset({"partition", "slow"})
+
+#: Environment variable that makes gateways commit with a deliberately broken protocol.
+BROKEN_PROTOCOL_ENV: Final = "PERCOLAKE_UNSAFE_BROKEN_PROTOCOL"
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """One bounded chaos run. ``seed`` alone decides the fault schedule and the workload."""
+
+    workload: WorkloadName
+    out_dir: Path
+    duration_s: float = 60.0
+    seed: int = 0
+    nemeses: tuple[str, ...] = ("kill", "pause")
+    isolation: IsolationName = "serializable"
+    #: ``sqlite:///...`` or ``cassandra://...``; ``None``: SQLite files in the run folder,
+    #: or the cluster of ``cassandra_nodes``.
+    store_url: str | None = None
+    cassandra_nodes: int = 0
+    gateways: int = 2
+    clients: int = 6
+    #: Mean quiet time between two faults; each fault lasts its own drawn duration.
+    fault_gap_s: float = 2.0
+    #: Lease on a committing transaction's locks: pauses are drawn longer than this.
+    lease_ms: int = 2_000
+    lock_wait_ms: int = 3_000
+    resolve_wait_ms: int = 1_000
+    idle_timeout_s: float = 8.0
+    #: Client-side gRPC deadline; a commit whose reply does not come in time is settled.
+    client_timeout_s: float = 10.0
+    #: list-append: keys in use at once, and the length at which a key is retired for a
+    #: fresh one (short lists keep reads cheap and histories small, as in Elle).
+    active_keys: int = 8
+    max_list_len: int = 32
+    max_txn_len: int = 4
+    #: bank: accounts and the balance each starts with.
+    accounts: int = 8
+    initial_balance: int = 100
+    #: lakehouse: files per commit and rows per file.
+    files_per_commit: int = 4
+    rows_per_file: int = 10
+    #: Use a network namespace of the run's own: "auto" when the run owns its store.
+    netns: Literal["auto", "on", "off"] = "auto"
+    #: Test only: gateways commit with locks skipped and the conflict check before the write.
+    unsafe_broken_protocol: bool = False
+    gzip_history: bool = False
+    cassandra_heap_mb: int = 1024
+    #: Scratch folder (stores, Cassandra data, client logs); default ``out_dir/work``.
+    work_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}: expected {', '.join(WORKLOADS)}")
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(
+                f"unknown isolation {self.isolation!r}: expected snapshot|serializable"
+            )
+        for nemesis in self.nemeses:
+            if nemesis not in NEMESES:
+                raise ValueError(
+                    f"unknown nemesis {nemesis!r}: expected a comma-separated subset of "
+                    f"{','.join(NEMESES)} (or none)"
+                )
+        if not 1 <= self.duration_s <= 24 * 3600:
+            raise ValueError(f"duration must be between 1 s and 24 h, got {self.duration_s}")
+        if self.store_url is not None and self.cassandra_nodes:
+            raise ValueError("--store and --cassandra-nodes exclude each other")
+        if not 0 <= self.cassandra_nodes <= 9:
+            raise ValueError(f"--cassandra-nodes must be 1-9, got {self.cassandra_nodes}")
+        if self.store_url is not None and not self.store_url.startswith(
+            ("sqlite:///", "cassandra://")
+        ):
+            raise ValueError(
+                f"store {self.store_url!r}: a chaos run needs a store several processes share "
+                "(sqlite:///... or cassandra://...)"
+            )
+        if not 1 <= self.gateways <= 8:
+            raise ValueError(f"--gateways must be 1-8, got {self.gateways}")
+        if not 1 <= self.clients <= 64:
+            raise ValueError(f"--clients must be 1-64, got {self.clients}")
+        if self.fault_gap_s < 0:
+            raise ValueError("--fault-gap-s must not be negative")
+        if self.active_keys < 1 or self.max_txn_len < 1 or self.max_list_len < 1:
+            raise ValueError("list-append needs at least one key and one micro-op per txn")
+        if self.accounts < 2 or self.initial_balance < 1:
+            raise ValueError("bank needs at least two accounts with a positive balance")
+        if self.files_per_commit < 1 or self.rows_per_file < 1:
+            raise ValueError("lakehouse commits need at least one file of one row")
+        if self.lease_ms < 100 or self.client_timeout_s <= 0 or self.idle_timeout_s <= 0:
+            raise ValueError("lease, client timeout and idle timeout must be positive")
+
+    @property
+    def owns_store(self) -> bool:
+        """Whether this run starts its own store (SQLite files or a Cassandra cluster)."""
+        return self.store_url is None or self.store_url.startswith("sqlite:")
+
+    @property
+    def work(self) -> Path:
+        return self.work_dir if self.work_dir is not None else self.out_dir / "work"
+
+    @property
+    def network_faults(self) -> bool:
+        return any(n in NETWORK_NEMESES for n in self.nemeses)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["out_dir"] = str(self.out_dir)
+        data["work_dir"] = None if self.work_dir is None else str(self.work_dir)
+        data["nemeses"] = list(self.nemeses)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunConfig:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in fields}
+        kwargs["out_dir"] = Path(kwargs["out_dir"])
+        if kwargs.get("work_dir") is not None:
+            kwargs["work_dir"] = Path(kwargs["work_dir"])
+        kwargs["nemeses"] = tuple(kwargs.get("nemeses", ()))
+        return cls(**kwargs)
+
+    def dump(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> RunConfig:
+        loaded: dict[str, Any] = json.loads(path.read_text())
+        return cls.from_json(loaded)

@@ -1,0 +1,96 @@
+"""What every workload provides, on the client side and on the harness side."""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from percolake.chaos._config import RunConfig
+from percolake.chaos._ops import Completion, ManagerLike, Phase
+from txn import Isolation
+
+
+@dataclass(slots=True)
+class ClientContext:
+    """What a client process hands its workload: a manager and where it stands."""
+
+    manager: ManagerLike
+    isolation: Isolation
+    process: int
+    phase: Phase | None
+    #: Lakehouse clients: the table handle (``spark_integration.Lakehouse``).
+    lakehouse: Any = None
+
+
+@dataclass(slots=True)
+class CheckResult:
+    """One check's verdict: anomalies (empty when clean) and what it looked at."""
+
+    name: str
+    anomalies: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def valid(self) -> bool:
+        return not self.anomalies
+
+    def to_json(self) -> dict[str, Any]:
+        return {"valid": self.valid, "anomalies": len(self.anomalies), **self.stats}
+
+
+class Workload(ABC):
+    """A workload: generates and runs operations in clients, then checks the history."""
+
+    name: str
+    #: File name of the merged operation log in the run folder.
+    history_name: str
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+
+    # --- client side ---------------------------------------------------------------
+
+    def open_client(self, ctx: ClientContext) -> None:  # noqa: B027 - optional hook
+        """Prepare per-process state before the first operation (default: nothing)."""
+
+    @abstractmethod
+    def generate(
+        self, rng: random.Random, elapsed_s: float, process: int, counter: int
+    ) -> tuple[str, Any]:
+        """The next operation: its ``f`` and the value its invocation records."""
+
+    @abstractmethod
+    def execute(self, ctx: ClientContext, f: str, value: Any) -> Completion:
+        """Run one operation and classify its outcome."""
+
+    # --- harness side --------------------------------------------------------------
+
+    def setup(self, manager: ManagerLike, warehouse: str) -> None:  # noqa: B027 - optional hook
+        """Create what the clients expect before they start (default: nothing)."""
+
+    @abstractmethod
+    def final_read(
+        self, manager: ManagerLike, ops: list[dict[str, Any]], warehouse: str
+    ) -> list[dict[str, Any]]:
+        """After every fault healed: read the whole state; return it as an invoke and
+        an ``ok`` completion of process ``FINAL_PROCESS`` (timestamps included)."""
+
+    @abstractmethod
+    def check(self, ops: list[dict[str, Any]]) -> list[CheckResult]:
+        """Check the merged history (final read included)."""
+
+
+def make_workload(config: RunConfig) -> Workload:
+    if config.workload == "list-append":
+        from percolake.chaos._list_append import ListAppend
+
+        return ListAppend(config)
+    if config.workload == "bank":
+        from percolake.chaos._bank import Bank
+
+        return Bank(config)
+    from percolake.chaos._lakehouse import LakehouseAppends
+
+    return LakehouseAppends(config)

@@ -1,0 +1,191 @@
+"""``python -m percolake.chaos.client``: one client process of a chaos run.
+
+It runs the workload's operations one after another until its deadline and records
+each as an invocation and a completion, one JSON line each, written before the next
+step: a SIGKILL loses at most the completion of the operation in flight, which the
+harness then records as ``info`` (unknown outcome).
+
+``--mode remote`` talks to gateways (``TransactionManager.remote``), moving to the
+next gateway when one is unavailable; ``--mode direct`` runs the commit protocol in
+this process against the remote oracle and lock server and the shared store, the way
+an in-process Spark driver does, so that a pause or a kill of this process strands
+its own locks and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from percolake.chaos._config import RunConfig
+from percolake.chaos._ops import Completion, ManagerLike, Phase
+from percolake.chaos._workload import ClientContext, make_workload
+from percolake.chaos.unsafe import install_broken_protocol_if_requested
+from percolake.rpc import ServiceUnavailableError
+from txn import Isolation, TransactionConfig, TransactionManager
+
+log = logging.getLogger("percolake.chaos.client")
+
+#: Pause after an operation that did not commit, so a dead server is not hammered.
+BACKOFF_S = (0.005, 0.05)
+
+
+class FailoverManager:
+    """Remote managers on every gateway; moves on to the next one when one is down."""
+
+    def __init__(self, addresses: Sequence[str], first: int, timeout_s: float) -> None:
+        from txn.remote import RemoteTransactionManager
+
+        self._managers = [RemoteTransactionManager(a, timeout_s=timeout_s) for a in addresses]
+        self._current = first % len(self._managers)
+
+    def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> Any:
+        manager = self._managers[self._current]
+        try:
+            return manager.begin(isolation)
+        except ServiceUnavailableError:
+            self._current = (self._current + 1) % len(self._managers)
+            raise
+
+    def close(self) -> None:
+        for manager in self._managers:
+            manager.close()
+
+
+def direct_manager(
+    store_url: str, tso: str, locks: str, config: RunConfig, timeout_s: float
+) -> TransactionManager:
+    """A manager running the protocol in this process, with the run's short timeouts."""
+    from lockserver.server import RemoteLockService
+    from percolake.rpc import Connection
+    from storage_adapters import open_store
+    from tso.server import RemoteTimestampSource
+
+    store = open_store(store_url)
+    tso_conn, locks_conn = Connection(tso), Connection(locks)
+    return TransactionManager(
+        store,
+        RemoteTimestampSource(tso_conn, timeout_s=timeout_s),
+        RemoteLockService(locks_conn, timeout_s=timeout_s),
+        TransactionConfig(
+            lease_ms=config.lease_ms,
+            lock_wait_ms=config.lock_wait_ms,
+            resolve_wait_ms=config.resolve_wait_ms,
+        ),
+        owns=(store, tso_conn, locks_conn),
+    )
+
+
+class EventWriter:
+    """JSON lines, each written out before the next step of the operation."""
+
+    def __init__(self, path: Path, process: int, t0_ns: int) -> None:
+        self._out: IO[str] = path.open("a", buffering=1, encoding="utf-8")
+        self._process = process
+        self._t0_ns = t0_ns
+
+    def write(self, event: dict[str, Any]) -> None:
+        event = {**event, "process": self._process, "time": time.monotonic_ns() - self._t0_ns}
+        self._out.write(json.dumps(event, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._out.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m percolake.chaos.client")
+    parser.add_argument("--run-config", required=True, type=Path)
+    parser.add_argument("--process", required=True, type=int)
+    parser.add_argument("--mode", required=True, choices=["remote", "direct"])
+    parser.add_argument("--gateways", default="")
+    parser.add_argument("--tso", default="")
+    parser.add_argument("--locks", default="")
+    parser.add_argument("--store", default="")
+    parser.add_argument("--warehouse", default="")
+    parser.add_argument("--t0-ns", required=True, type=int)
+    parser.add_argument("--until-ns", required=True, type=int)
+    parser.add_argument("--events", required=True, type=Path)
+    parser.add_argument("--phase", required=True, type=Path)
+    return parser
+
+
+def run_client(args: argparse.Namespace) -> int:
+    config = RunConfig.load(args.run_config)
+    install_broken_protocol_if_requested()
+    workload = make_workload(config)
+    isolation = Isolation.SERIALIZABLE if config.isolation == "serializable" else Isolation.SNAPSHOT
+    manager: ManagerLike
+    if args.mode == "remote":
+        gateways = [a for a in args.gateways.split(",") if a]
+        manager = FailoverManager(gateways, args.process, config.client_timeout_s)
+    else:
+        manager = direct_manager(
+            args.store, args.tso, args.locks, config, timeout_s=config.client_timeout_s
+        )
+    phase = Phase(args.phase)
+    ctx = ClientContext(manager=manager, isolation=isolation, process=args.process, phase=phase)
+    if config.workload == "lakehouse":
+        from percolake.chaos._lakehouse import LakehouseAppends
+
+        ctx.lakehouse = LakehouseAppends.open_lakehouse(
+            manager, args.warehouse, timeout_s=3 * config.client_timeout_s
+        )
+    workload.open_client(ctx)
+    rng = random.Random(f"{config.seed}-client-{args.process}")
+    events = EventWriter(args.events, args.process, args.t0_ns)
+    done = 0
+    # Start together with the other clients: the fault schedule counts from t0.
+    time.sleep(max(0.0, (args.t0_ns - time.monotonic_ns()) / 1e9))
+    try:
+        counter = 0
+        while time.monotonic_ns() < args.until_ns:
+            counter += 1
+            elapsed_s = (time.monotonic_ns() - args.t0_ns) / 1e9
+            f, value = workload.generate(rng, elapsed_s, args.process, counter)
+            events.write({"type": "invoke", "f": f, "value": value})
+            try:
+                completion = workload.execute(ctx, f, value)
+            except Exception as exc:  # a workload bug must not look like a clean run
+                log.exception("operation %s %r raised", f, value)
+                completion = Completion("info", value, error=f"client error: {exc!r}")
+            events.write(_completion_event(f, completion))
+            done += 1
+            if completion.type != "ok":
+                time.sleep(rng.uniform(*BACKOFF_S))
+    finally:
+        events.close()
+        phase.close()
+        manager.close()
+    log.info("client %d done: %d operations", args.process, done)
+    return 0
+
+
+def _completion_event(f: str, c: Completion) -> dict[str, Any]:
+    event: dict[str, Any] = {"type": c.type, "f": f, "value": c.value}
+    if c.start_ts is not None:
+        event["start_ts"] = c.start_ts
+    if c.commit_ts is not None:
+        event["commit_ts"] = c.commit_ts
+    if c.error is not None:
+        event["error"] = c.error
+    return event
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("percolake.chaos.client").setLevel(logging.INFO)
+    logging.getLogger("cassandra").setLevel(logging.WARNING)
+    return run_client(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""Short chaos runs: real processes, real faults, checked histories (``percolake chaos``).
+
+Each test runs ``python -m percolake.chaos run`` as a separate process, exactly as an
+operator would, and reads the report it writes. The runs are short (seconds), so
+these tests show that the harness works and that the system survives its faults;
+``make chaos`` runs the long ones. The broken-build test shows that the harness can
+fail: against gateways that commit without locks and check for conflicts before
+writing, the same kind of run must report anomalies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from percolake.chaos._network import namespace_support
+from percolake.checker import check_file
+
+pytestmark = pytest.mark.chaos
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Setup (servers, Cassandra) plus checking, on top of a run's own duration.
+OVERHEAD_S = 150
+
+
+def chaos_run(out: Path, *args: str, duration_s: int, expect_exit: int = 0) -> dict[str, Any]:
+    """Run ``percolake chaos run`` in a subprocess; return its report."""
+    command = [
+        sys.executable,
+        "-m",
+        "percolake.chaos",
+        "run",
+        "--duration-s",
+        str(duration_s),
+        "--out",
+        str(out),
+        *args,
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "PERCOLAKE_UNSAFE_BROKEN_PROTOCOL"}
+    result = subprocess.run(
+        command,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=duration_s + OVERHEAD_S,
+        check=False,
+    )
+    log = (result.stdout + result.stderr)[-6000:]
+    assert (out / "report.json").exists(), f"no report (exit {result.returncode}):\n{log}"
+    report: dict[str, Any] = json.loads((out / "report.json").read_text())
+    assert result.returncode == expect_exit, (
+        f"exit {result.returncode}, expected {expect_exit}: "
+        f"{json.dumps(report['anomalies'][:3], indent=1)}\n{log}"
+    )
+    return report
+
+
+def assert_clean(report: dict[str, Any], *, min_ok: int, min_faults: int) -> None:
+    assert report["harness_error"] is None, report["harness_error"]
+    assert report["anomalies"] == [], json.dumps(report["anomalies"][:3], indent=1)
+    assert report["valid"] is True
+    assert report["ops_ok"] >= min_ok, f"too little progress to mean anything: {report['ops_ok']}"
+    assert len(report["faults"]) >= min_faults, report["faults"]
+    assert all("error" not in f and "heal_error" not in f for f in report["faults"]), report[
+        "faults"
+    ]
+    for key in ("workload", "seed", "duration_s", "ops_ok", "ops_fail", "ops_info", "faults"):
+        assert key in report
+    assert all(check["valid"] for check in report["checks"].values()), report["checks"]
+
+
+def test_kill_and_pause_on_the_embedded_store_leave_a_clean_history(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    report = chaos_run(
+        out,
+        "--workload",
+        "list-append",
+        "--nemesis",
+        "kill,pause",
+        "--seed",
+        "7",
+        "--fault-gap-s",
+        "1",
+        duration_s=20,
+    )
+    assert_clean(report, min_ok=500, min_faults=4)
+    assert {f["kind"] for f in report["faults"]} == {"kill", "pause"}
+    assert set(report["checks"]) == {
+        "list-append serializable",
+        "list-append final state",
+        "oracle timestamps",
+    }
+    # The history on disk is Elle's format and passes the checker on its own.
+    assert check_file(out / "history.jsonl", "serializable").valid
+    assert (out / "plot.png").stat().st_size > 10_000
+    assert report["replay"].startswith("percolake chaos run --workload list-append")
+
+
+def test_bank_transfers_add_up_under_kills_and_pauses(tmp_path: Path) -> None:
+    report = chaos_run(
+        tmp_path / "bank",
+        "--workload",
+        "bank",
+        "--isolation",
+        "snapshot",
+        "--nemesis",
+        "kill,pause",
+        "--seed",
+        "3",
+        "--fault-gap-s",
+        "1",
+        duration_s=15,
+    )
+    assert_clean(report, min_ok=300, min_faults=3)
+    assert report["checks"]["bank reads"]["checked_reads"] > 50
+    assert (tmp_path / "bank" / "bank.jsonl").exists()
+
+
+def test_partitions_and_a_slow_network_leave_a_clean_history(tmp_path: Path) -> None:
+    problem = namespace_support()
+    if problem is not None:
+        pytest.skip(f"network faults need a network namespace: {problem}")
+    report = chaos_run(
+        tmp_path / "net",
+        "--workload",
+        "list-append",
+        "--nemesis",
+        "partition,slow",
+        "--seed",
+        "4",
+        "--fault-gap-s",
+        "0.5",
+        duration_s=20,
+    )
+    assert_clean(report, min_ok=200, min_faults=3)
+    assert report["cluster"]["network_namespace"] is True
+    assert {f["kind"] for f in report["faults"]} <= {"partition", "slow"}
+
+
+def test_lakehouse_versions_stay_whole_under_client_kills(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark")
+    report = chaos_run(
+        tmp_path / "lh",
+        "--workload",
+        "lakehouse",
+        "--nemesis",
+        "kill,pause",
+        "--seed",
+        "5",
+        "--clients",
+        "4",
+        "--fault-gap-s",
+        "1",
+        duration_s=15,
+    )
+    assert_clean(report, min_ok=100, min_faults=3)
+    assert report["checks"]["lakehouse versions"]["versions"] > 20
+    assert report["checks"]["lakehouse reads"]["checked_reads"] > 10
+
+
+@pytest.fixture
+def cassandra_store(request: pytest.FixtureRequest) -> list[str]:
+    """Arguments that put a run on one Cassandra node.
+
+    The session's node (``tests.cassandra_plugin``) when the plugin is registered;
+    otherwise the run starts a node of its own through the launcher.
+    """
+    if os.environ.get("PERCOLAKE_SKIP_CASSANDRA"):
+        pytest.skip("PERCOLAKE_SKIP_CASSANDRA is set")
+    try:
+        cluster = request.getfixturevalue("cassandra_cluster")
+    except pytest.FixtureLookupError:
+        return ["--cassandra-nodes", "1"]
+    keyspace = f"chaos_{os.getpid()}"
+    return ["--store", cluster.store_url(keyspace, replication_factor=1), "--netns", "off"]
+
+
+@pytest.mark.cassandra
+def test_kill_and_pause_on_one_cassandra_node_leave_a_clean_history(
+    tmp_path: Path, cassandra_store: list[str]
+) -> None:
+    report = chaos_run(
+        tmp_path / "cassandra",
+        "--workload",
+        "list-append",
+        "--nemesis",
+        "kill,pause",
+        "--seed",
+        "9",
+        "--fault-gap-s",
+        "1.5",
+        *cassandra_store,
+        duration_s=25,
+    )
+    assert_clean(report, min_ok=100, min_faults=3)
+    assert report["cluster"]["store"].startswith("cassandra://")
+
+
+BROKEN_BUILD_FINDS = {
+    # Two writers that both check before either writes both commit: lost updates.
+    "list-append": {"lost-update", "G0", "G1c", "G-single", "lost-acknowledged-write"},
+    "bank": {"wrong-total", "lost-or-phantom-transfer", "negative-balance"},
+    "lakehouse": {
+        "lost-acknowledged-commit",
+        "wrong-version",
+        "version-order",
+        "read-not-version",
+        "duplicate-batch",
+    },
+}
+
+
+@pytest.mark.parametrize("workload", sorted(BROKEN_BUILD_FINDS))
+def test_a_broken_commit_protocol_is_caught(tmp_path: Path, workload: str) -> None:
+    """The proof that the harness can fail: no locks, conflict check before write."""
+    if workload == "lakehouse":
+        pytest.importorskip("pyspark")
+    out = tmp_path / "broken"
+    report = chaos_run(
+        out,
+        "--workload",
+        workload,
+        "--isolation",
+        "snapshot",
+        "--nemesis",
+        "none",
+        "--seed",
+        "1",
+        "--clients",
+        "4",
+        "--unsafe-broken-protocol",
+        duration_s=8,
+        expect_exit=1,
+    )
+    assert report["broken_protocol"] is True
+    assert report["valid"] is False
+    found = {a["type"] for a in report["anomalies"]}
+    assert found & BROKEN_BUILD_FINDS[workload], found
+    if workload == "list-append":
+        assert not check_file(out / "history.jsonl", "snapshot-isolation").valid
+
+
+def test_the_fault_schedule_is_a_function_of_the_seed(tmp_path: Path) -> None:
+    def schedule(seed: str) -> Any:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "percolake.chaos",
+                "plan",
+                "--workload",
+                "bank",
+                "--nemesis",
+                "kill,pause,partition,slow",
+                "--duration-s",
+                "600",
+                "--cassandra-nodes",
+                "3",
+                "--seed",
+                seed,
+                "--out",
+                str(tmp_path),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        return json.loads(result.stdout)["faults"]
+
+    first = schedule("42")
+    assert len(first) > 50
+    assert schedule("42") == first
+    assert schedule("43") != first
+    targets = {f["target"].split("~")[0].rsplit("-", 1)[0] for f in first}
+    assert {"tso", "locks", "gateway", "client", "cassandra"} <= targets
+
+
+def test_bad_input_exits_2(tmp_path: Path) -> None:
+    for args in (
+        ["--workload", "nope"],
+        ["--workload", "bank", "--nemesis", "meteor"],
+        ["--workload", "bank", "--store", "memory://"],
+        ["--workload", "bank", "--store", "cassandra://h/ks", "--nemesis", "partition"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "percolake.chaos", "run", "--out", str(tmp_path), *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert result.returncode == 2, (args, result.stderr)
