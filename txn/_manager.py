@@ -129,7 +129,7 @@ class TransactionManager:
         return self._rt.store
 
     @property
-    def failpoints(self) -> FailPoints:
+    def failpoints(self) -> FailPoints[int]:
         """Fault-injection points of this manager's commit path (tests only)."""
         return self._rt.failpoints
 

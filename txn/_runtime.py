@@ -19,7 +19,7 @@ class Runtime:
     timestamps: TimestampSource
     locks: LockService
     config: TransactionConfig
-    failpoints: FailPoints
+    failpoints: FailPoints[int]
     resolver: StatusResolver
     reader: SnapshotReader
     cleaner: Cleaner
@@ -35,4 +35,4 @@ class Runtime:
         resolver = StatusResolver(store, locks, config)
         cleaner = Cleaner(store)
         reader = SnapshotReader(store, resolver, cleaner.submit)
-        return cls(store, timestamps, locks, config, FailPoints(), resolver, reader, cleaner)
+        return cls(store, timestamps, locks, config, FailPoints[int](), resolver, reader, cleaner)

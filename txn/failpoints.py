@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 #: Points in commit order (DESIGN.md, "The commit protocol").
 AFTER_LOCK = "after_lock"
@@ -37,6 +38,9 @@ POINTS = (
 )
 
 Action = Callable[[int], None]
+
+#: What identifies the work at a point: a start timestamp here, a job id in the lakehouse.
+K = TypeVar("K")
 
 
 class SimulatedCrash(BaseException):
@@ -83,24 +87,31 @@ def raise_error(error: Callable[[], BaseException]) -> Action:
     return act
 
 
-class FailPoints:
-    """A registry of enabled points; one per transaction manager, empty by default."""
+class FailPoints(Generic[K]):
+    """A registry of enabled points; one per transaction manager, empty by default.
 
-    def __init__(self) -> None:
-        self._actions: dict[str, tuple[Action, int | None, Callable[[int], bool] | None]] = {}
+    Generic over the key each point is hit with, so that other commit paths (the
+    lakehouse's) reuse it with their own point names.
+    """
+
+    def __init__(self, points: Sequence[str] = POINTS) -> None:
+        self._points = tuple(points)
+        self._actions: dict[
+            str, tuple[Callable[[K], None], int | None, Callable[[K], bool] | None]
+        ] = {}
         self._lock = threading.Lock()
 
     def enable(
         self,
         name: str,
-        action: Action,
+        action: Callable[[K], None],
         *,
         times: int | None = None,
-        only: Callable[[int], bool] | None = None,
+        only: Callable[[K], bool] | None = None,
     ) -> None:
-        """Run ``action`` at ``name``: at most ``times`` times, only where ``only(start_ts)``."""
-        if name not in POINTS:
-            raise ValueError(f"unknown fail point {name!r}; known: {', '.join(POINTS)}")
+        """Run ``action`` at ``name``: at most ``times`` times, only where ``only(key)``."""
+        if name not in self._points:
+            raise ValueError(f"unknown fail point {name!r}; known: {', '.join(self._points)}")
         if times is not None and times < 1:
             raise ValueError(f"times must be positive, got {times}")
         with self._lock:
@@ -113,7 +124,7 @@ class FailPoints:
             else:
                 self._actions.pop(name, None)
 
-    def hit(self, name: str, start_ts: int) -> None:
+    def hit(self, name: str, key: K) -> None:
         if not self._actions:  # the fast path of every production commit
             return
         with self._lock:
@@ -121,11 +132,11 @@ class FailPoints:
             if entry is None:
                 return
             action, times, only = entry
-            if only is not None and not only(start_ts):
+            if only is not None and not only(key):
                 return
             if times is not None:
                 if times <= 1:
                     del self._actions[name]
                 else:
                     self._actions[name] = (action, times - 1, only)
-        action(start_ts)
+        action(key)
