@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -32,6 +30,7 @@ from typing import Any
 from bench._results import Figure, measure
 from spark_integration import DataFile, Lakehouse
 from spark_integration import failpoints as fp
+from spark_integration._session import local_session
 from txn import TransactionManager
 
 TABLE = "events"
@@ -296,25 +295,6 @@ def bench_listing(quick: bool, progress: Callable[[str], None]) -> list[Figure]:
     return figures
 
 
-def _spark_session() -> Any:
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master("local[2]").appName("percolake-bench")
-    for key, value in {
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.memory": "2g",
-    }.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
-
-
 def bench_commit_hook(quick: bool, progress: Callable[[str], None]) -> list[Figure]:
     # Large enough that one write takes seconds: the hook's fixed cost (three small
     # transactions and the footer reads) is then measured against a real job, and
@@ -322,7 +302,7 @@ def bench_commit_hook(quick: bool, progress: Callable[[str], None]) -> list[Figu
     rows = 1_000_000 if quick else 8_000_000
     runs = 3 if quick else 7
     progress("spark.commit_hook.overhead")
-    spark = _spark_session()
+    spark = local_session("percolake-bench", **{"spark.driver.memory": "2g"})
     try:
         df = spark.range(0, rows, 1, 4).selectExpr(
             "id", "id % 97 AS k", "CAST(id * 7 AS STRING) AS s", "rand(1) AS x"

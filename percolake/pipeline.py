@@ -64,26 +64,6 @@ def served_gateway(workdir: Path) -> Iterator[str]:
             proc.kill()
 
 
-def _spark() -> SparkSession:
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.master("local[2]").appName("percolake-demo")
-    for key, value in {
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.task.maxFailures": "1",
-    }.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 def _batch(spark: SparkSession, writer: str, start: int, rows: int) -> DataFrame:
     return spark.createDataFrame([(start + i, writer, float(i % 97)) for i in range(rows)], SCHEMA)
 
@@ -99,6 +79,7 @@ def run_pipeline(workdir: Path, out: TextIO) -> int:
     from pyspark.sql.types import LongType
 
     from spark_integration import Lakehouse
+    from spark_integration._session import local_session
     from txn import TransactionManager
 
     def say(line: str = "") -> None:
@@ -112,7 +93,7 @@ def run_pipeline(workdir: Path, out: TextIO) -> int:
     started = time.monotonic()
     with served_gateway(workdir) as address:
         say(f"percolake serve is up on {address} (store sqlite:///{workdir / 'store.db'})")
-        spark = _spark()
+        spark = local_session("percolake-demo", **{"spark.task.maxFailures": "1"})
         tm = TransactionManager.remote(address)
         try:
             lh = Lakehouse(tm, warehouse=str(warehouse))
