@@ -1,4 +1,11 @@
-"""``make bench``: run every benchmark and write bench/results/latest.json."""
+"""``make bench``: run every benchmark in this process tree and write the results.
+
+Full mode writes ``bench/results/latest.json`` (the contract's figures, plus a dated
+copy), ``latest-series.json`` (the curves and distributions behind the plots), the
+PNG plots, and the README's table. ``--quick`` (under two minutes) writes the same
+files under ``bench/results/quick/`` and leaves the README alone, so a quick run
+never replaces the full table. The Cassandra suite starts its own node.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,16 @@ import argparse
 import importlib
 import logging
 import sys
+import time
+from pathlib import Path
 
-from bench._results import Figure, write_results
+from tqdm import tqdm
 
-#: Benchmark modules, each with ``run(quick, progress) -> list[Figure]``.
+from bench._results import QUICK_DIR, RESULTS_DIR, Figure, Growth, Result, write_results
+
+log = logging.getLogger("bench")
+
+#: Benchmark modules, each with ``run(quick, progress) -> list[Result]``.
 SUITES = [
     "bench.bench_txn",
     "bench.bench_grpc",
@@ -19,29 +32,75 @@ SUITES = [
 ]
 
 
+def describe(result: Result) -> str:
+    """One line for the console."""
+    if isinstance(result, Figure):
+        return (
+            f"{result.name:60s} {result.value:>14,.3f} {result.unit} "
+            f"(runs {result.runs}, spread {result.spread:.0%})"
+        )
+    if isinstance(result, Growth):
+        lines = ", ".join(
+            f"{label}: {len(points)} points" for label, points in result.lines.items()
+        )
+        return f"{result.name:60s} growth of {result.y_label} by {result.x_label} ({lines})"
+    parts = ", ".join(
+        f"{label}: p50 {d['p50']:.2f} p99 {d['p99']:.2f} {result.unit} (n={d['count']:.0f})"
+        for label, d in result.distributions.items()
+    )
+    return f"{result.name:60s} latency {parts}"
+
+
+def print_result(result: Result) -> None:
+    print(f"   {describe(result)}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short runs (under two minutes)")
-    parser.add_argument("--only", action="append", help="run only these suites (repeatable)")
+    parser.add_argument(
+        "--only", action="append", choices=SUITES, help="run only this suite (repeatable)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"results directory (default {RESULTS_DIR}, or {QUICK_DIR} with --quick)",
+    )
+    parser.add_argument(
+        "--no-readme", action="store_true", help="do not rewrite the README's table"
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    figures: list[Figure] = []
-    for name in args.only or SUITES:
-        module = importlib.import_module(name)
-        print(f"== {name}", flush=True)
-        got = module.run(args.quick, progress=lambda n: print(f"   {n} ...", flush=True))
-        for f in got:
-            print(
-                f"   {f.name:58s} {f.value:>12,.1f} {f.unit} (runs {f.runs}, spread {f.spread:.0%})"
-            )
-        figures.extend(got)
-    path = write_results(figures)
-    print(f"wrote {path}")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    out: Path = args.out or (QUICK_DIR if args.quick else RESULTS_DIR)
+    suites: list[str] = args.only or SUITES
+    results: list[Result] = []
+    started = time.monotonic()
+    with tqdm(total=len(suites), unit="suite", dynamic_ncols=True, file=sys.stderr) as bar:
+        for name in suites:
+            module = importlib.import_module(name)
+            bar.set_description(name.removeprefix("bench."))
+
+            def progress(step: str, bar: tqdm = bar) -> None:
+                bar.set_postfix_str(step, refresh=True)
+
+            suite_started = time.monotonic()
+            got: list[Result] = module.run(args.quick, progress=progress)
+            bar.write(f"== {name} ({time.monotonic() - suite_started:.0f} s)")
+            for result in got:
+                bar.write(f"   {describe(result)}")
+            results.extend(got)
+            bar.update(1)
+    mode = "quick" if args.quick else "full"
+    # A full run of every suite replaces the files; --only merges into them.
+    path = write_results(results, out, mode=mode, merge=args.only is not None)
+    print(f"wrote {path} ({mode} mode, {time.monotonic() - started:.0f} s)")
     from bench.report import plot, update_readme
 
-    update_readme(path)
     for png in plot(path):
         print(f"wrote {png}")
+    if out == RESULTS_DIR and not args.no_readme and not args.quick:
+        update_readme(path)
+        print("updated the README's benchmark table")
     return 0
 
 

@@ -13,13 +13,14 @@ For N = 1, 10, 100, 1000 the figures are cells/s on each side and the ratios
 ``cassandra.txn_vs_raw.cellsN.ratio`` (against plain inserts, the contract's figure;
 Percolator wrote at 0.23 of Bigtable) and ``cassandra.txn_vs_raw_batched.cellsN.ratio``.
 
-Scans: one logical table of 1,000,000 cells (100,000 with ``--quick``) listed in key
+Scans: one logical table of 1,000,000 cells (50,000 with ``--quick``) listed in key
 order through ``KVStore.scan`` (a k-way merge over the table's shards), against a
 plain token-order ``SELECT`` of the same rows from the raw table.
 
 Without ``--url`` a one-node Cassandra is started in a temporary directory (jars from
-the cache, fetched on first use) and stopped afterwards. Results go to
-``bench/results/cassandra.json``.
+the cache, fetched on first use) and stopped afterwards, inside the benchmark's own
+process tree. Runs are paired: each run times every system back to back, so ratios
+compare runs made under the same load.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench._results import Figure, measure, write_results
+from bench._results import Figure, Growth, Latency, Result, summarize
 from storage_adapters import MAX_TIMESTAMP, VersionWrite, open_store
 from storage_adapters.cassandra import CONCURRENCY, CassandraStore, _batched, shard_of
 from txn import TransactionManager
@@ -151,22 +152,38 @@ def cells_per_second(
     size: int,
     seconds: float,
     batches: Iterator[int],
+    latencies_ms: list[float],
 ) -> float:
-    """Write batches of ``size`` cells for about ``seconds`` (at least twice)."""
+    """Write batches of ``size`` cells for about ``seconds`` (at least twice), adding
+    each batch's latency to ``latencies_ms``."""
     done = 0
     started = time.monotonic()
     while done < 2 or time.monotonic() - started < seconds:
-        write_one(_cells(next(batches), size))
+        cells = _cells(next(batches), size)
+        begun = time.perf_counter()
+        write_one(cells)
+        latencies_ms.append((time.perf_counter() - begun) * 1000)
         done += 1
     return done * size / (time.monotonic() - started)
 
 
+SYSTEMS = ("raw", "raw_batched", "txn")
+LABELS = {
+    "raw": "Cassandra, prepared INSERTs",
+    "raw_batched": "Cassandra, unlogged batches",
+    "txn": "percolake transactions",
+}
+
+
 def write_figures(
     url: str, quick: bool, progress: Callable[[str], None], batches: Iterator[int]
-) -> list[Figure]:
-    seconds = 1.5 if quick else 5.0
+) -> list[Result]:
+    """Cells/s three ways at each transaction size, in paired runs: each run times
+    raw, raw batched and percolake back to back, so a ratio compares runs made under
+    the same load, and its spread is that of the per-run ratios."""
+    seconds = 0.75 if quick else 5.0
     runs = 2 if quick else 3
-    figures: list[Figure] = []
+    results: list[Result] = []
     store = open_store(url)
     assert isinstance(store, CassandraStore)
     raw = RawWriter(store)
@@ -178,63 +195,78 @@ def write_figures(
             tx.put("bench_cells", row, col, VALUE)
         tx.commit()
 
-    def rate(write: Callable[[list[tuple[bytes, bytes]]], None], size: int) -> Callable[[], float]:
-        return lambda: cells_per_second(write, size, seconds, batches)
-
+    writers = {"raw": raw.write, "raw_batched": raw.write_batched, "txn": txn_write}
+    growth: dict[str, list[tuple[float, float]]] = {LABELS[s]: [] for s in SYSTEMS}
+    latency: dict[str, list[float]] = {}
+    anchors = {"raw": RAW_ANCHOR, "raw_batched": BATCHED_ANCHOR, "txn": RAW_ANCHOR}
     try:
         for size in TXN_SIZES:
-            # Warm every path (prepared statements, JIT, connections) before timing it.
-            for write in (raw.write, raw.write_batched, txn_write):
+            progress(f"cassandra.write.cells{size}")
+            # Warm every path (prepared statements, connections) before timing it.
+            for write in writers.values():
                 write(_cells(next(batches), size))
-            progress(f"cassandra.raw.cells{size}")
-            raw_figure = measure(
-                f"cassandra.raw.cells{size}.cells_per_s",
-                "cells/s",
-                RAW_ANCHOR,
-                runs,
-                rate(raw.write, size),
-            )
-            progress(f"cassandra.raw_batched.cells{size}")
-            batched_figure = measure(
-                f"cassandra.raw_batched.cells{size}.cells_per_s",
-                "cells/s",
-                BATCHED_ANCHOR,
-                runs,
-                rate(raw.write_batched, size),
-            )
-            progress(f"cassandra.txn.cells{size}")
-            txn_figure = measure(
-                f"cassandra.txn.cells{size}.cells_per_s",
-                "cells/s",
-                RAW_ANCHOR,
-                runs,
-                rate(txn_write, size),
-                note=f"one transaction of {size} puts, committed; one client thread",
-            )
-            figures += [raw_figure, batched_figure, txn_figure]
-            for baseline, label, anchor in (
-                (raw_figure, "raw", RATIO_ANCHOR),
-                (batched_figure, "raw_batched", BATCHED_ANCHOR),
-            ):
-                figures.append(
-                    Figure(
+            rates: dict[str, list[float]] = {s: [] for s in SYSTEMS}
+            samples: dict[str, list[float]] = {s: [] for s in SYSTEMS}
+            for _ in range(runs):
+                for system in SYSTEMS:
+                    rates[system].append(
+                        cells_per_second(writers[system], size, seconds, batches, samples[system])
+                    )
+            note = f"one client thread; {runs} paired runs of {seconds:g} s per system"
+            for system in SYSTEMS:
+                figure = summarize(
+                    f"cassandra.{system}.cells{size}.cells_per_s",
+                    "cells/s",
+                    anchors[system],
+                    rates[system],
+                    note,
+                )
+                results.append(figure)
+                growth[LABELS[system]].append((size, figure.value))
+            for label, anchor in (("raw", RATIO_ANCHOR), ("raw_batched", BATCHED_ANCHOR)):
+                results.append(
+                    summarize(
                         f"cassandra.txn_vs_{label}.cells{size}.ratio",
-                        round(txn_figure.value / baseline.value, 3),
                         "ratio",
-                        runs,
-                        round(txn_figure.spread + baseline.spread, 3),
                         anchor,
-                        note=f"percolake transactions / {label.replace('_', ' ')} writes, cells/s",
+                        [t / b for t, b in zip(rates["txn"], rates[label], strict=True)],
+                        note=f"percolake transaction cells/s / {label.replace('_', ' ')} "
+                        f"cells/s, per paired run; {note}",
                     )
                 )
+            if size in (1, 100):
+                for system in SYSTEMS:
+                    latency[f"{LABELS[system]}, {size} cell{'s' if size > 1 else ''}"] = samples[
+                        system
+                    ]
     finally:
         tm.close()
         store.close()
-    return figures
+    results.append(
+        Growth(
+            "cassandra.write.by_cells_per_txn",
+            "Cassandra: write throughput by cells per transaction",
+            "cells per transaction (or per raw request group)",
+            "cells/s",
+            growth,
+            log_y=True,
+            note="one node, one client thread; medians of paired runs",
+        )
+    )
+    results.append(
+        Latency.of(
+            "cassandra.write.latency",
+            "Cassandra: latency of one transaction / one raw write group",
+            "ms",
+            latency,
+            note="every write of the timed runs, one client thread, one node",
+        )
+    )
+    return results
 
 
 def scan_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Figure]:
-    rows = 100_000 if quick else 1_000_000
+    rows = 50_000 if quick else 1_000_000
     runs = 1 if quick else 2
     table = f"scan{rows}"
     store = open_store(url)
@@ -280,33 +312,33 @@ def scan_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list
             return count / (time.monotonic() - started)
 
         progress(f"cassandra.scan.rows{rows}")
-        scan = measure(
+        ours: list[float] = []
+        theirs: list[float] = []
+        for _ in range(runs):
+            ours.append(ordered())
+            theirs.append(unordered())
+        scan = summarize(
             f"cassandra.scan.rows{rows}.rows_per_s",
             "rows/s",
             SCAN_ANCHOR,
-            runs,
-            ordered,
+            ours,
             note=f"KVStore.scan in key order, {store.shards} shards merged, page_size 5000",
         )
-        progress(f"cassandra.raw_scan.rows{rows}")
-        raw_scan = measure(
+        raw_scan = summarize(
             f"cassandra.raw_scan.rows{rows}.rows_per_s",
             "rows/s",
             "token-order SELECT with driver paging (fetch_size 5000)",
-            runs,
-            unordered,
+            theirs,
         )
         figures += [
             scan,
             raw_scan,
-            Figure(
+            summarize(
                 f"cassandra.scan_vs_raw.rows{rows}.ratio",
-                round(scan.value / raw_scan.value, 3),
                 "ratio",
-                runs,
-                round(scan.spread + raw_scan.spread, 3),
                 SCAN_ANCHOR,
-                note="ordered KVStore.scan rows/s / unordered raw SELECT rows/s",
+                [a / b for a, b in zip(ours, theirs, strict=True)],
+                note="ordered KVStore.scan rows/s / unordered raw SELECT rows/s, paired runs",
             ),
         ]
     finally:
@@ -316,27 +348,27 @@ def scan_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list
 
 def run(
     quick: bool, progress: Callable[[str], None] = lambda _: None, url: str | None = None
-) -> list[Figure]:
-    """The suite entry point of ``python -m bench``; also writes ``results/cassandra.json``."""
+) -> list[Result]:
+    """The suite entry point of ``python -m bench``: starts its own node without ``url``."""
     batches = itertools.count()
     with cassandra_url(url) as store_url:
-        figures = write_figures(store_url, quick, progress, batches)
-        figures += scan_figures(store_url, quick, progress)
-    path = write_results(figures, name="cassandra")
-    log.info("wrote %s", path)
-    return figures
+        results = write_figures(store_url, quick, progress, batches)
+        results += scan_figures(store_url, quick, progress)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_cassandra", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="short runs, 100k-row scan")
+    parser.add_argument("--quick", action="store_true", help="short runs, 50k-row scan")
     parser.add_argument("--url", help="cassandra:// URL of a running cluster (default: start one)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    figures = run(args.quick, progress=lambda n: print(f"   {n} ...", flush=True), url=args.url)
-    for f in figures:
-        print(f"   {f.name:48s} {f.value:>14,.3f} {f.unit} (runs {f.runs}, spread {f.spread:.0%})")
-    print("wrote bench/results/cassandra.json")
+    from bench.__main__ import print_result
+
+    for result in run(
+        args.quick, progress=lambda n: print(f"   {n} ...", flush=True), url=args.url
+    ):
+        print_result(result)
     return 0
 
 

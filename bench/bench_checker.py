@@ -11,8 +11,10 @@ parse the file, infer, search cycles):
 - an adversarial ring: one G-single cycle through every transaction, so the whole
   history is a single strongly connected component.
 
-Run: ``.venv/bin/python -m bench.bench_checker [--quick]``; writes
-``bench/results/checker.json``.
+Also how the check time grows with the history's length (valid history, snapshot
+isolation): 1,000 and 10,000 transactions, plus the main size.
+
+Run: ``.venv/bin/python -m bench --only bench.bench_checker [--quick]``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench._results import Figure, measure, write_results
+from bench._results import Figure, Growth, Result, measure
 from percolake.checker import Report, check_file
 from percolake.checker.synthetic import Workload, simulate, write_history
 
@@ -83,11 +85,12 @@ def _summary(report: Report) -> str:
     )
 
 
-def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[Figure]:
+def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[Result]:
     txns = 10_000 if quick else 100_000
     runs = 1 if quick else 3
     size = f"txns{txns}"
-    figures: list[Figure] = []
+    figures: list[Result] = []
+    growth: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         histories = {
             "valid": Path(tmp) / "valid.jsonl",
@@ -125,6 +128,34 @@ def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[F
                     f"{what}: {_summary(report)}",
                 )
             )
+            if history == "valid" and model == "snapshot-isolation":
+                growth.append((txns, figure.value))
+        for smaller in (1_000, 10_000):
+            if smaller >= txns:
+                continue
+            progress(f"checker growth: {smaller} transactions")
+            path = Path(tmp) / f"valid-{smaller}.jsonl"
+            write_history(simulate(_workload(smaller)), path)
+            sink: list[Report] = []
+            growth.append(
+                (
+                    smaller,
+                    measure(
+                        "growth", "s", ANCHOR, 1, _timed(path, "snapshot-isolation", sink)
+                    ).value,
+                )
+            )
+    figures.append(
+        Growth(
+            "checker.by_transactions",
+            "History checker: time by history length",
+            "transactions in the history",
+            "seconds",
+            {"valid SI history, checked under snapshot-isolation": sorted(growth)},
+            log_y=True,
+            note="end to end like `percolake check`: parse, infer, search cycles; one run per size",
+        )
+    )
     return figures
 
 
@@ -132,12 +163,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10k transactions, one run")
     args = parser.parse_args()
-    figures = run(args.quick, progress=lambda n: print("running", n, flush=True))
-    for figure in figures:
-        print(f"{figure.name:75s} {figure.value:>7.2f} {figure.unit}  (spread {figure.spread:.0%})")
-        print(f"    {figure.note}")
-    if not args.quick:
-        print("wrote", write_results(figures, name="checker"))
+    from bench.__main__ import print_result
+
+    for result in run(args.quick, progress=lambda n: print("running", n, flush=True)):
+        print_result(result)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,13 @@
-"""Render bench/results/latest.json: the README table and PNG plots.
+"""Render the benchmark results: the README table and the PNG plots.
 
-The README's table sits between two markers and is rewritten from the results
-file, so the two cannot disagree (a test checks it).
+The README's table sits between two markers and is rewritten from
+``bench/results/latest.json``, so the two cannot disagree (a test checks it).
+The plots are drawn from ``latest.json`` and ``latest-series.json``:
+
+- ``plot_ratios.png``: every ``*.ratio`` figure against its anchor, 1.0 marked;
+- ``plot_growth_<name>.png``: how a cost grows with the work (cells per transaction,
+  commits per table, concurrent writers, history length);
+- ``plot_latency_<name>.png``: latency distributions as CDFs with a log x axis.
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ def table(results: dict[str, Any]) -> str:
     machine = results.get("machine", {})
     lines.append("")
     lines.append(
-        f"Measured {results.get('written_at', '?')} on {machine.get('cpus', '?')} CPUs, "
-        f"Python {machine.get('python', '?')}; spread is (max - min) / median over the runs."
+        f"Measured {results.get('written_at', '?')} in {results.get('mode', '?')} mode on "
+        f"{machine.get('cpus', '?')} CPUs, Python {machine.get('python', '?')}; "
+        "value is the median over the runs, spread is (max - min) / median."
     )
     return "\n".join(lines)
 
@@ -56,32 +63,77 @@ def update_readme(results_path: Path = RESULTS, readme_path: Path = README) -> N
     readme_path.write_text(readme_with_table(readme_path.read_text(), results))
 
 
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
 def plot(results_path: Path = RESULTS) -> list[Path]:
-    """Bar charts of every figure, grouped by unit; returns the files written."""
+    """Draw every plot next to ``results_path``; returns the files written.
+
+    Plots left from an earlier run are removed first, so the directory shows only
+    what the results files hold.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    folder = results_path.parent
+    for old in folder.glob("plot_*.png"):
+        old.unlink()
     results = json.loads(results_path.read_text())
-    by_unit: dict[str, list[dict[str, Any]]] = {}
-    for f in results["figures"]:
-        by_unit.setdefault(str(f["unit"]), []).append(f)
+    series_path = results_path.with_name(f"{results_path.stem}-series.json")
+    series = json.loads(series_path.read_text())["series"] if series_path.exists() else []
     written = []
-    for unit, figures in sorted(by_unit.items()):
-        fig, ax = plt.subplots(figsize=(10, 0.45 * len(figures) + 1.5))
-        names = [str(f["name"]) for f in figures]
-        values = [float(f["value"]) for f in figures]
-        errors = [float(f["value"]) * float(f["spread"]) / 2 for f in figures]
-        ax.barh(names, values, xerr=errors, color="#4c72b0")
-        ax.set_xlabel(unit)
-        if unit.endswith("/s") and max(values) / max(min(values), 1e-9) > 100:
-            ax.set_xscale("log")
+
+    ratios = [f for f in results["figures"] if str(f["name"]).endswith(".ratio")]
+    if ratios:
+        fig, ax = plt.subplots(figsize=(11, 0.42 * len(ratios) + 1.6))
+        names = [str(f["name"]).removesuffix(".ratio") for f in ratios]
+        values = [float(f["value"]) for f in ratios]
+        errors = [float(f["value"]) * float(f["spread"]) / 2 for f in ratios]
+        colors = ["#55a868" if v >= 1 else "#c44e52" for v in values]
+        ax.barh(names, values, xerr=errors, color=colors)
+        ax.axvline(1.0, color="black", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("ratio against the anchor (log; > 1: percolake ahead; bars: spread)")
         ax.invert_yaxis()
-        ax.set_title(f"percolake benchmarks: {unit}")
+        ax.set_title("percolake against each anchor (Percolator: its published rate; the rest: same run)")
         fig.tight_layout()
-        slug = re.sub(r"[^a-z0-9]+", "_", unit.lower()).strip("_")
-        path = results_path.parent / f"plot_{slug}.png"
+        path = folder / "plot_ratios.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+
+    for s in series:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        if s["kind"] == "growth":
+            for label, points in s["lines"].items():
+                xs = [float(x) for x, _ in points]
+                ys = [float(y) for _, y in points]
+                ax.plot(xs, ys, marker="o", label=label)
+            ax.set_xlabel(s["x_label"])
+            ax.set_ylabel(s["y_label"])
+            if s.get("log_x", True):
+                ax.set_xscale("log")
+            if s.get("log_y", False):
+                ax.set_yscale("log")
+            prefix = "growth"
+        else:
+            for label, dist in s["distributions"].items():
+                keys = [k for k in dist if k.startswith("p")]
+                ps = [float(k[1:]) / 100 for k in keys]
+                xs = [float(dist[k]) for k in keys]
+                ax.plot(xs, ps, label=f"{label} (n={dist['count']:.0f})")
+            ax.set_xscale("log")
+            ax.set_xlabel(f"latency ({s['unit']}, log)")
+            ax.set_ylabel("fraction of operations at or below")
+            prefix = "latency"
+        ax.set_title(s["title"], fontsize=11)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = folder / f"plot_{prefix}_{_slug(s['name'])}.png"
         fig.savefig(path, dpi=90)
         plt.close(fig)
         written.append(path)
