@@ -73,8 +73,12 @@ format: $(STAMP) ## apply ruff's formatter and safe fixes
 	$(VENV)/bin/ruff check --fix .
 
 .PHONY: bench
-bench: $(STAMP) ## run the benchmarks; results go to bench/results/
+bench: $(STAMP) cassandra-jars ## every benchmark, full mode (~25 min): bench/results/, plots, README table
 	$(PY) -m bench
+
+.PHONY: bench-quick
+bench-quick: $(STAMP) cassandra-jars ## every benchmark, quick mode (under two minutes): bench/results/quick/
+	$(PY) -m bench --quick
 
 .PHONY: clean
 clean: ## remove the virtualenv and caches (not the Cassandra jar cache)

@@ -75,6 +75,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--quick", action="store_true", help="short runs (under two minutes)")
     bench.add_argument("--only", action="append", help="run only this suite (repeatable)")
+    bench.add_argument("--out", help="results directory (default bench/results[/quick])")
+    bench.add_argument("--no-readme", action="store_true", help="leave the README's table")
 
     demo = commands.add_parser(
         "demo",
@@ -133,6 +135,10 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     argv = ["--quick"] if args.quick else []
     for suite in args.only or []:
         argv += ["--only", suite]
+    if args.out:
+        argv += ["--out", args.out]
+    if args.no_readme:
+        argv.append("--no-readme")
     return bench_main(argv)
 
 
