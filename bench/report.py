@@ -30,37 +30,73 @@ def _value(v: float) -> str:
     return f"{v:.3f}"
 
 
-def table(results: dict[str, Any]) -> str:
+def _rows(figures: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| figure | value | unit | runs | spread | compared with |",
         "| --- | ---: | --- | ---: | ---: | --- |",
     ]
-    for f in results["figures"]:
+    for f in figures:
         anchor = str(f.get("anchor", "")).replace("|", "/")
         lines.append(
             f"| `{f['name']}` | {_value(float(f['value']))} | {f['unit']} | {f['runs']} | "
             f"{float(f['spread']):.0%} | {anchor} |"
         )
+    return lines
+
+
+def table(results: dict[str, Any], series: list[dict[str, Any]] | None = None) -> str:
+    """The README block: every ratio against its anchor first, then links to the
+    plots, then every figure."""
+    figures = results["figures"]
+    ratios = [f for f in figures if str(f["name"]).endswith(".ratio")]
     machine = results.get("machine", {})
-    lines.append("")
-    lines.append(
+    lines = [
         f"Measured {results.get('written_at', '?')} in {results.get('mode', '?')} mode on "
         f"{machine.get('cpus', '?')} CPUs, Python {machine.get('python', '?')}; "
-        "value is the median over the runs, spread is (max - min) / median."
-    )
+        "value is the median over the runs, spread is (max - min) / median.",
+        "",
+        f"**Side by side** ({len(ratios)} ratios; each figure's note in the results file "
+        "says which way round it is):",
+        "",
+        *_rows(ratios),
+        "",
+        "![ratios](bench/results/plot_ratios.png)",
+    ]
+    if series:
+        lines += ["", "Plots of how costs grow and of latency distributions:", ""]
+        for s in series:
+            png = f"bench/results/plot_{s['kind']}_{_slug(str(s['name']))}.png"
+            lines.append(f"- [{s['title']}]({png})")
+    lines += [
+        "",
+        f"<details><summary>All {len(figures)} figures</summary>",
+        "",
+        *_rows(figures),
+        "",
+        "</details>",
+    ]
     return "\n".join(lines)
 
 
-def readme_with_table(readme: str, results: dict[str, Any]) -> str:
-    block = f"{START}\n{table(results)}\n{END}"
+def readme_with_table(
+    readme: str, results: dict[str, Any], series: list[dict[str, Any]] | None = None
+) -> str:
+    block = f"{START}\n{table(results, series)}\n{END}"
     if START not in readme:
         raise ValueError(f"README has no {START} marker")
     return re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, readme, flags=re.S)
 
 
+def load_series(results_path: Path = RESULTS) -> list[dict[str, Any]]:
+    """The growth curves and latency distributions written next to ``results_path``."""
+    path = results_path.with_name(f"{results_path.stem}-series.json")
+    return list(json.loads(path.read_text())["series"]) if path.exists() else []
+
+
 def update_readme(results_path: Path = RESULTS, readme_path: Path = README) -> None:
     results = json.loads(results_path.read_text())
-    readme_path.write_text(readme_with_table(readme_path.read_text(), results))
+    series = load_series(results_path)
+    readme_path.write_text(readme_with_table(readme_path.read_text(), results, series))
 
 
 def _slug(name: str) -> str:
@@ -82,8 +118,7 @@ def plot(results_path: Path = RESULTS) -> list[Path]:
     for old in folder.glob("plot_*.png"):
         old.unlink()
     results = json.loads(results_path.read_text())
-    series_path = results_path.with_name(f"{results_path.stem}-series.json")
-    series = json.loads(series_path.read_text())["series"] if series_path.exists() else []
+    series = load_series(results_path)
     written = []
 
     ratios = [f for f in results["figures"] if str(f["name"]).endswith(".ratio")]
@@ -92,13 +127,17 @@ def plot(results_path: Path = RESULTS) -> list[Path]:
         names = [str(f["name"]).removesuffix(".ratio") for f in ratios]
         values = [float(f["value"]) for f in ratios]
         errors = [float(f["value"]) * float(f["spread"]) / 2 for f in ratios]
-        colors = ["#55a868" if v >= 1 else "#c44e52" for v in values]
+        # Green where percolake is ahead: a ratio above 1, or an overhead below it.
+        ahead = [(v >= 1) != ("overhead" in n) for n, v in zip(names, values, strict=True)]
+        colors = ["#55a868" if a else "#c44e52" for a in ahead]
         ax.barh(names, values, xerr=errors, color=colors)
         ax.axvline(1.0, color="black", linewidth=1)
         ax.set_xscale("log")
-        ax.set_xlabel("ratio against the anchor (log; > 1: percolake ahead; bars: spread)")
+        ax.set_xlabel(
+            "ratio against the anchor (log); green: percolake ahead, red: behind; whiskers: spread"
+        )
         ax.invert_yaxis()
-        ax.set_title("percolake against each anchor (Percolator: its published rate; the rest: same run)")
+        ax.set_title("percolake against each anchor (Percolator: published; the rest: same run)")
         fig.tight_layout()
         path = folder / "plot_ratios.png"
         fig.savefig(path, dpi=90)

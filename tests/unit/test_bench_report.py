@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench.report import README, RESULTS, _slug, readme_with_table
+from bench.report import README, RESULTS, _slug, load_series, readme_with_table
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +25,7 @@ SERIES = RESULTS.with_name("latest-series.json")
 def test_readme_table_matches_the_committed_results() -> None:
     results = json.loads(RESULTS.read_text())
     readme = README.read_text()
-    assert readme_with_table(readme, results) == readme, (
+    assert readme_with_table(readme, results, load_series()) == readme, (
         "run: python -c 'from bench.report import update_readme; update_readme()'"
     )
 
