@@ -63,6 +63,27 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--grace-s", type=float, default=30.0, help="drain time on SIGTERM")
     serve.add_argument("--ready-file", help="write the bound port here once serving")
+    from txn import TransactionConfig
+
+    protocol = TransactionConfig()
+    serve.add_argument(
+        "--lease-ms",
+        type=int,
+        default=protocol.lease_ms,
+        help="lease on a committer's locks (default %(default)s)",
+    )
+    serve.add_argument(
+        "--lock-wait-ms",
+        type=int,
+        default=protocol.lock_wait_ms,
+        help="how long a committer waits for another's locks (default %(default)s)",
+    )
+    serve.add_argument(
+        "--resolve-wait-ms",
+        type=int,
+        default=protocol.resolve_wait_ms,
+        help="how long a reader waits on a live committer (default %(default)s)",
+    )
 
     from percolake.cassandra import add_cassandra_commands
     from percolake.chaos.cli import add_chaos_commands
@@ -92,6 +113,7 @@ def _build_parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from percolake.rpc import TlsConfig, resolve_token
     from percolake.server import DEFAULT_LISTEN, DEFAULT_STORE, ServeConfig, serve
+    from txn import TransactionConfig
     from txn.server import GatewayLimits
 
     try:
@@ -113,6 +135,11 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 max_buffered_writes=args.max_writes_per_txn,
                 max_open_transactions=args.max_open_txns,
                 idle_timeout_s=args.idle_timeout_s,
+            ),
+            txn_config=TransactionConfig(
+                lease_ms=args.lease_ms,
+                lock_wait_ms=args.lock_wait_ms,
+                resolve_wait_ms=args.resolve_wait_ms,
             ),
             grace_s=args.grace_s,
             ready_file=args.ready_file,

@@ -586,3 +586,22 @@ def test_abort_and_context_manager_through_the_gateway(gateway) -> None:  # type
         part.abort()
     assert tm.run(lambda t: t.get("t", b"r", b"c")) is None
     tm.close()
+
+
+def test_serve_refuses_bad_protocol_timeouts_before_listening(tmp_path: Path) -> None:
+    for flag, value, words in (
+        ("--lease-ms", "0", "lease_ms must be positive, got 0"),
+        ("--lock-wait-ms", "-5", "lock_wait_ms must be positive, got -5"),
+        ("--resolve-wait-ms", "soon", "invalid int value: 'soon'"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "percolake", "serve", "--store", "memory://", flag, value],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert result.returncode == 2, (flag, result.stderr)
+        assert words in result.stderr, (flag, result.stderr)
+        assert not (tmp_path / ".percolake").exists()
