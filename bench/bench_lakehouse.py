@@ -1,104 +1,275 @@
-"""Lakehouse tables against Delta Lake (delta-rs), side by side on this machine.
+"""Lakehouse tables against Delta Lake (delta-rs) and Apache Iceberg (pyiceberg), side
+by side on this machine, in the same run.
 
-* Metadata-only appends to one table, 1 and 8 concurrent writers: percolake's
-  ``Lakehouse.append_files`` (embedded manager on SQLite) against delta-rs's
-  ``create_write_transaction`` with one ``AddAction``, both on local disk.
-* Listing the live files after 10, 1,000 and 100,000 one-file commits, each from a
-  cold start: a fresh manager on the store against a fresh ``DeltaTable`` (quick
-  mode stops at 10,000). percolake's commits are real ``append_files`` calls.
-  Delta's log is written in the exact JSON delta-rs wrote for its own first append
-  (paths and times changed) and checkpointed by delta-rs where its default
-  ``checkpointInterval`` of 100 would: real delta-rs commits run at ~50/s, so
-  100,000 of them would take over half an hour for a state that reads the same.
-* The Spark commit hook: ``lh.append`` of a DataFrame against a plain
-  ``df.write.parquet`` of the same DataFrame, same local[2] session.
+percolake's side is ``spark_integration.Lakehouse`` with an embedded manager on SQLite.
+Delta Lake's is delta-rs on local disk. Iceberg's is pyiceberg with a ``SqlCatalog`` on
+SQLite and a local file warehouse. Every ratio pairs runs made back to back, with the
+order of the systems rotated from run to run; each says which way round it is.
+
+* Appends: one-file, metadata-only commits to one table by 1, 2, 4 and 8 threads of
+  one process, each thread with its own table handle. percolake: ``append_files`` of
+  one ``DataFile``; Delta: ``create_write_transaction`` with one ``AddAction``; Iceberg:
+  ``Table.add_files([path], check_duplicate_files=False)``, a fast append. ``add_files``
+  reads the file's Parquet footer, so each path is a fresh hard link of one 10-row
+  file. pyiceberg retries a conflicting commit itself (4 times, backoff from 100 ms);
+  a commit that still fails is retried here on a reloaded table, up to 20 times. Every
+  commit's wall time is kept for the latency distributions.
+* Listing the live files after N one-file commits to a table, each listing from a cold
+  start: a fresh manager on the store, a fresh ``DeltaTable``, a fresh catalog object
+  with ``load_table`` and ``scan().plan_files()``. N is 10, 100, 1,000 and 100,000
+  (quick mode: 10,000 at most), plus 500 in full mode. percolake's and Iceberg's
+  commits are real (``append_files``; ``add_files`` as above). Delta's log is written
+  in the exact JSON delta-rs wrote for its own first append (paths and times changed)
+  and checkpointed by delta-rs where its default ``checkpointInterval`` of 100 would:
+  real delta-rs commits run at ~50/s, so 100,000 of them would take over half an hour
+  for a state that reads the same. Iceberg is measured only up to 100 (quick) or 500
+  (full) commits: pyiceberg deep-copies the whole table metadata, every snapshot in
+  it, several times per commit, so each commit costs more than the one before (the
+  notes give the first and last commits' times; 1,000 commits took over five minutes
+  on the two-core machine this benchmark was written on).
+* Snapshot reads: K commits (quick 20, full 100) of R rows each (quick 10,000, full
+  50,000; columns id, k, s, x), the same rows in all three tables. percolake:
+  Parquet files written with pyarrow into job folders, committed by ``append_files``;
+  Delta: ``write_deltalake(mode="append")``; Iceberg: ``Table.append``. Then the
+  latest version and version K/2 are read into a pyarrow Table, cold: ``files()`` of
+  a fresh manager read with ``pyarrow.dataset``, ``DeltaTable(path, version=v)
+  .to_pyarrow_table()``, ``scan(snapshot_id=...).to_arrow()`` through a fresh catalog.
+  Row counts and sums of ``id`` must agree across the systems.
+* Spark, one local[2] session and one DataFrame: ``lh.append`` against a plain
+  ``df.write.parquet`` (the commit hook's overhead, and its fixed cost bracketed by
+  the hook's before/after-write fail points), and end to end against Delta
+  (``df.write.parquet`` into the table folder, then one delta-rs commit adding the part
+  files) and Iceberg (``df.write.parquet`` into the table's data folder, then one
+  ``add_files``). Each table's row count is checked from its files' footers after.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
-import json
+import logging
+import os
 import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from bench._results import Figure, measure
+from bench._lakehouse_anchors import (
+    ICEBERG_ATTEMPTS,
+    DeltaAppends,
+    DeltaSnapshots,
+    DeltaSparkCommits,
+    IcebergAppends,
+    IcebergSnapshots,
+    IcebergSparkCommits,
+    footer_rows,
+    pyiceberg_retries,
+    version_of,
+)
+from bench._results import Growth, Latency, Result, summarize
 from spark_integration import DataFile, Lakehouse
 from spark_integration import failpoints as fp
 from spark_integration._session import local_session
 from txn import TransactionManager
 
-TABLE = "events"
+log = logging.getLogger(__name__)
 
-APPEND_ANCHOR = (
-    "Delta Lake (delta-rs create_write_transaction, one AddAction per commit, local disk, "
-    "same run); DESIGN.md: about 60-70 metadata-only commits/s, one writer or eight"
+TABLE = "events"
+#: The systems, as labelled in the plots; figures name percolake's side "lakehouse".
+PERCOLAKE, DELTA, ICEBERG = "percolake", "deltalake", "iceberg"
+SYSTEMS = (PERCOLAKE, DELTA, ICEBERG)
+PREFIX = {PERCOLAKE: "lakehouse", DELTA: "deltalake", ICEBERG: "iceberg"}
+
+DELTA_RS = f"delta-rs {version_of('deltalake')}"
+PYICEBERG = f"pyiceberg {version_of('pyiceberg')} SqlCatalog on SQLite, local file warehouse"
+
+APPEND_DELTA = (
+    f"Delta Lake ({DELTA_RS} create_write_transaction, one AddAction per commit, local "
+    "disk, same run); DESIGN.md: about 60-70 metadata-only commits/s, one writer or eight"
 )
-LIST_ANCHOR = (
-    "Delta Lake (delta-rs DeltaTable(path).file_uris() from a cold start, same run, log "
+APPEND_ICEBERG = (
+    f"Apache Iceberg ({PYICEBERG}): Table.add_files of one 10-row Parquet file per commit "
+    "(a fresh hard link of one file: add_files reads its footer), fast append, same run"
+)
+APPEND_BOTH = f"{APPEND_DELTA}; {APPEND_ICEBERG}"
+LIST_DELTA = (
+    f"Delta Lake ({DELTA_RS} DeltaTable(path).file_uris() from a cold start, same run, log "
     "checkpointed every 100 commits as delta-rs does by default)"
 )
+LIST_ICEBERG = (
+    f"Apache Iceberg ({PYICEBERG}): fresh catalog object, load_table, scan().plan_files() "
+    "after N real add_files commits (one manifest each, pyiceberg's default fast append)"
+)
+READ_DELTA = (
+    f"Delta Lake ({DELTA_RS}): DeltaTable(path, version=v).to_pyarrow_table() from a cold "
+    "start, same rows written by write_deltalake, same run"
+)
+READ_ICEBERG = (
+    f"Apache Iceberg ({PYICEBERG}): fresh catalog, load_table, scan(snapshot_id=...)"
+    ".to_arrow(), same rows written by Table.append, same run"
+)
 SPARK_ANCHOR = "plain df.write.parquet of the same DataFrame, same local[2] session, same run"
+E2E_DELTA = (
+    f"Delta Lake end to end: df.write.parquet into the table folder, then one {DELTA_RS} "
+    "create_write_transaction adding the part files (sizes from the file system, "
+    "numRecords from their footers); same DataFrame, same local[2] session, same run"
+)
+E2E_ICEBERG = (
+    "Apache Iceberg end to end: df.write.parquet into the table's data folder, then one "
+    f"Table.add_files of the part files (it reads their footers), {PYICEBERG}; same "
+    "DataFrame, same local[2] session, same run"
+)
+
+T = TypeVar("T")
 
 
-def _schema() -> Any:
-    from pyspark.sql.types import LongType, StructField, StructType
-
-    return StructType([StructField("id", LongType())])
-
-
-def _figure(name: str, unit: str, anchor: str, values: list[float], note: str = "") -> Figure:
-    it = iter(values)
-    return measure(name, unit, anchor, len(values), lambda: next(it), note)
+def _rotated(items: Sequence[T], by: int) -> list[T]:
+    """``items`` rotated left by ``by``: run ``n`` starts with a different system."""
+    k = by % len(items)
+    return [*items[k:], *items[:k]]
 
 
-def _rate(commit: Callable[[int], None], threads: int, seconds: float) -> tuple[float, int]:
-    """Successful commits per second, and how many commits raised."""
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def _spark_schema() -> Any:
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+    return StructType(
+        [
+            StructField("id", LongType()),
+            StructField("k", LongType()),
+            StructField("s", StringType()),
+            StructField("x", DoubleType()),
+        ]
+    )
+
+
+def _arrow_schema() -> Any:
+    """The arrow twin of :func:`_spark_schema` (and of the Spark benchmark's DataFrame)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [("id", pa.int64()), ("k", pa.int64()), ("s", pa.string()), ("x", pa.float64())]
+    )
+
+
+def _batch(index: int, rows: int) -> Any:
+    """Rows ``index * rows`` up to the next batch: id, id % 97, str(id * 7), a double."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids = np.arange(index * rows, (index + 1) * rows, dtype=np.int64)
+    return pa.table(
+        {
+            "id": ids,
+            "k": ids % 97,
+            "s": pc.cast(pa.array(ids * 7), pa.string()),
+            "x": np.random.default_rng(index).random(rows),
+        },
+        schema=_arrow_schema(),
+    )
+
+
+# --- commits per second ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Run:
+    rate: float  # successful commits per second
+    failed: int  # commits that raised
+    latencies_ms: list[float] = field(default_factory=list)  # successful commits only
+
+
+def _rate(
+    commit: Callable[[int], None],
+    threads: int,
+    seconds: float,
+    open_handle: Callable[[], None] | None = None,
+) -> _Run:
+    """``threads`` threads committing for ``seconds``, from the moment all have opened
+    their own handle; the rate counts until the last one's last commit returned."""
     counter = itertools.count()
     done = [0] * threads
     failed = [0] * threads
-    stop = time.monotonic() + seconds
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    started: list[float] = []
+    barrier = threading.Barrier(threads, action=lambda: started.append(time.monotonic()))
 
     def worker(slot: int) -> None:
+        try:
+            if open_handle is not None:
+                open_handle()
+        except BaseException:
+            barrier.abort()
+            raise
+        try:
+            barrier.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            return
+        stop = started[0] + seconds
         while time.monotonic() < stop:
+            n = next(counter)
+            began = time.perf_counter()
             try:
-                commit(next(counter))
+                commit(n)
             except Exception:
+                log.debug("commit %d failed", n, exc_info=True)
                 failed[slot] += 1
                 continue
+            latencies[slot].append((time.perf_counter() - began) * 1000)
             done[slot] += 1
 
-    started = time.monotonic()
     pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     for t in pool:
         t.start()
     for t in pool:
         t.join()
-    return sum(done) / (time.monotonic() - started), sum(failed)
+    if not started:
+        raise RuntimeError("the writers never started: opening a table handle failed")
+    elapsed = time.monotonic() - started[0]
+    return _Run(sum(done) / elapsed, sum(failed), [ms for slot in latencies for ms in slot])
 
 
 # --- percolake side --------------------------------------------------------------------
 
 
 class _Percolake:
-    """A fresh store, warehouse and one-column table in ``root``."""
+    """A fresh store, warehouse and table (one ``id`` column unless told) in ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, schema: Any = None) -> None:
+        from pyspark.sql.types import LongType, StructField, StructType
+
         self.url = f"sqlite:///{root}/store.db"
         self.warehouse = root / "warehouse"
         self.tm = TransactionManager.embedded(self.url)
         self.lh = Lakehouse(self.tm, self.warehouse)
-        self.lh.create_table(TABLE, _schema())
-        self.folder = f"{self.warehouse}/{TABLE}/_lh_job=bench"
+        if schema is None:
+            schema = StructType([StructField("id", LongType())])
+        self.lh.create_table(TABLE, schema)
+        self.location = self.warehouse / TABLE
+        self.folder = f"{self.location}/_lh_job=bench"
 
     def append(self, n: int) -> None:
         path = f"{self.folder}/part-{n:08d}.parquet"
         self.lh.append_files(TABLE, [DataFile(path, 1000, 10)])
+
+    def append_batch(self, n: int, batch: Any) -> None:
+        """Write ``batch`` as one Parquet file in a job folder of its own; commit it."""
+        import pyarrow.parquet as pq
+
+        folder = self.location / f"_lh_job=batch-{n:05d}"
+        folder.mkdir(parents=True)
+        path = str(folder / "part-00000.parquet")
+        pq.write_table(batch, path)
+        self.lh.append_files(TABLE, [DataFile(path, os.path.getsize(path), batch.num_rows)])
 
     def list_cold(self) -> tuple[float, int]:
         started = time.perf_counter()
@@ -111,142 +282,154 @@ class _Percolake:
         count = len(self.lh.files(TABLE))
         return time.perf_counter() - started, count
 
+    def read_cold(self, version: int | None) -> Any:
+        import pyarrow.dataset as ds
+
+        with TransactionManager.embedded(self.url) as tm:
+            files = Lakehouse(tm, self.warehouse).files(TABLE, version)
+        return ds.dataset([f.path for f in files], format="parquet").to_table()
+
     def close(self) -> None:
         self.tm.close()
 
 
-# --- delta side ------------------------------------------------------------------------
+# --- appends ---------------------------------------------------------------------------
 
 
-class _Delta:
-    """A delta-rs table with the same one-column schema in ``root``."""
+@dataclass(slots=True)
+class _AppendStats:
+    rates: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SYSTEMS})
+    failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SYSTEMS, 0))
+    latencies_ms: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SYSTEMS})
+    reloads: int = 0  # Iceberg commits retried here after pyiceberg gave up
 
-    def __init__(self, root: Path) -> None:
-        import pyarrow as pa
-        from deltalake import Schema
-        from deltalake.transaction import create_table_with_add_actions
 
-        self.path = str(root / "delta")
-        self.schema = Schema.from_arrow(pa.schema([("id", pa.int64())]))
-        create_table_with_add_actions(self.path, self.schema, [], mode="error")
-        self._local = threading.local()
+def _append_run(system: str, root: Path, writers: int, seconds: float, stats: _AppendStats) -> None:
+    if system == PERCOLAKE:
+        pl = _Percolake(root)
+        try:
+            run = _rate(pl.append, writers, seconds)
+        finally:
+            pl.close()
+    elif system == DELTA:
+        delta = DeltaAppends(root)
+        run = _rate(delta.append, writers, seconds, delta.open)
+    else:
+        ice = IcebergAppends(root)
+        try:
+            run = _rate(ice.append, writers, seconds, ice.open)
+        finally:
+            ice.close()
+        stats.reloads += ice.reloads
+    stats.rates[system].append(run.rate)
+    stats.failed[system] += run.failed
+    stats.latencies_ms[system] += run.latencies_ms
 
-    def _table(self) -> Any:
-        from deltalake import DeltaTable
 
-        table = getattr(self._local, "table", None)
-        if table is None:
-            table = self._local.table = DeltaTable(self.path)
-        return table
-
-    def append(self, n: int) -> None:
-        from deltalake.transaction import AddAction
-
-        action = AddAction(
-            f"part-{n:08d}.parquet", 1000, {}, time.time_ns() // 10**6, True, '{"numRecords":10}'
+def bench_appends(quick: bool, progress: Callable[[str], None]) -> list[Result]:
+    seconds = 1.0 if quick else 3.0
+    runs = 1 if quick else 2
+    writer_counts = (1, 2, 4, 8)
+    by_writers: dict[int, _AppendStats] = {}
+    results: list[Result] = []
+    with pyiceberg_retries() as retries:
+        for i, writers in enumerate(writer_counts):
+            progress(f"lakehouse.appends.writers{writers}")
+            stats = by_writers[writers] = _AppendStats()
+            before = retries.count
+            for run in range(runs):
+                for system in _rotated(SYSTEMS, i + run):
+                    with tempfile.TemporaryDirectory() as tmp:
+                        _append_run(system, Path(tmp), writers, seconds, stats)
+            internal = retries.count - before
+            log.info("appends, %d writers: %s", writers, stats.rates)
+            if writers not in (1, 8):
+                continue
+            note = (
+                f"{runs} run(s) of {seconds:g} s per system, each on a new empty table; "
+                f"one-file metadata-only commits, {writers} thread(s) of one process; "
+                f"failed commits: percolake {stats.failed[PERCOLAKE]}, deltalake "
+                f"{stats.failed[DELTA]}, iceberg {stats.failed[ICEBERG]} (pyiceberg retried "
+                f"{internal} conflicting commits itself, {stats.reloads} more were retried on "
+                f"a reloaded table, at most {ICEBERG_ATTEMPTS} times each); pyiceberg's commit "
+                "cost grows with the snapshots already in the table"
+            )
+            rates = stats.rates
+            for system, anchor in ((PERCOLAKE, APPEND_BOTH), (DELTA, APPEND_DELTA)):
+                results.append(
+                    summarize(
+                        f"{PREFIX[system]}.appends.writers{writers}.commits_per_s",
+                        "commits/s",
+                        anchor,
+                        rates[system],
+                        note,
+                    )
+                )
+            results += [
+                summarize(
+                    f"iceberg.appends.writers{writers}.commits_per_s",
+                    "commits/s",
+                    APPEND_ICEBERG,
+                    rates[ICEBERG],
+                    note,
+                ),
+                summarize(
+                    f"lakehouse.appends.writers{writers}.vs_deltalake.ratio",
+                    "x",
+                    APPEND_DELTA,
+                    [a / b for a, b in zip(rates[PERCOLAKE], rates[DELTA], strict=True)],
+                    note + "; percolake commits/s / deltalake commits/s, of paired runs",
+                ),
+                summarize(
+                    f"lakehouse.appends.writers{writers}.vs_iceberg.ratio",
+                    "x",
+                    APPEND_ICEBERG,
+                    [a / b for a, b in zip(rates[PERCOLAKE], rates[ICEBERG], strict=True)],
+                    note + "; percolake commits/s / iceberg commits/s, of paired runs",
+                ),
+            ]
+    growth_note = (
+        f"medians of {runs} run(s) of {seconds:g} s per system and writer count, each on a "
+        "new empty table; threads of one process, each with its own table handle"
+    )
+    results.append(
+        Growth(
+            "lakehouse.appends.by_writers",
+            "One-file metadata-only appends to one table, by concurrent writers",
+            "concurrent writers (threads)",
+            "commits/s",
+            {
+                s: [(float(w), _median(by_writers[w].rates[s])) for w in writer_counts]
+                for s in SYSTEMS
+            },
+            log_y=True,
+            note=growth_note,
         )
-        self._table().create_write_transaction([action], mode="append", schema=self.schema)
-
-    def synthesize(self, commits: int) -> None:
-        """Versions 2..``commits`` in the JSON delta-rs wrote for version 1, checkpointed
-        where delta-rs's default interval would leave the latest checkpoint."""
-        from deltalake import DeltaTable
-
-        self.append(1)
-        log_dir = Path(self.path) / "_delta_log"
-        template = [
-            json.loads(line) for line in (log_dir / f"{1:020d}.json").read_text().splitlines()
-        ]
-        checkpoint_at = ((commits + 1) // 100) * 100 - 1  # delta-rs: after versions 99, 199, ...
-
-        def write(version: int) -> None:
-            now = time.time_ns() // 10**6
-            lines = []
-            for original in template:
-                action = json.loads(json.dumps(original))
-                if "commitInfo" in action:
-                    action["commitInfo"]["timestamp"] = now
-                if "add" in action:
-                    action["add"]["path"] = f"part-{version:08d}.parquet"
-                    action["add"]["modificationTime"] = now
-                lines.append(json.dumps(action, separators=(",", ":")))
-            with open(log_dir / f"{version:020d}.json", "x") as out:
-                out.write("\n".join(lines) + "\n")
-
-        for version in range(2, commits + 1):
-            write(version)
-            if version == checkpoint_at:
-                DeltaTable(self.path).create_checkpoint()
-        table = DeltaTable(self.path)
-        assert table.version() == commits, (table.version(), commits)
-
-    def list_cold(self) -> tuple[float, int]:
-        from deltalake import DeltaTable
-
-        started = time.perf_counter()
-        count = len(DeltaTable(self.path).file_uris())
-        return time.perf_counter() - started, count
-
-
-# --- the benchmarks --------------------------------------------------------------------
-
-
-def bench_appends(quick: bool, progress: Callable[[str], None]) -> list[Figure]:
-    seconds = 2.0 if quick else 5.0
-    runs = 2 if quick else 3
-    figures = []
-    for writers in (1, 8):
-        progress(f"lakehouse.appends.writers{writers}")
-        ours: list[float] = []
-        theirs: list[float] = []
-        failures = [0, 0]
-        for _ in range(runs):
-            with tempfile.TemporaryDirectory() as tmp:
-                pl = _Percolake(Path(tmp))
-                try:
-                    rate, failed = _rate(pl.append, writers, seconds)
-                finally:
-                    pl.close()
-                ours.append(rate)
-                failures[0] += failed
-                delta = _Delta(Path(tmp))
-                rate, failed = _rate(delta.append, writers, seconds)
-                theirs.append(rate)
-                failures[1] += failed
-        note = (
-            f"{seconds:.0f} s per run, one-file metadata-only commits to one table; "
-            f"failed commits: percolake {failures[0]}, deltalake {failures[1]}"
+    )
+    for writers, suffix in ((1, ""), (8, ".writers8")):
+        stats = by_writers[writers]
+        results.append(
+            Latency.of(
+                f"lakehouse.append.latency{suffix}",
+                f"One-file append commit latency, {writers} writer{'s' if writers > 1 else ''}",
+                "ms",
+                {system: ms for system, ms in stats.latencies_ms.items() if ms},
+                note=f"wall time of every successful commit (Iceberg: with its retries), "
+                f"{runs} run(s) of {seconds:g} s per system",
+            )
         )
-        figures += [
-            _figure(
-                f"lakehouse.appends.writers{writers}.commits_per_s",
-                "commits/s",
-                APPEND_ANCHOR,
-                ours,
-                note,
-            ),
-            _figure(
-                f"deltalake.appends.writers{writers}.commits_per_s",
-                "commits/s",
-                APPEND_ANCHOR,
-                theirs,
-                note,
-            ),
-            _figure(
-                f"lakehouse.appends.writers{writers}.vs_deltalake.ratio",
-                "x",
-                APPEND_ANCHOR,
-                [a / b for a, b in zip(ours, theirs, strict=True)],
-                note + "; ratio of paired runs",
-            ),
-        ]
-    return figures
+    return results
 
 
-def bench_listing(quick: bool, progress: Callable[[str], None]) -> list[Figure]:
-    counts = (10, 1_000, 10_000) if quick else (10, 1_000, 100_000)
+# --- listing ---------------------------------------------------------------------------
+
+
+def bench_listing(quick: bool, progress: Callable[[str], None]) -> list[Result]:
+    iceberg_counts = (10, 100) if quick else (10, 100, 500)
+    counts = (10, 100, 1_000, 10_000) if quick else (10, 100, 500, 1_000, 100_000)
     runs = 3 if quick else 5
-    figures = []
+    results: list[Result] = []
+    lines: dict[str, list[tuple[float, float]]] = {s: [] for s in SYSTEMS}
     for commits in counts:
         progress(f"lakehouse.list_files.commits{commits}")
         with tempfile.TemporaryDirectory() as tmp:
@@ -260,134 +443,354 @@ def bench_listing(quick: bool, progress: Callable[[str], None]) -> list[Figure]:
                 warm = [pl.list_warm() for _ in range(runs)]
             finally:
                 pl.close()
-            delta = _Delta(Path(tmp))
+            delta = DeltaAppends(Path(tmp))
             delta.synthesize(commits)
             theirs = [delta.list_cold() for _ in range(runs)]
-        assert {n for _, n in cold + warm + theirs} == {commits}
+            iceberg: list[tuple[float, int]] = []
+            if commits in iceberg_counts:
+                ice = IcebergAppends(Path(tmp))
+                try:
+                    ice_commit_s: list[float] = []
+                    for n in range(commits):
+                        started = time.perf_counter()
+                        ice.append(n)
+                        ice_commit_s.append(time.perf_counter() - started)
+                    iceberg = [ice.list_cold() for _ in range(runs)]
+                finally:
+                    ice.close()
+        assert {n for _, n in cold + warm + theirs + iceberg} == {commits}
         ours_ms = [s * 1000 for s, _ in cold]
         theirs_ms = [s * 1000 for s, _ in theirs]
         note = (
-            f"{commits} one-file commits; percolake made them in {setup_s:.1f} s "
+            f"{commits} one-file commits; percolake made them in {setup_s:.2f} s "
             f"({commits / setup_s:.0f} commits/s); cold = fresh manager / fresh DeltaTable"
         )
         if quick and commits == counts[-1]:
             note += "; quick mode: 10,000 commits instead of 100,000"
-        figures += [
-            _figure(f"lakehouse.list_files.commits{commits}.ms", "ms", LIST_ANCHOR, ours_ms, note),
-            _figure(
+        lines[PERCOLAKE].append((float(commits), _median(ours_ms)))
+        lines[DELTA].append((float(commits), _median(theirs_ms)))
+        results += [
+            summarize(f"lakehouse.list_files.commits{commits}.ms", "ms", LIST_DELTA, ours_ms, note),
+            summarize(
                 f"lakehouse.list_files.commits{commits}.warm.ms",
                 "ms",
-                LIST_ANCHOR,
+                LIST_DELTA,
                 [s * 1000 for s, _ in warm],
                 note + "; warm = the manager that made the commits (status cache filled)",
             ),
-            _figure(
-                f"deltalake.list_files.commits{commits}.ms", "ms", LIST_ANCHOR, theirs_ms, note
+            summarize(
+                f"deltalake.list_files.commits{commits}.ms", "ms", LIST_DELTA, theirs_ms, note
             ),
-            _figure(
+            summarize(
                 f"lakehouse.list_files.commits{commits}.vs_deltalake.ratio",
                 "x",
-                LIST_ANCHOR,
-                [statistics.median(theirs_ms) / statistics.median(ours_ms)],
+                LIST_DELTA,
+                [_median(theirs_ms) / _median(ours_ms)],
                 note + f"; deltalake median time / percolake median time, {runs} runs each",
             ),
         ]
-    return figures
+        if iceberg:
+            ice_ms = [s * 1000 for s, _ in iceberg]
+            tail = min(10, commits)
+            ice_note = (
+                f"{commits} one-file add_files commits, made by pyiceberg in "
+                f"{sum(ice_commit_s):.1f} s: {_median(ice_commit_s[:tail]) * 1000:.0f} ms per "
+                f"commit over the first {tail}, {_median(ice_commit_s[-tail:]) * 1000:.0f} ms "
+                f"over the last {tail}; cold = fresh catalog object; percolake's side as in "
+                f"lakehouse.list_files.commits{commits}.ms; Iceberg is measured only up to "
+                f"{iceberg_counts[-1]} commits in this mode, as pyiceberg's commit cost grows "
+                "with the snapshots already in the table"
+            )
+            lines[ICEBERG].append((float(commits), _median(ice_ms)))
+            results += [
+                summarize(
+                    f"iceberg.list_files.commits{commits}.ms", "ms", LIST_ICEBERG, ice_ms, ice_note
+                ),
+                summarize(
+                    f"lakehouse.list_files.commits{commits}.vs_iceberg.ratio",
+                    "x",
+                    LIST_ICEBERG,
+                    [_median(ice_ms) / _median(ours_ms)],
+                    ice_note + f"; iceberg median time / percolake median time, {runs} runs each",
+                ),
+            ]
+    results.append(
+        Growth(
+            "lakehouse.list_files.by_commits",
+            "Listing a table's live files from a cold start, by commits to the table",
+            "one-file commits to the table",
+            "ms (median)",
+            lines,
+            log_y=True,
+            note=f"medians of {runs} cold listings; Iceberg up to {iceberg_counts[-1]} commits "
+            "(pyiceberg's commit cost grows with the snapshot count); Delta's log synthesized "
+            "from delta-rs's own first commit, checkpointed every 100 versions",
+        )
+    )
+    return results
 
 
-def bench_commit_hook(quick: bool, progress: Callable[[str], None]) -> list[Figure]:
-    # Large enough that one write takes seconds: the hook's fixed cost (three small
-    # transactions and the footer reads) is then measured against a real job, and
-    # a busy machine's noise averages out over the pairs.
-    rows = 1_000_000 if quick else 8_000_000
+# --- snapshot reads --------------------------------------------------------------------
+
+
+def bench_snapshot_reads(quick: bool, progress: Callable[[str], None]) -> list[Result]:
+    commits = 20 if quick else 100
+    rows = 10_000 if quick else 50_000
     runs = 3 if quick else 7
+    old = commits // 2
+    progress("lakehouse.snapshot_read")
+    ms: dict[tuple[str, str], list[float]] = {
+        (s, which): [] for s in SYSTEMS for which in ("latest", "old")
+    }
+    made_s = dict.fromkeys(SYSTEMS, 0.0)
+    with tempfile.TemporaryDirectory() as tmp, pyiceberg_retries():
+        root = Path(tmp)
+        pl = _Percolake(root, _spark_schema())
+        try:
+            delta = DeltaSnapshots(root, _arrow_schema())
+            ice = IcebergSnapshots(root, _arrow_schema())
+            with ice.table() as ice_table:
+                for n in range(commits):
+                    batch = _batch(n, rows)
+                    for system, write in (
+                        (PERCOLAKE, lambda b, n=n: pl.append_batch(n, b)),
+                        (DELTA, delta.append),
+                        (ICEBERG, ice_table.append),
+                    ):
+                        started = time.perf_counter()
+                        write(batch)
+                        made_s[system] += time.perf_counter() - started
+            snapshot_ids = ice.snapshot_ids()
+            assert len(snapshot_ids) == commits and pl.lh.version(TABLE) == commits
+            readers: dict[str, Callable[[int | None], Any]] = {
+                PERCOLAKE: pl.read_cold,
+                DELTA: delta.read_cold,
+                ICEBERG: lambda v: ice.read_cold(snapshot_ids[-1 if v is None else v - 1]),
+            }
+            sums: dict[tuple[str, str], int] = {}
+            for run in range(runs):
+                for system in _rotated(SYSTEMS, run):
+                    for which, version in (("latest", None), ("old", old)):
+                        started = time.perf_counter()
+                        table = readers[system](version)
+                        ms[system, which].append((time.perf_counter() - started) * 1000)
+                        want = (commits if which == "latest" else old) * rows
+                        assert table.num_rows == want, (system, which, table.num_rows, want)
+                        if run == 0:
+                            sums[system, which] = int(table["id"].to_numpy().sum())
+                        del table
+            for which in ("latest", "old"):
+                assert len({sums[s, which] for s in SYSTEMS}) == 1, sums
+        finally:
+            pl.close()
+    size = f"{commits} commits of {rows:,} rows (id, k, s, x): {commits * rows:,} rows"
+    note = (
+        f"{size}; latest = version {commits}, old = version {old}; {runs} cold reads of each "
+        "per system, system order rotated per run; tables made in "
+        + ", ".join(f"{s} {made_s[s]:.1f} s" for s in SYSTEMS)
+    )
+    results: list[Result] = []
+    for which in ("latest", "old"):
+        ours = ms[PERCOLAKE, which]
+        results.append(
+            summarize(
+                f"lakehouse.snapshot_read.{which}.ms",
+                "ms",
+                f"{READ_DELTA}; {READ_ICEBERG}",
+                ours,
+                note + "; percolake: files() of a fresh manager, read with pyarrow.dataset",
+            )
+        )
+        for system, anchor in ((DELTA, READ_DELTA), (ICEBERG, READ_ICEBERG)):
+            theirs = ms[system, which]
+            results += [
+                summarize(f"{system}.snapshot_read.{which}.ms", "ms", anchor, theirs, note),
+                summarize(
+                    f"lakehouse.snapshot_read.{which}.vs_{system}.ratio",
+                    "x",
+                    anchor,
+                    [t / o for t, o in zip(theirs, ours, strict=True)],
+                    note + f"; {system} time / percolake time of paired runs (> 1: percolake "
+                    "faster)",
+                ),
+            ]
+    return results
+
+
+# --- Spark -----------------------------------------------------------------------------
+
+
+def bench_spark(quick: bool, progress: Callable[[str], None]) -> list[Result]:
+    # Full mode: large enough that one write takes seconds, so the commits' fixed
+    # costs (the hook's three small transactions and footer reads; the anchors' footer
+    # reads and commits) are measured against a real job, and a busy machine's noise
+    # averages out over the runs. Quick mode only checks that every path works.
+    rows = 300_000 if quick else 8_000_000
+    runs = 2 if quick else 7
     progress("spark.commit_hook.overhead")
     spark = local_session("percolake-bench", **{"spark.driver.memory": "2g"})
     try:
         df = spark.range(0, rows, 1, 4).selectExpr(
             "id", "id % 97 AS k", "CAST(id * 7 AS STRING) AS s", "rand(1) AS x"
         )
-        with tempfile.TemporaryDirectory() as tmp:
-            tm = TransactionManager.embedded(f"sqlite:///{tmp}/store.db")
-            try:
-                lh = Lakehouse(tm, f"{tmp}/warehouse")
-                lh.create_table(TABLE, df.schema)
-                plain_dirs: Iterator[str] = (f"{tmp}/plain/{n}" for n in itertools.count())
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            pyiceberg_retries() as retries,
+            contextlib.ExitStack() as closing,
+        ):
+            root = Path(tmp)
+            tm = closing.enter_context(TransactionManager.embedded(f"sqlite:///{tmp}/store.db"))
+            ice = IcebergSparkCommits(root, _arrow_schema())
+            closing.callback(ice.close)
+            lh = Lakehouse(tm, f"{tmp}/warehouse")
+            lh.create_table(TABLE, df.schema)
+            delta = DeltaSparkCommits(root, _arrow_schema())
+            plain_dirs: Iterator[str] = (f"{tmp}/plain/{n}" for n in itertools.count())
 
-                def plain() -> float:
+            def plain() -> float:
+                started = time.perf_counter()
+                df.write.parquet(next(plain_dirs))
+                return time.perf_counter() - started
+
+            # The hook's own cost: lh.append minus the Spark write inside it, which
+            # the before_write and after_write points bracket exactly.
+            write_started: list[float] = []
+            write_s: list[float] = []
+            lh.failpoints.enable(
+                fp.BEFORE_WRITE, lambda _: write_started.append(time.perf_counter())
+            )
+            lh.failpoints.enable(
+                fp.AFTER_WRITE,
+                lambda _: write_s.append(time.perf_counter() - write_started[-1]),
+            )
+            commit_ms: dict[str, list[float]] = {s: [] for s in SYSTEMS}
+
+            def hooked() -> float:
+                started = time.perf_counter()
+                lh.append(TABLE, df)
+                took = time.perf_counter() - started
+                commit_ms[PERCOLAKE].append((took - write_s[-1]) * 1000)
+                return took
+
+            def anchored(
+                system: str, job_dir: Callable[[], str], commit: Callable[[str], None]
+            ) -> Callable[[], float]:
+                def once() -> float:
+                    folder = job_dir()
                     started = time.perf_counter()
-                    df.write.parquet(next(plain_dirs))
-                    return time.perf_counter() - started
+                    df.write.parquet(folder)
+                    written = time.perf_counter()
+                    commit(folder)
+                    done = time.perf_counter()
+                    commit_ms[system].append((done - written) * 1000)
+                    return done - started
 
-                # The hook's own cost: lh.append minus the Spark write inside it, which
-                # the before_write and after_write points bracket exactly.
-                write_started: list[float] = []
-                write_s: list[float] = []
-                lh.failpoints.enable(
-                    fp.BEFORE_WRITE, lambda _: write_started.append(time.perf_counter())
-                )
-                lh.failpoints.enable(
-                    fp.AFTER_WRITE,
-                    lambda _: write_s.append(time.perf_counter() - write_started[-1]),
-                )
-                fixed_ms: list[float] = []
+                return once
 
-                def hooked() -> float:
-                    started = time.perf_counter()
-                    lh.append(TABLE, df)
-                    took = time.perf_counter() - started
-                    fixed_ms.append((took - write_s[-1]) * 1000)
-                    return took
-
-                plain(), hooked()  # warm up the JVM and the Python workers
-                pairs = []
-                for n in range(runs):
-                    # Alternate which goes first, so neither always gets a warmer cache.
-                    if n % 2:
-                        h = hooked()
-                        pairs.append((plain(), h))
-                    else:
-                        p = plain()
-                        pairs.append((p, hooked()))
-            finally:
-                tm.close()
+            jobs: dict[str, Callable[[], float]] = {
+                "plain": plain,
+                PERCOLAKE: hooked,
+                DELTA: anchored(DELTA, delta.next_job_dir, delta.commit),
+                ICEBERG: anchored(ICEBERG, ice.next_job_dir, ice.commit),
+            }
+            for job in jobs.values():  # warm up the JVM, the Python workers, each path
+                job()
+            for samples in commit_ms.values():
+                samples.clear()
+            seconds: dict[str, list[float]] = {name: [] for name in jobs}
+            for n in range(runs):
+                # Rotate which goes first, so none always gets a warmer cache.
+                for name in _rotated(list(jobs), n):
+                    seconds[name].append(jobs[name]())
+            progress("spark.e2e.verify")
+            want = (runs + 1) * rows
+            counted = {
+                PERCOLAKE: footer_rows([f.path for f in lh.files(TABLE)]),
+                DELTA: delta.rows(),
+                ICEBERG: ice.rows(),
+            }
+            assert all(c == want for c in counted.values()), (counted, want)
     finally:
         spark.stop()
-    note = f"{rows:,} rows x 4 columns, 4 files per write, local[2]; ratio of paired runs"
+    size = (
+        f"{rows:,} rows x 4 columns, 4 files per write, local[2]; {runs} runs after one "
+        "warm-up of each, order rotated per run"
+    )
+    checked = f"; each table then held (runs + 1) x {rows:,} rows, as its files' footers show"
+    e2e_note = (
+        f"{size}; the Spark write plus the commit; iceberg's commit saw {retries.count} "
+        f"conflict retries{checked}"
+    )
     fixed_note = (
         "lh.append wall time minus its Spark write: prepare and commit transactions, "
         "schema check, footer reads, commit_ts record; same runs"
     )
+    ours = seconds[PERCOLAKE]
     return [
-        _figure(
+        summarize(
             "spark.commit_hook.overhead.ratio",
             "x",
             SPARK_ANCHOR,
-            [h / p for p, h in pairs],
-            note,
+            [h / p for p, h in zip(seconds["plain"], ours, strict=True)],
+            size + "; lh.append time / df.write.parquet time of paired runs",
         ),
-        _figure("spark.df_write_parquet.seconds", "s", SPARK_ANCHOR, [p for p, _ in pairs], note),
-        _figure("spark.lakehouse_append.seconds", "s", SPARK_ANCHOR, [h for _, h in pairs], note),
-        _figure("spark.commit_hook.fixed_ms", "ms", SPARK_ANCHOR, fixed_ms[1:], fixed_note),
+        summarize("spark.df_write_parquet.seconds", "s", SPARK_ANCHOR, seconds["plain"], size),
+        summarize("spark.lakehouse_append.seconds", "s", SPARK_ANCHOR, ours, size),
+        summarize(
+            "spark.commit_hook.fixed_ms", "ms", SPARK_ANCHOR, commit_ms[PERCOLAKE], fixed_note
+        ),
+        summarize(
+            "spark.e2e.lakehouse.seconds", "s", f"{E2E_DELTA}; {E2E_ICEBERG}", ours, e2e_note
+        ),
+        summarize("spark.e2e.deltalake.seconds", "s", E2E_DELTA, seconds[DELTA], e2e_note),
+        summarize("spark.e2e.iceberg.seconds", "s", E2E_ICEBERG, seconds[ICEBERG], e2e_note),
+        summarize(
+            "spark.e2e.vs_deltalake.ratio",
+            "x",
+            E2E_DELTA,
+            [t / o for t, o in zip(seconds[DELTA], ours, strict=True)],
+            e2e_note + "; deltalake time / percolake time of paired runs (> 1: percolake faster)",
+        ),
+        summarize(
+            "spark.e2e.vs_iceberg.ratio",
+            "x",
+            E2E_ICEBERG,
+            [t / o for t, o in zip(seconds[ICEBERG], ours, strict=True)],
+            e2e_note + "; iceberg time / percolake time of paired runs (> 1: percolake faster)",
+        ),
+        Latency.of(
+            "spark.commit.latency",
+            "The commit part of a Spark append (after the Spark write)",
+            "ms",
+            commit_ms,
+            note=f"{size}; percolake: spark.commit_hook.fixed_ms (lh.append minus its Spark "
+            "write, so it includes the prepare before the write); deltalake: listing the part "
+            "files, their footers and create_write_transaction; iceberg: listing the part "
+            "files and add_files (which reads their footers)",
+        ),
     ]
 
 
-def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[Figure]:
+def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[Result]:
     return [
         *bench_appends(quick, progress),
         *bench_listing(quick, progress),
-        *bench_commit_hook(quick, progress),
+        *bench_snapshot_reads(quick, progress),
+        *bench_spark(quick, progress),
     ]
 
 
 def main() -> None:
+    from bench.__main__ import describe
+
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    for figure in run(args.quick, progress=lambda n: print("running", n, flush=True)):
-        print(
-            f"{figure.name:60s} {figure.value:>12.4f} {figure.unit}  (spread {figure.spread:.0%})"
-        )
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    started = time.monotonic()
+    for result in run(args.quick, progress=lambda n: print("running", n, flush=True)):
+        print(describe(result))
+    print(f"took {time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":
