@@ -434,29 +434,36 @@ def bench_listing(quick: bool, progress: Callable[[str], None]) -> list[Result]:
         progress(f"lakehouse.list_files.commits{commits}")
         with tempfile.TemporaryDirectory() as tmp:
             pl = _Percolake(Path(tmp))
+            ice: IcebergAppends | None = None
             try:
                 started = time.monotonic()
                 for n in range(commits):
                     pl.append(n)
                 setup_s = time.monotonic() - started
-                cold = [pl.list_cold() for _ in range(runs)]
-                warm = [pl.list_warm() for _ in range(runs)]
-            finally:
-                pl.close()
-            delta = DeltaAppends(Path(tmp))
-            delta.synthesize(commits)
-            theirs = [delta.list_cold() for _ in range(runs)]
-            iceberg: list[tuple[float, int]] = []
-            if commits in iceberg_counts:
-                ice = IcebergAppends(Path(tmp))
-                try:
-                    ice_commit_s: list[float] = []
+                delta = DeltaAppends(Path(tmp))
+                delta.synthesize(commits)
+                ice_commit_s: list[float] = []
+                if commits in iceberg_counts:
+                    ice = IcebergAppends(Path(tmp))
                     for n in range(commits):
                         started = time.perf_counter()
                         ice.append(n)
                         ice_commit_s.append(time.perf_counter() - started)
-                    iceberg = [ice.list_cold() for _ in range(runs)]
-                finally:
+                # Paired runs, the systems' order rotated from run to run.
+                cold: list[tuple[float, int]] = []
+                theirs: list[tuple[float, int]] = []
+                iceberg: list[tuple[float, int]] = []
+                listers: list[tuple[Callable[[], tuple[float, int]], list[tuple[float, int]]]]
+                listers = [(pl.list_cold, cold), (delta.list_cold, theirs)]
+                if ice is not None:
+                    listers.append((ice.list_cold, iceberg))
+                for run in range(runs):
+                    for lister, sink in _rotated(listers, run):
+                        sink.append(lister())
+                warm = [pl.list_warm() for _ in range(runs)]
+            finally:
+                pl.close()
+                if ice is not None:
                     ice.close()
         assert {n for _, n in cold + warm + theirs + iceberg} == {commits}
         ours_ms = [s * 1000 for s, _ in cold]
@@ -485,8 +492,8 @@ def bench_listing(quick: bool, progress: Callable[[str], None]) -> list[Result]:
                 f"lakehouse.list_files.commits{commits}.vs_deltalake.ratio",
                 "x",
                 LIST_DELTA,
-                [_median(theirs_ms) / _median(ours_ms)],
-                note + f"; deltalake median time / percolake median time, {runs} runs each",
+                [t / o for t, o in zip(theirs_ms, ours_ms, strict=True)],
+                note + f"; deltalake time / percolake time, {runs} paired runs",
             ),
         ]
         if iceberg:
@@ -510,8 +517,8 @@ def bench_listing(quick: bool, progress: Callable[[str], None]) -> list[Result]:
                     f"lakehouse.list_files.commits{commits}.vs_iceberg.ratio",
                     "x",
                     LIST_ICEBERG,
-                    [_median(ice_ms) / _median(ours_ms)],
-                    ice_note + f"; iceberg median time / percolake median time, {runs} runs each",
+                    [i / o for i, o in zip(ice_ms, ours_ms, strict=True)],
+                    ice_note + f"; iceberg time / percolake time, {runs} paired runs",
                 ),
             ]
     results.append(
