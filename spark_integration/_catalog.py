@@ -69,6 +69,22 @@ RETRY_CAP_S = 0.05
 #: listing reads one by one (Delta checkpoints every 100 commits; a checkpoint here
 #: costs one transaction that rewrites the live set, so it can be rarer).
 CHECKPOINT_INTERVAL = 1000
+#: While a generation is young its live set is small and a checkpoint cheap, so it
+#: checkpoints every EARLY_CHECKPOINT_INTERVAL versions, as Delta does: listing a
+#: table of a few hundred commits then reads at most 99 rows one by one.
+EARLY_CHECKPOINT_INTERVAL = 100
+EARLY_VERSIONS = 10_000
+
+
+def checkpoint_due(versions_into_gen: int) -> bool:
+    """Whether the version this many versions into its generation gets a checkpoint."""
+    if versions_into_gen <= 0:
+        return False
+    if versions_into_gen % CHECKPOINT_INTERVAL == 0:
+        return True
+    return versions_into_gen < EARLY_VERSIONS and versions_into_gen % EARLY_CHECKPOINT_INTERVAL == 0
+
+
 #: Files per checkpoint cell: ~100-200 KB of JSON, well inside what every store
 #: (Cassandra included) handles as one value.
 CHUNK_FILES = 2000
@@ -538,7 +554,7 @@ class Catalog:
         if not fresh:
             return Committed(version, None, replayed=True)
         self._record_commit_ts(name, version, commit_ts)
-        if version > gen_start and (version - gen_start) % CHECKPOINT_INTERVAL == 0:
+        if checkpoint_due(version - gen_start):
             self._checkpoint(name, gen, version)
         return Committed(version, commit_ts, replayed=False)
 

@@ -32,7 +32,8 @@ Why this layout:
 * Within a generation files are only ever added, and their rows sort by the
   version that added them: the files of version ``N`` are exactly the rows of
   ``N``'s generation below ``N + 1``, one range scan again (time travel).
-* Every ``CHECKPOINT_INTERVAL`` versions a checkpoint packs the generation's
+* Every ``CHECKPOINT_INTERVAL`` versions (every ``EARLY_CHECKPOINT_INTERVAL`` in a
+  generation's first ``EARLY_VERSIONS``) a checkpoint packs the generation's
   files so far into a few large cells (Delta's checkpoint, in cells). Listing
   version ``N`` reads the newest checkpoint at or below ``N`` plus the rows added
   after it: a handful of cells and at most one interval of rows, so the per-file

@@ -439,3 +439,30 @@ def test_append_files_validates_paths(lh: Lakehouse) -> None:
     with pytest.raises(TableNotFoundError):
         lh.append_files("missing", [])
     assert lh.version("t") == 0
+
+
+def test_young_tables_checkpoint_every_hundred_versions_then_every_thousand() -> None:
+    due = [n for n in range(1, 30_001) if catalog_module.checkpoint_due(n)]
+    assert due[:3] == [100, 200, 300]
+    assert [n for n in due if 9_800 <= n <= 12_000] == [9_800, 9_900, 10_000, 11_000, 12_000]
+    assert not catalog_module.checkpoint_due(0) and not catalog_module.checkpoint_due(150)
+
+
+def test_a_table_of_a_few_hundred_commits_lists_from_a_checkpoint(
+    lakehouse_tm: TransactionManager, lh: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for k in range(130):
+        lh.append_files("t", [data_file(lh, k)])
+    scans: list[str] = []
+    real_scan = Transaction.scan
+
+    def counting_scan(self: Transaction, table: str, *args: Any, **kwargs: Any) -> Any:
+        for item in real_scan(self, table, *args, **kwargs):
+            scans.append(table)
+            yield item
+
+    monkeypatch.setattr(Transaction, "scan", counting_scan)
+    assert [f.record_count for f in lh.files("t")] == list(range(130))
+    # The checkpoint at version 100, then versions 101-130 row by row.
+    assert scans.count("lakehouse.checkpoints") == 1
+    assert scans.count("lakehouse.files") == 30
