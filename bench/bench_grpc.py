@@ -6,6 +6,7 @@ figures measure the RPC path rather than the disk), and drives it from this proc
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import threading
 import time
@@ -16,6 +17,7 @@ from bench._results import Figure, Growth, Latency, Result, measure, summarize
 from lockserver.server import RemoteLockService
 from percolake.rpc import Connection
 from tests.servers import ServerProcess
+from tso.aio import AsyncTimestampSource
 from tso.server import RemoteTimestampSource
 from txn import TransactionManager
 
@@ -44,6 +46,26 @@ def _timestamps_per_second(address: str, callers: int, seconds: float) -> float:
     elapsed = time.monotonic() - started
     conn.close()
     return sum(counts) / elapsed
+
+
+def _async_timestamps_per_second(address: str, callers: int, seconds: float) -> float:
+    """Like :func:`_timestamps_per_second`, with coroutines on one event loop."""
+
+    async def measure_rate() -> float:
+        async with AsyncTimestampSource(address) as source:
+            stop = time.monotonic() + seconds
+            counts = [0] * callers
+
+            async def caller(slot: int) -> None:
+                while time.monotonic() < stop:
+                    await source.next_timestamp()
+                    counts[slot] += 1
+
+            started = time.monotonic()
+            await asyncio.gather(*(caller(i) for i in range(callers)))
+            return sum(counts) / (time.monotonic() - started)
+
+    return asyncio.run(measure_rate())
 
 
 def _range_timestamps_per_second(address: str, size: int, seconds: float) -> float:
@@ -118,6 +140,25 @@ def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[R
                 figure = measure(name, "timestamps/s", PERCOLATOR_ORACLE, runs, once, note)
                 results.append(figure)
                 by_callers.append((callers, figure.value))
+            by_coroutines: list[tuple[float, float]] = []
+            for callers in CALLERS:
+                name = f"tso.grpc.async.clients{callers}.ts_per_s"
+                progress(name)
+
+                def once_async(c: int = callers) -> float:
+                    return _async_timestamps_per_second(server.address, c, seconds)
+
+                figure = measure(
+                    name,
+                    "timestamps/s",
+                    PERCOLATOR_ORACLE,
+                    runs,
+                    once_async,
+                    "one client process, callers are coroutines of tso.aio.AsyncTimestampSource "
+                    "sharing RPCs through its batcher",
+                )
+                results.append(figure)
+                by_coroutines.append((callers, figure.value))
             progress("tso.grpc.range1000.ts_per_s")
             ranged = measure(
                 "tso.grpc.range1000.ts_per_s",
@@ -129,8 +170,13 @@ def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[R
             )
             results.append(ranged)
             clients64 = results[len(CALLERS) - 1]
-            assert isinstance(clients64, Figure)
-            for figure, label in ((clients64, "clients64"), (ranged, "range1000")):
+            async64 = results[2 * len(CALLERS) - 1]
+            assert isinstance(clients64, Figure) and isinstance(async64, Figure)
+            for figure, label in (
+                (clients64, "clients64"),
+                (async64, "async.clients64"),
+                (ranged, "range1000"),
+            ):
                 results.append(
                     Figure(
                         f"tso.grpc.{label}.vs_percolator.ratio",
@@ -149,7 +195,10 @@ def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[R
                     "Timestamps through gRPC by concurrent callers",
                     "concurrent callers in one client process",
                     "timestamps/s",
-                    {"percolake": by_callers},
+                    {
+                        "threads (RemoteTimestampSource)": by_callers,
+                        "coroutines (AsyncTimestampSource)": by_coroutines,
+                    },
                     log_y=True,
                     note=f"medians of {runs} runs of {seconds:g} s; Percolator: 2M/s published",
                 )

@@ -109,7 +109,9 @@ def error_from(err: grpc.RpcError) -> Exception:
     from tso import OracleFencedError
     from txn import errors
 
-    if not isinstance(err, grpc.Call):  # every error a call raises is also a Call
+    # Every error a call raises has code(), details() and trailing_metadata(): the
+    # blocking API's are grpc.Call instances, grpc.aio's are AioRpcError.
+    if not isinstance(err, grpc.Call | grpc.aio.AioRpcError):
         return RpcError(str(err), code=grpc.StatusCode.UNKNOWN, reason="unknown")
     code = err.code()
     message = err.details() or code.name
