@@ -51,8 +51,9 @@ def table(results: dict[str, Any], series: list[dict[str, Any]] | None = None) -
     ratios = [f for f in figures if str(f["name"]).endswith(".ratio")]
     machine = results.get("machine", {})
     lines = [
-        f"Measured {results.get('written_at', '?')} in {results.get('mode', '?')} mode on "
-        f"{machine.get('cpus', '?')} CPUs, Python {machine.get('python', '?')}; "
+        f"Results file last written {results.get('written_at', '?')}, "
+        f"{results.get('mode', '?')} mode, on {machine.get('cpus', '?')} CPUs, "
+        f"Python {machine.get('python', '?')} (a suite rerun with `--only` merges into it); "
         "value is the median over the runs, spread is (max - min) / median.",
         "",
         f"**Side by side** ({len(ratios)} ratios; each figure's note in the results file "
