@@ -16,9 +16,10 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from bench._results import versions
 
 if TYPE_CHECKING:
     from pyiceberg.catalog.sql import SqlCatalog
@@ -33,10 +34,7 @@ ICEBERG_ATTEMPTS = 20
 
 
 def version_of(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "?"
+    return versions([package]).get(package, "?")
 
 
 def local_path(uri: str) -> str:

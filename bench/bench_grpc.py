@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench._results import Figure, Growth, Latency, Result, measure, summarize
+from bench._load import run_threads
+from bench._results import Figure, Growth, Latency, Result, measure, percentiles, summarize
 from lockserver.server import RemoteLockService
 from percolake.rpc import Connection
 from tests.servers import ServerProcess
@@ -26,26 +26,14 @@ PERCOLATOR_ORACLE = "Percolator (OSDI'10): about 2M timestamps/s from one oracle
 
 def _timestamps_per_second(address: str, callers: int, seconds: float) -> float:
     conn = Connection(address)
-    source = RemoteTimestampSource(conn)
-    counts = [0] * callers
-    stop = time.monotonic() + seconds
-
-    def caller(slot: int) -> None:
-        n = 0
-        while time.monotonic() < stop:
-            source.next_timestamp()
-            n += 1
-        counts[slot] = n
-
-    started = time.monotonic()
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(callers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - started
-    conn.close()
-    return sum(counts) / elapsed
+    try:
+        source = RemoteTimestampSource(conn)
+        run = run_threads(lambda _: source.next_timestamp(), callers, seconds)
+    finally:
+        conn.close()
+    if run.failed:
+        raise RuntimeError(f"{run.failed} timestamp calls failed (see the debug log)")
+    return run.rate
 
 
 def _async_timestamps_per_second(address: str, callers: int, seconds: float) -> float:
@@ -114,10 +102,6 @@ def _commit_latencies_ms(address: str, cells: int, commits: int) -> list[float]:
 #: 2 million timestamps per second from a single machine".
 PERCOLATOR_TS_PER_S = 2_000_000.0
 CALLERS = (1, 8, 64)
-
-
-def _percentile(ordered: list[float], p: float) -> float:
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[Result]:
@@ -219,19 +203,18 @@ def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[R
                 # Three consecutive batches: each gives a p50 and a p99, whose median
                 # and spread are the figures.
                 chunks = [
-                    sorted(_commit_latencies_ms(server.address, cells, commits // 3))
-                    for _ in range(3)
+                    _commit_latencies_ms(server.address, cells, commits // 3) for _ in range(3)
                 ]
                 latency[f"{cells} cell{'s' if cells > 1 else ''}"] = [
                     ms for chunk in chunks for ms in chunk
                 ]
-                for label, p in (("p50", 50.0), ("p99", 99.0)):
+                for label in ("p50", "p99"):
                     results.append(
                         summarize(
                             f"gateway.commit.cells{cells}.{label}_ms",
                             "ms",
                             "no published anchor: begin + writes + commit through the gateway",
-                            [_percentile(chunk, p) for chunk in chunks],
+                            [percentiles(chunk)[label] for chunk in chunks],
                             note=f"3 batches of {commits // 3} sequential commits, memory store; "
                             f"the {label} of each batch",
                         )

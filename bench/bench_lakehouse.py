@@ -52,7 +52,6 @@ import logging
 import os
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +70,7 @@ from bench._lakehouse_anchors import (
     pyiceberg_retries,
     version_of,
 )
+from bench._load import run_threads
 from bench._results import Growth, Latency, Result, summarize
 from spark_integration import DataFile, Lakehouse
 from spark_integration import failpoints as fp
@@ -181,63 +181,6 @@ def _batch(index: int, rows: int) -> Any:
 # --- commits per second ----------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Run:
-    rate: float  # successful commits per second
-    failed: int  # commits that raised
-    latencies_ms: list[float] = field(default_factory=list)  # successful commits only
-
-
-def _rate(
-    commit: Callable[[int], None],
-    threads: int,
-    seconds: float,
-    open_handle: Callable[[], None] | None = None,
-) -> _Run:
-    """``threads`` threads committing for ``seconds``, from the moment all have opened
-    their own handle; the rate counts until the last one's last commit returned."""
-    counter = itertools.count()
-    done = [0] * threads
-    failed = [0] * threads
-    latencies: list[list[float]] = [[] for _ in range(threads)]
-    started: list[float] = []
-    barrier = threading.Barrier(threads, action=lambda: started.append(time.monotonic()))
-
-    def worker(slot: int) -> None:
-        try:
-            if open_handle is not None:
-                open_handle()
-        except BaseException:
-            barrier.abort()
-            raise
-        try:
-            barrier.wait(timeout=120)
-        except threading.BrokenBarrierError:
-            return
-        stop = started[0] + seconds
-        while time.monotonic() < stop:
-            n = next(counter)
-            began = time.perf_counter()
-            try:
-                commit(n)
-            except Exception:
-                log.debug("commit %d failed", n, exc_info=True)
-                failed[slot] += 1
-                continue
-            latencies[slot].append((time.perf_counter() - began) * 1000)
-            done[slot] += 1
-
-    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    if not started:
-        raise RuntimeError("the writers never started: opening a table handle failed")
-    elapsed = time.monotonic() - started[0]
-    return _Run(sum(done) / elapsed, sum(failed), [ms for slot in latencies for ms in slot])
-
-
 # --- percolake side --------------------------------------------------------------------
 
 
@@ -308,16 +251,16 @@ def _append_run(system: str, root: Path, writers: int, seconds: float, stats: _A
     if system == PERCOLAKE:
         pl = _Percolake(root)
         try:
-            run = _rate(pl.append, writers, seconds)
+            run = run_threads(pl.append, writers, seconds)
         finally:
             pl.close()
     elif system == DELTA:
         delta = DeltaAppends(root)
-        run = _rate(delta.append, writers, seconds, delta.open)
+        run = run_threads(delta.append, writers, seconds, delta.open)
     else:
         ice = IcebergAppends(root)
         try:
-            run = _rate(ice.append, writers, seconds, ice.open)
+            run = run_threads(ice.append, writers, seconds, ice.open)
         finally:
             ice.close()
         stats.reloads += ice.reloads

@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 
+from bench._load import run_threads
 from bench._results import Growth, Latency, Result, summarize
 from txn import TransactionManager
 
@@ -34,29 +33,20 @@ def commits_per_second(
     latencies_ms: list[float] | None = None,
 ) -> float:
     """Commits/s of ``threads`` threads writing ``cells`` fresh cells per transaction;
-    with ``latencies_ms``, each transaction's wall time is added to it."""
-    counter = itertools.count()
-    done = [0] * threads
-    stop = time.monotonic() + seconds
+    with ``latencies_ms``, each transaction's wall time is added to it. Nothing
+    conflicts, so any failed commit is a bug and raises."""
 
-    def worker(slot: int) -> None:
-        while done[slot] == 0 or time.monotonic() < stop:
-            n = next(counter)
-            begun = time.perf_counter()
-            with tm.begin() as tx:
-                for c in range(cells):
-                    tx.put("bench", f"r{n:09d}-{c:04d}".encode(), b"v", b"x" * 16)
-            if latencies_ms is not None:
-                latencies_ms.append((time.perf_counter() - begun) * 1000)
-            done[slot] += 1
+    def commit(n: int) -> None:
+        with tm.begin() as tx:
+            for c in range(cells):
+                tx.put("bench", f"r{n:09d}-{c:04d}".encode(), b"v", b"x" * 16)
 
-    started = time.monotonic()
-    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    return sum(done) / (time.monotonic() - started)
+    run = run_threads(commit, threads, seconds)
+    if run.failed:
+        raise RuntimeError(f"{run.failed} conflict-free commits failed (see the debug log)")
+    if latencies_ms is not None:
+        latencies_ms.extend(run.latencies_ms)
+    return run.rate
 
 
 def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[Result]:

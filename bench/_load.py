@@ -1,0 +1,71 @@
+"""Load loops shared by the benchmarks: threads calling an operation until a deadline."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Run:
+    rate: float  # successful calls per second
+    failed: int  # calls that raised
+    latencies_ms: list[float] = field(default_factory=list)  # successful calls only
+
+
+def run_threads(
+    op: Callable[[int], object],
+    threads: int,
+    seconds: float,
+    open_handle: Callable[[], None] | None = None,
+) -> Run:
+    """``threads`` threads calling ``op(n)`` (``n`` counts up across them) for
+    ``seconds``, from the moment all have run ``open_handle`` (each its own handle,
+    before the clock starts); the rate counts until the last call returned. A call
+    that raises is counted as failed, not in the rate or the latencies."""
+    counter = itertools.count()
+    done = [0] * threads
+    failed = [0] * threads
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    started: list[float] = []
+    barrier = threading.Barrier(threads, action=lambda: started.append(time.monotonic()))
+
+    def worker(slot: int) -> None:
+        try:
+            if open_handle is not None:
+                open_handle()
+        except BaseException:
+            barrier.abort()
+            raise
+        try:
+            barrier.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            return
+        stop = started[0] + seconds
+        while time.monotonic() < stop:
+            n = next(counter)
+            began = time.perf_counter()
+            try:
+                op(n)
+            except Exception:
+                log.debug("call %d failed", n, exc_info=True)
+                failed[slot] += 1
+                continue
+            latencies[slot].append((time.perf_counter() - began) * 1000)
+            done[slot] += 1
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if not started:
+        raise RuntimeError("the writers never started: opening a table handle failed")
+    elapsed = time.monotonic() - started[0]
+    return Run(sum(done) / elapsed, sum(failed), [ms for slot in latencies for ms in slot])
