@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, overload
 
 import grpc
 
@@ -241,6 +241,48 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
     ]
 
 
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata every call carries: the bearer token (``$PERCOLAKE_TOKEN`` if none)."""
+    token = resolve_token(token)
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+@overload
+def open_channel(
+    address: str,
+    tls: TlsConfig | None = ...,
+    max_message_bytes: int = ...,
+    *,
+    aio: Literal[False] = ...,
+) -> grpc.Channel: ...
+@overload
+def open_channel(
+    address: str,
+    tls: TlsConfig | None = ...,
+    max_message_bytes: int = ...,
+    *,
+    aio: Literal[True],
+) -> grpc.aio.Channel: ...
+def open_channel(
+    address: str,
+    tls: TlsConfig | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    *,
+    aio: bool = False,
+) -> grpc.Channel | grpc.aio.Channel:
+    """A channel to ``address`` with percolake's options: blocking, or ``grpc.aio``."""
+    parse_address(address)
+    options = channel_options(max_message_bytes)
+    credentials = None if tls is None else tls.channel_credentials()
+    if aio:
+        if credentials is None:
+            return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.secure_channel(address, credentials, options=options)
+    if credentials is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, credentials, options=options)
+
+
 class Connection:
     """A channel plus the metadata every call carries (the bearer token)."""
 
@@ -252,17 +294,9 @@ class Connection:
         tls: TlsConfig | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        parse_address(address)
+        self.channel = open_channel(address, tls, max_message_bytes)
         self.address = address
-        options = channel_options(max_message_bytes)
-        if tls is None:
-            self.channel = grpc.insecure_channel(address, options=options)
-        else:
-            self.channel = grpc.secure_channel(address, tls.channel_credentials(), options=options)
-        token = resolve_token(token)
-        self.metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
-        )
+        self.metadata = auth_metadata(token)
 
     def close(self) -> None:
         self.channel.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass
 
 import grpc
@@ -18,19 +19,16 @@ import grpc
 from percolake.rpc import (
     DEFAULT_MAX_MESSAGE_BYTES,
     TlsConfig,
-    channel_options,
+    auth_metadata,
     error_from,
-    parse_address,
-    resolve_token,
+    open_channel,
 )
 from percolake.v1 import timestamp_pb2 as pb
 from percolake.v1 import timestamp_pb2_grpc as pb_grpc
 from tso._oracle import TimestampRange
+from tso.server import MAX_RANGE
 
 log = logging.getLogger(__name__)
-
-#: Largest range one call may take (the oracle's own limit).
-MAX_RANGE = 1_000_000
 
 
 @dataclass(slots=True)
@@ -51,19 +49,11 @@ class AsyncTimestampSource:
         timeout_s: float = 10.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        parse_address(address)
-        options = channel_options(max_message_bytes)
-        if tls is None:
-            self._channel = grpc.aio.insecure_channel(address, options=options)
-        else:
-            self._channel = grpc.aio.secure_channel(
-                address, tls.channel_credentials(), options=options
-            )
-        token = resolve_token(token)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._channel = open_channel(address, tls, max_message_bytes, aio=True)
+        self._metadata = auth_metadata(token)
         self._stub = pb_grpc.TimestampServiceStub(self._channel)
         self._timeout_s = timeout_s
-        self._waiting: list[_Waiter] = []
+        self._waiting: deque[_Waiter] = deque()
         self._pump: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncTimestampSource:
@@ -97,7 +87,7 @@ class AsyncTimestampSource:
             batch: list[_Waiter] = []
             total = 0
             while self._waiting and total + self._waiting[0].count <= MAX_RANGE:
-                waiter = self._waiting.pop(0)
+                waiter = self._waiting.popleft()
                 batch.append(waiter)
                 total += waiter.count
             try:
