@@ -298,38 +298,26 @@ def bench_appends(quick: bool, progress: Callable[[str], None]) -> list[Result]:
                 "cost grows with the snapshots already in the table"
             )
             rates = stats.rates
-            for system, anchor in ((PERCOLAKE, APPEND_BOTH), (DELTA, APPEND_DELTA)):
-                results.append(
-                    summarize(
-                        f"{PREFIX[system]}.appends.writers{writers}.commits_per_s",
-                        "commits/s",
-                        anchor,
-                        rates[system],
-                        note,
-                    )
-                )
+            anchors = {PERCOLAKE: APPEND_BOTH, DELTA: APPEND_DELTA, ICEBERG: APPEND_ICEBERG}
             results += [
                 summarize(
-                    f"iceberg.appends.writers{writers}.commits_per_s",
+                    f"{PREFIX[system]}.appends.writers{writers}.commits_per_s",
                     "commits/s",
-                    APPEND_ICEBERG,
-                    rates[ICEBERG],
+                    anchors[system],
+                    rates[system],
                     note,
-                ),
+                )
+                for system in SYSTEMS
+            ]
+            results += [
                 summarize(
-                    f"lakehouse.appends.writers{writers}.vs_deltalake.ratio",
+                    f"lakehouse.appends.writers{writers}.vs_{PREFIX[anchor]}.ratio",
                     "x",
-                    APPEND_DELTA,
-                    [a / b for a, b in zip(rates[PERCOLAKE], rates[DELTA], strict=True)],
-                    note + "; percolake commits/s / deltalake commits/s, of paired runs",
-                ),
-                summarize(
-                    f"lakehouse.appends.writers{writers}.vs_iceberg.ratio",
-                    "x",
-                    APPEND_ICEBERG,
-                    [a / b for a, b in zip(rates[PERCOLAKE], rates[ICEBERG], strict=True)],
-                    note + "; percolake commits/s / iceberg commits/s, of paired runs",
-                ),
+                    anchors[anchor],
+                    [a / b for a, b in zip(rates[PERCOLAKE], rates[anchor], strict=True)],
+                    f"{note}; percolake commits/s / {PREFIX[anchor]} commits/s, of paired runs",
+                )
+                for anchor in (DELTA, ICEBERG)
             ]
     growth_note = (
         f"medians of {runs} run(s) of {seconds:g} s per system and writer count, each on a "
