@@ -75,6 +75,10 @@ CHECKPOINT_INTERVAL = 1000
 EARLY_CHECKPOINT_INTERVAL = 100
 EARLY_VERSIONS = 10_000
 
+#: Files per checkpoint cell: ~100-200 KB of JSON, well inside what every store
+#: (Cassandra included) handles as one value.
+CHUNK_FILES = 2000
+
 
 def checkpoint_due(versions_into_gen: int) -> bool:
     """Whether the version this many versions into its generation gets a checkpoint."""
@@ -83,11 +87,6 @@ def checkpoint_due(versions_into_gen: int) -> bool:
     if versions_into_gen % CHECKPOINT_INTERVAL == 0:
         return True
     return versions_into_gen < EARLY_VERSIONS and versions_into_gen % EARLY_CHECKPOINT_INTERVAL == 0
-
-
-#: Files per checkpoint cell: ~100-200 KB of JSON, well inside what every store
-#: (Cassandra included) handles as one value.
-CHUNK_FILES = 2000
 
 
 def now_ms() -> int:
