@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, overload
 
 import grpc
 
+from percolake import errors as root
+from percolake.errors import TransactionError
+
 log = logging.getLogger(__name__)
 
 REASON_KEY = "percolake-reason"
@@ -48,7 +51,7 @@ UNAVAILABLE = "unavailable"
 INTERNAL = "internal"
 
 
-class RpcError(Exception):
+class RpcError(TransactionError):
     """A call failed for a reason with no more specific exception type."""
 
     def __init__(self, message: str, *, code: grpc.StatusCode, reason: str) -> None:
@@ -57,11 +60,11 @@ class RpcError(Exception):
         self.reason = reason
 
 
-class UnauthenticatedError(RpcError):
+class UnauthenticatedError(RpcError, root.UnauthenticatedError):
     """The bearer token was missing or wrong."""
 
 
-class ServiceUnavailableError(RpcError):
+class ServiceUnavailableError(RpcError, root.ServiceUnavailableError):
     """The service could not be reached; the call was not known to be applied."""
 
 
@@ -83,7 +86,8 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         (StaleTokenError, grpc.StatusCode.FAILED_PRECONDITION, STALE_TOKEN),
         (OracleFencedError, grpc.StatusCode.UNAVAILABLE, ORACLE_FENCED),
         (StoreError, grpc.StatusCode.UNAVAILABLE, UNAVAILABLE),
-        (ServiceUnavailableError, grpc.StatusCode.UNAVAILABLE, UNAVAILABLE),
+        (root.ServiceUnavailableError, grpc.StatusCode.UNAVAILABLE, UNAVAILABLE),
+        (root.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED),
         (ValueError, grpc.StatusCode.INVALID_ARGUMENT, INVALID_ARGUMENT),
         (TypeError, grpc.StatusCode.INVALID_ARGUMENT, INVALID_ARGUMENT),
     ]

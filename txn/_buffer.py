@@ -32,16 +32,28 @@ class WriteBuffer:
         value: bytes | None = cells[cell]
         return True, value
 
-    def range(
-        self, table: str, start_row: bytes, end_row: bytes | None
-    ) -> Iterator[tuple[Cell, bytes | None]]:
+    def first_from(
+        self, table: str, after: Cell | None, start_row: bytes, end_row: bytes | None
+    ) -> tuple[Cell, bytes | None] | None:
+        """The first buffered cell of ``[start_row, end_row)`` after ``after``, with its value.
+
+        A scan asks afresh for each next cell instead of keeping an iterator over the
+        buffer open: the transaction (or an executor attached to it) may write to the
+        scanned table between two pulls, and an open iterator over a changed sorted
+        dict skips or repeats entries.
+        """
         cells = self._tables.get(table)
         if cells is None:
-            return
-        for cell in cells.irange(minimum=Cell(start_row, b"")):
-            if end_row is not None and cell.row >= end_row:
-                return
-            yield cell, cells[cell]
+            return None
+        if after is None:
+            found = cells.irange(minimum=Cell(start_row, b""))
+        else:
+            found = cells.irange(minimum=after, inclusive=(False, True))
+        cell: Cell | None = next(iter(found), None)
+        if cell is None or (end_row is not None and cell.row >= end_row):
+            return None
+        value: bytes | None = cells[cell]
+        return cell, value
 
     def tables(self) -> Iterator[tuple[str, SortedDict]]:
         yield from self._tables.items()

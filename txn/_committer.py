@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from lockserver import LockToken
-from storage_adapters import Cell, StoreError, StoreTimeoutError, VersionWrite
+from storage_adapters import Cell, StoreError, VersionWrite
 from txn import failpoints as fp
 from txn._buffer import WriteBuffer
 from txn._isolation import TransactionStatus
@@ -317,8 +317,12 @@ def _commit_point(rt: Runtime, tx: Transaction, commit_ts: int) -> int:
         rt.failpoints.hit(fp.BEFORE_COMMIT_POINT, tx.start_ts)
         result = rt.store.put_unless_exists(TXN_TABLE, key, value)
         rt.failpoints.hit(fp.AFTER_COMMIT_POINT, tx.start_ts)
-    except StoreTimeoutError as exc:
-        log.warning("commit point of %d timed out; settling it (S6): %s", tx.start_ts, exc)
+    except StoreError as exc:
+        # Any store error here, not only a timeout, leaves the outcome open: with
+        # Cassandra's Paxos v1 an Unavailable can come after a quorum accepted the
+        # proposal, and a later round completes it. Only a clean "not applied" (a
+        # result, not an error) is a definite answer. Settle it (S6).
+        log.warning("commit point of %d failed; settling it (S6): %s", tx.start_ts, exc)
         return _settle(rt, tx, commit_ts, exc)
     assert result.current is not None
     outcome = decode_outcome(result.current)

@@ -13,14 +13,15 @@ from lockserver import LockTable
 
 if TYPE_CHECKING:
     from percolake.rpc import TlsConfig
-from storage_adapters import KVStore, open_store
-from tso import TimestampBatcher, TimestampOracle
+from storage_adapters import KVStore, StoreError, open_store
+from tso import OracleFencedError, TimestampBatcher, TimestampOracle
 from txn._config import TransactionConfig
-from txn._isolation import Isolation
+from txn._isolation import Isolation, TransactionStatus
 from txn._runtime import Runtime
 from txn._services import LockService, TimestampSource
+from txn._status import ABORTED
 from txn._transaction import Transaction
-from txn.errors import TransactionConflictError, TransactionError
+from txn.errors import ServiceUnavailableError, TransactionConflictError, TransactionError
 from txn.failpoints import FailPoints
 
 log = logging.getLogger(__name__)
@@ -146,14 +147,32 @@ class TransactionManager:
         self._rt.locks = locks
         self._rt.resolver._locks = locks
 
-    def outcome(self, start_ts: int, *, settle: bool = False) -> int | None:
+    def outcome(self, txn_id: str, *, settle: bool = False) -> TransactionStatus | None:
+        """``COMMITTED`` or ``ABORTED`` once decided; ``None`` while undecided.
+
+        With ``settle`` the answer is final: an undecided transaction is settled as
+        aborted (rule S3), so it can never commit afterwards.
+        """
+        if not isinstance(txn_id, str) or not txn_id.isdigit():
+            raise ValueError(f"txn_id must be a transaction id (a str of digits), got {txn_id!r}")
+        found = self.outcome_of(int(txn_id), settle=settle)
+        if found is None:
+            return None
+        return TransactionStatus.ABORTED if found == ABORTED else TransactionStatus.COMMITTED
+
+    def outcome_of(self, start_ts: int, *, settle: bool = False) -> int | None:
         """The commit timestamp of the transaction that started at ``start_ts``, or ABORTED
         (-1); ``None`` while undecided. With ``settle``, an undecided one is settled (S3).
         """
         resolver = self._rt.resolver
-        if settle:
-            return resolver.resolve([start_ts])[start_ts]
-        return resolver.read([start_ts]).get(start_ts)
+        try:
+            if settle:
+                return resolver.resolve([start_ts])[start_ts]
+            return resolver.read([start_ts]).get(start_ts)
+        except StoreError as exc:
+            raise ServiceUnavailableError(
+                f"outcome of transaction {start_ts} unknown: the store failed: {exc}"
+            ) from exc
 
     def wait_for_cleanup(self) -> None:
         """Block until queued removal of aborted versions is done."""
@@ -166,7 +185,11 @@ class TransactionManager:
             raise TypeError(f"isolation must be an Isolation, got {isolation!r}")
         if self._closed:
             raise TransactionError("transaction manager is closed")
-        return Transaction(self._rt, self._rt.timestamps.next_timestamp(), isolation)
+        try:
+            start_ts = self._rt.timestamps.next_timestamp()
+        except (StoreError, OracleFencedError) as exc:
+            raise ServiceUnavailableError(f"no start timestamp: {exc}") from exc
+        return Transaction(self._rt, start_ts, isolation)
 
     def run(
         self,

@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from storage_adapters import KVStore
+from storage_adapters import KVStore, StoreError
 from txn._config import TransactionConfig
 from txn._services import LockService, commit_lock
 
@@ -113,7 +113,14 @@ class StatusResolver:
         result = self._store.put_unless_exists(
             TXN_TABLE, txn_key(start_ts), encode_outcome(ABORTED)
         )
-        outcome = decode_outcome(result.current) if result.current is not None else ABORTED
+        if result.current is None:
+            # The store broke its contract: neither applied nor showed the row that
+            # stopped it. Taking that as ABORTED could contradict a commit (S3).
+            raise StoreError(
+                f"put-unless-exists of transaction {start_ts}'s outcome returned no value "
+                f"(applied={result.applied}); its outcome stays unknown"
+            )
+        outcome = decode_outcome(result.current)
         if result.applied:
             log.debug("settled undecided transaction %d as aborted", start_ts)
         self.remember(start_ts, outcome)

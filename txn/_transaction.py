@@ -13,7 +13,7 @@ from storage_adapters._base import check_key, check_value
 from txn._buffer import WriteBuffer
 from txn._committer import STEPS, Commit
 from txn._isolation import Isolation, TransactionStatus
-from txn.errors import TransactionClosedError, TransactionError
+from txn.errors import ServiceUnavailableError, TransactionClosedError
 
 if TYPE_CHECKING:
     from txn._runtime import Runtime
@@ -40,6 +40,16 @@ class ReadSet:
 
     cells: dict[tuple[str, Cell], bytes | None] = field(default_factory=dict)
     scans: list[ScanRecord] = field(default_factory=list)
+
+
+def _pull(
+    rows: Iterator[tuple[bytes, bytes, bytes | None]], table: str
+) -> tuple[bytes, bytes, bytes | None] | None:
+    """The next row of a store scan; a store failure is a transaction error, as in ``get``."""
+    try:
+        return next(rows, None)
+    except StoreError as exc:
+        raise ServiceUnavailableError(f"scan of {table!r} failed: {exc}") from exc
 
 
 def _check_cell(row: object, column: object) -> Cell:
@@ -111,7 +121,7 @@ class Transaction:
             try:
                 visible = self._rt.reader.read_cells(table, from_store, self.start_ts)
             except StoreError as exc:
-                raise TransactionError(f"read of {table!r} failed: {exc}") from exc
+                raise ServiceUnavailableError(f"read of {table!r} failed: {exc}") from exc
             if self._reads is not None:
                 for cell in from_store:
                     self._reads.cells[(table, cell)] = visible.get(cell)
@@ -158,29 +168,31 @@ class Transaction:
             self.start_ts,
             page_size=self._rt.config.scan_page_size,
         )
-        buffered = self._writes.range(record.table, record.start_row, record.end_row)
-        next_stored = next(stored, None)
-        next_buffered = next(buffered, None)
-        while next_stored is not None or next_buffered is not None:
+        next_stored = _pull(stored, record.table)
+        cursor: Cell | None = None
+        while True:
             self._check_active()
-            take_buffer = next_stored is None or (
-                next_buffered is not None
-                and next_buffered[0] <= Cell(next_stored[0], next_stored[1])
+            # The store side is fixed at start_ts; our own writes may change between
+            # two pulls (this thread, or an attached executor through the gateway), so
+            # the next buffered cell is looked up afresh after the cursor every time.
+            buffered = self._writes.first_from(
+                record.table, cursor, record.start_row, record.end_row
             )
-            if take_buffer:
-                assert next_buffered is not None
-                cell, value = next_buffered
-                if next_stored is not None and cell == Cell(next_stored[0], next_stored[1]):
+            if next_stored is None and buffered is None:
+                break
+            stored_cell = None if next_stored is None else Cell(next_stored[0], next_stored[1])
+            value: bytes | None
+            if buffered is not None and (stored_cell is None or buffered[0] <= stored_cell):
+                cell, value = buffered
+                if next_stored is not None and cell == stored_cell:
                     self._observe(record, next_stored)  # shadowed by our own write
-                    next_stored = next(stored, None)
-                next_buffered = next(buffered, None)
+                    next_stored = _pull(stored, record.table)
             else:
-                assert next_stored is not None
-                row, column, value = next_stored
-                cell = Cell(row, column)
+                assert next_stored is not None and stored_cell is not None
+                cell, value = stored_cell, next_stored[2]
                 self._observe(record, next_stored)
-                next_stored = next(stored, None)
-            record.upto = cell
+                next_stored = _pull(stored, record.table)
+            record.upto = cursor = cell
             if value is not None:
                 yield cell.row, cell.column, value
         record.exhausted = True

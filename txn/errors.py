@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-
-class TransactionError(Exception):
-    """Root of every error the transaction layer raises."""
+from percolake.errors import (
+    PercolakeError,
+    ServiceUnavailableError,
+    TransactionError,
+    UnauthenticatedError,
+)
 
 
 class TransactionClosedError(TransactionError):
@@ -46,10 +49,13 @@ class CommitUnknownError(TransactionError):
 __all__ = [
     "CommitUnknownError",
     "NotTransactionOwnerError",
+    "PercolakeError",
+    "ServiceUnavailableError",
     "TransactionAbortedError",
     "TransactionClosedError",
     "TransactionConflictError",
     "TransactionError",
     "TransactionLimitError",
     "TransactionNotFoundError",
+    "UnauthenticatedError",
 ]

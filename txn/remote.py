@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import TypeVar
@@ -27,7 +28,7 @@ from percolake.v1 import transaction_pb2_grpc as pb_grpc
 from storage_adapters import check_table
 from storage_adapters._base import check_key, check_value
 from txn._isolation import Isolation, TransactionStatus
-from txn._lowering import isolation_from_pb, isolation_to_pb
+from txn._lowering import isolation_from_pb, isolation_to_pb, state_from_pb
 from txn._manager import run_with_retries
 from txn.errors import (
     CommitUnknownError,
@@ -149,8 +150,11 @@ class RemoteTransaction:
                     batch.scan_id, pb.ScanProgress(scan_id=batch.scan_id)
                 )
             for cell in batch.cells:
-                yield cell.row, cell.column, cell.value
+                # Report a row as read before handing it over: the caller may stop
+                # after it (``next(iter(tx.scan(...)))``), and a SERIALIZABLE commit
+                # validates the scan exactly as far as this bound says.
                 progress.last.row, progress.last.column = cell.row, cell.column
+                yield cell.row, cell.column, cell.value
         if progress is not None:
             progress.exhausted = True
 
@@ -241,8 +245,10 @@ class RemoteTransaction:
         self._pending.clear()
         self.status = TransactionStatus.ABORTED
         try:
-            self._m._call(self._m._stub.Abort, pb.AbortRequest(txn_id=self.id))
-        except (ServiceUnavailableError, RpcError, TransactionError) as exc:
+            self._m._call(
+                self._m._stub.Abort, pb.AbortRequest(txn_id=self.id, commit_secret=self._secret)
+            )
+        except TransactionError as exc:
             # Nothing was committed; the gateway reaps it as idle if it never heard.
             log.debug("abort of %s not confirmed: %s", self.id, exc)
 
@@ -291,6 +297,8 @@ class RemoteTransactionManager:
         self._stub = pb_grpc.TransactionServiceStub(self._conn.channel)
         self.timeout_s = timeout_s
         self._closed = False
+        # Attached handles, so that close() can tell whose buffered writes it drops.
+        self._attached: weakref.WeakSet[RemoteTransaction] = weakref.WeakSet()
 
     @property
     def address(self) -> str:
@@ -312,7 +320,11 @@ class RemoteTransactionManager:
         if not isinstance(txn_id, str) or not txn_id:
             raise ValueError("txn_id must be a non-empty str")
         got = self._call(self._stub.Attach, pb.AttachRequest(txn_id=txn_id))
-        return RemoteTransaction(self, txn_id, got.start_ts, isolation_from_pb(got.isolation), None)
+        handle = RemoteTransaction(
+            self, txn_id, got.start_ts, isolation_from_pb(got.isolation), None
+        )
+        self._attached.add(handle)
+        return handle
 
     def run(
         self,
@@ -323,21 +335,64 @@ class RemoteTransactionManager:
         return run_with_retries(self.begin, fn, isolation, max_attempts)
 
     def outcome(self, txn_id: str, *, settle: bool = False) -> TransactionStatus | None:
-        """What the gateway knows of a transaction; ``None`` while it is undecided."""
-        got = self._call(self._stub.Status, pb.StatusRequest(txn_id=txn_id, settle=settle))
-        if got.state == pb.TRANSACTION_STATE_UNSPECIFIED:
-            return None
-        from txn._lowering import state_from_pb
+        """``COMMITTED`` or ``ABORTED`` once decided; ``None`` while undecided.
 
-        return state_from_pb(got.state)
+        With ``settle`` the answer is final (rule S6): a transaction still open on
+        the gateway is aborted there first, so a Commit of it that is still on its
+        way can no longer land.
+        """
+        if not isinstance(txn_id, str) or not txn_id:
+            raise ValueError("txn_id must be a non-empty str")
+        got = self._call(self._stub.Status, pb.StatusRequest(txn_id=txn_id, settle=settle))
+        state = state_from_pb(got.state) if got.state != pb.TRANSACTION_STATE_UNSPECIFIED else None
+        if state in (TransactionStatus.COMMITTED, TransactionStatus.ABORTED):
+            return state
+        return None
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._conn.close()
+        """Close the channel. Raises if attached handles still held unsent writes.
+
+        Those writes are dropped (the gateway never saw them), which is right for a
+        task that failed, but a task that meant them to count must ``detach()`` or
+        leave its ``with`` block first: silence here would lose data unnoticed.
+        """
+        dropped = self._drop_attached()
+        if dropped:
+            raise TransactionError(
+                f"transaction manager closed with unsent writes of attached transactions: "
+                f"{dropped}; nothing of them reached the gateway (call detach() or leave the "
+                "handle's with-block before closing)"
+            )
+
+    def _drop_attached(self) -> str:
+        if self._closed:
+            return ""
+        self._closed = True
+        lost = [
+            f"{len(h._pending)} writes of {h.id}"
+            for h in list(self._attached)
+            if h.status is TransactionStatus.ACTIVE and h._pending
+        ]
+        for handle in list(self._attached):
+            handle._pending.clear()
+            handle.status = TransactionStatus.ABORTED
+        self._conn.close()
+        return ", ".join(lost)
 
     def __enter__(self) -> RemoteTransactionManager:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # Already failing: dropping the writes of a failed task is intended; say so
+        # without hiding the error in flight.
+        dropped = self._drop_attached()
+        if dropped:
+            log.warning("closing after %s: dropped unsent %s", exc_type.__name__, dropped)

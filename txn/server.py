@@ -128,6 +128,21 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                 finally:
                     entry.lock.release()
 
+    def _fence(self, txn_id: str, entry: _Open) -> tuple[TransactionStatus, int | None]:
+        """Decide an open transaction for good: settling must fence (rule S6).
+
+        Waits for a commit in progress to end; a transaction still ACTIVE is
+        aborted, so a Commit request of it that has not run yet (queued behind a
+        Write, or waiting for a worker thread) finds it closed and cannot land.
+        """
+        with entry.lock:
+            if entry.tx.status is TransactionStatus.ACTIVE:
+                entry.tx.abort()
+                log.info("aborted open transaction %s to settle its outcome", txn_id)
+            if entry.tx.status is not TransactionStatus.COMMITTING:
+                self._finish(txn_id, entry)
+            return entry.tx.status, entry.tx.commit_ts
+
     def shutdown(self) -> None:
         """Abort every transaction that is not committing; called after the server drained."""
         self._stop.set()
@@ -249,10 +264,7 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
         try:
             entry = self._entry(request.txn_id)
-            if not hmac.compare_digest(request.commit_secret.encode(), entry.secret.encode()):
-                raise NotTransactionOwnerError(
-                    f"only the client that began transaction {request.txn_id} may commit it"
-                )
+            _check_owner(entry, request.commit_secret, request.txn_id, "commit")
             with entry.lock:
                 for progress in request.scans:
                     last = progress.last if progress.HasField("last") else None
@@ -273,6 +285,7 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
     def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortResponse:
         try:
             entry = self._entry(request.txn_id)
+            _check_owner(entry, request.commit_secret, request.txn_id, "abort")
             with entry.lock:
                 entry.tx.abort()
                 self._finish(request.txn_id, entry)
@@ -297,10 +310,15 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                 entry = self._open.get(request.txn_id)
                 finished = self._finished.get(request.txn_id)
             if entry is not None:
-                tx = entry.tx
-                return pb.StatusResponse(
-                    state=state_to_pb(tx.status), start_ts=tx.start_ts, commit_ts=tx.commit_ts or 0
-                )
+                if request.settle:
+                    finished = self._fence(request.txn_id, entry)
+                else:
+                    tx = entry.tx
+                    return pb.StatusResponse(
+                        state=state_to_pb(tx.status),
+                        start_ts=tx.start_ts,
+                        commit_ts=tx.commit_ts or 0,
+                    )
             start_ts = _start_ts_of(request.txn_id)
             if finished is not None and finished[0] is not TransactionStatus.UNKNOWN:
                 status, commit_ts = finished
@@ -308,7 +326,7 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                     state=state_to_pb(status), start_ts=start_ts, commit_ts=commit_ts or 0
                 )
             # Not open here: the transactions table is the truth, on any gateway.
-            outcome = self._tm.outcome(start_ts, settle=request.settle)
+            outcome = self._tm.outcome_of(start_ts, settle=request.settle)
         except Exception as exc:
             abort_with(context, exc)
         if outcome is None:
@@ -317,6 +335,13 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
             return pb.StatusResponse(state=pb.TRANSACTION_STATE_ABORTED, start_ts=start_ts)
         return pb.StatusResponse(
             state=pb.TRANSACTION_STATE_COMMITTED, start_ts=start_ts, commit_ts=outcome
+        )
+
+
+def _check_owner(entry: _Open, secret: str, txn_id: str, what: str) -> None:
+    if not hmac.compare_digest(secret.encode(), entry.secret.encode()):
+        raise NotTransactionOwnerError(
+            f"only the client that began transaction {txn_id} may {what} it"
         )
 
 

@@ -473,15 +473,21 @@ class AbortRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TXN_ID_FIELD_NUMBER: _builtins.int
+    COMMIT_SECRET_FIELD_NUMBER: _builtins.int
     txn_id: _builtins.str
+    commit_secret: _builtins.str
+    """The secret from BeginResponse: only the client that began a transaction may
+    abort it (an attached executor may not).
+    """
     def __init__(
         self,
         *,
         txn_id: _builtins.str = ...,
+        commit_secret: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["txn_id", b"txn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_secret", b"commit_secret", "txn_id", b"txn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
