@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from percolake.errors import PercolakeError
+
 log = logging.getLogger(__name__)
 
 #: Upper bound on a lease: a lease is a promise that the holder is alive, and one
@@ -33,7 +35,7 @@ class LockToken(NamedTuple):
     lock_id: int
 
 
-class StaleTokenError(ValueError):
+class StaleTokenError(PercolakeError, ValueError):
     """The token comes from another epoch: the lock server restarted since."""
 
 

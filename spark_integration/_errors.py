@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from percolake.errors import PercolakeError
 from txn.errors import TransactionConflictError
 
 
-class LakehouseError(Exception):
+class LakehouseError(PercolakeError):
     """Root of the errors raised by lakehouse tables (transaction errors pass through)."""
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from percolake.errors import PercolakeError
+
 log = logging.getLogger(__name__)
 
 #: The Cassandra release fetched when none is asked for (a 5.0.x from Maven Central).
@@ -122,7 +124,7 @@ _LOGBACK_XML = """<configuration scan="false">
 """
 
 
-class CassandraError(RuntimeError):
+class CassandraError(PercolakeError, RuntimeError):
     """Cassandra could not be fetched, started or stopped; the message says why."""
 
 

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, TypeAlias, TypeGuard
 
+from percolake.errors import PercolakeError
+
 Key: TypeAlias = str | int
 Status: TypeAlias = Literal["ok", "fail", "info"]
 
@@ -25,7 +27,7 @@ _OP_TYPES = frozenset({"invoke", "ok", "fail", "info"})
 _NEMESIS = "nemesis"
 
 
-class HistoryError(ValueError):
+class HistoryError(PercolakeError, ValueError):
     """The history cannot be checked: malformed input. ``line`` is 1-based (0: no line)."""
 
     def __init__(self, source: str, line: int, problem: str) -> None:

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from lockserver import LockTable
-from storage_adapters import StoreTimeoutError
+from storage_adapters import StoreError, StoreTimeoutError, StoreUnavailableError
 from txn import TransactionManager, TransactionStatus
 from txn import failpoints as fp
 from txn._status import ABORTED
@@ -172,3 +172,41 @@ def test_aborted_writers_versions_are_cleaned_up(tm: TransactionManager) -> None
     left = tm.store.get_version_timestamps(T, [(b"a", C), (b"b", C)])
     assert all(t2.start_ts not in tss for tss in left.values())
     assert tm._rt.resolver.read([t2.start_ts]) == {t2.start_ts: ABORTED}
+
+
+@pytest.mark.parametrize("error", [StoreUnavailableError, StoreError])
+def test_unavailable_after_the_commit_point_applied_is_settled_not_aborted(
+    tm: TransactionManager, error: type[StoreError]
+) -> None:
+    """Issue 12, hole 6; failed before the fix.
+
+    With Cassandra's Paxos v1 the commit LWT can raise Unavailable after a quorum
+    accepted the proposal, and a later Paxos round completes it. The committer took
+    every store error but a timeout as "definitely aborted": it answered
+    ``TransactionAbortedError`` (and queued its versions for clean-up) while the
+    transactions table said committed.
+    """
+    tx = tm.begin()
+    tx.put(T, b"a", C, b"1")
+    tm.failpoints.enable(
+        fp.AFTER_COMMIT_POINT, fp.raise_error(lambda: error("Unavailable after accept")), times=1
+    )
+    commit_ts = tx.commit()
+    assert tx.status is TransactionStatus.COMMITTED and commit_ts > tx.start_ts
+    assert value(tm, b"a") == b"1"
+    assert tm.outcome(tx.id) is TransactionStatus.COMMITTED
+
+
+def test_unavailable_before_the_commit_point_is_settled_by_reissuing(
+    tm: TransactionManager,
+) -> None:
+    """An error that may come before or after the proposal is settled the same way."""
+    tx = tm.begin()
+    tx.put(T, b"a", C, b"1")
+    tm.failpoints.enable(
+        fp.BEFORE_COMMIT_POINT,
+        fp.raise_error(lambda: StoreUnavailableError("Unavailable")),
+        times=1,
+    )
+    tx.commit()
+    assert value(tm, b"a") == b"1"
