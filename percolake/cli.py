@@ -11,6 +11,9 @@ from percolake import __version__
 
 log = logging.getLogger("percolake")
 
+#: ``percolake serve`` could not start: another oracle already serves the store (S7).
+EXIT_STORE_IN_USE = 3
+
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -148,7 +151,13 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise ValueError("the lock server keeps no data: --store does not apply to it")
     except ValueError as exc:
         parser.error(str(exc))
-    return serve(config)
+    from tso._oracle import OracleAlreadyRunningError
+
+    try:
+        return serve(config)
+    except OracleAlreadyRunningError as exc:
+        sys.stderr.write(f"percolake serve: {exc}\n")
+        return EXIT_STORE_IN_USE
 
 
 def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

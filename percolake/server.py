@@ -101,7 +101,13 @@ class RunningServer:
             options=options,
             interceptors=interceptors,
         )
-        names = self._add_services()
+        try:
+            names = self._add_services()
+        except BaseException:
+            # Fail before listening (a second oracle on the store, say) without
+            # leaving the store open behind us.
+            self._close_all()
+            raise
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
@@ -141,7 +147,8 @@ class RunningServer:
         store = self._open_store() if role != "locks" else None
         if role in ("all", "tso"):
             assert store is not None
-            oracle = TimestampOracle(store)
+            oracle = TimestampOracle(store)  # refuses while another oracle serves the store
+            self._closers.insert(0, oracle.close)
             timestamp_pb2_grpc.add_TimestampServiceServicer_to_server(
                 TimestampServicer(oracle), self.server
             )
@@ -177,6 +184,11 @@ class RunningServer:
             names.append(_SERVICE_NAMES["txn"])
         return names
 
+    def _close_all(self) -> None:
+        for close in self._closers:
+            close()
+        self._closers.clear()
+
     def stop(self) -> None:
         """Drain in-flight calls (commits finish), abort open transactions, close the store."""
         if self.stopped.is_set():
@@ -185,8 +197,7 @@ class RunningServer:
         self.server.stop(self.config.grace_s).wait()
         if self._gateway is not None:
             self._gateway.shutdown()
-        for close in self._closers:
-            close()
+        self._close_all()
         log.info("percolake %s on %s stopped", self.config.role, self.address)
         self.stopped.set()
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -30,6 +31,7 @@ from typing import NamedTuple
 MAX_TIMESTAMP = (1 << 63) - 1
 
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_ROLE_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}")
 
 
 class Cell(NamedTuple):
@@ -86,6 +88,73 @@ class StoreTimeoutError(StoreError):
     For a conditional write the caller settles the outcome by re-reading the row
     with :meth:`KVStore.get_system` or by re-issuing the same conditional write.
     """
+
+
+class StoreClaimedError(StoreError):
+    """Another holder has the exclusive claim on a role of this store (see :meth:`KVStore.claim`).
+
+    ``holder`` says who, as far as the backend can tell (``"pid 1234"``), and ``where``
+    what the claim is held on (a lock file), for the operator.
+    """
+
+    def __init__(self, message: str, *, role: str, holder: str | None, where: str) -> None:
+        super().__init__(message)
+        self.role = role
+        self.holder = holder
+        self.where = where
+
+
+class Claim:
+    """An exclusive claim on one role of one store, held until :meth:`release`.
+
+    ``exclusive`` is ``False`` for a backend that cannot tell whether another process
+    holds the role: such a claim guards nothing. Releasing is idempotent; closing the
+    store releases its claims, and so does the death of the process for backends
+    whose claims are OS locks.
+    """
+
+    def __init__(
+        self, role: str, where: str, *, exclusive: bool, on_release: Callable[[], None] | None
+    ) -> None:
+        self.role = role
+        self.where = where
+        self.exclusive = exclusive
+        self._on_release = on_release
+        self._lock = threading.Lock()
+        self._held = True
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+            on_release, self._on_release = self._on_release, None
+        if on_release is not None:
+            on_release()
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "held" if self._held else "released"
+        kind = "exclusive" if self.exclusive else "not exclusive"
+        return f"Claim({self.role!r} on {self.where}, {kind}, {state})"
+
+
+def check_role(role: object) -> str:
+    """Validate a claim's role name: lower-case letters, digits and ``-``."""
+    if not isinstance(role, str):
+        raise TypeError(f"role must be str, got {type(role).__name__}")
+    if not _ROLE_NAME.fullmatch(role):
+        raise ValueError(f"invalid role {role!r}: expected [a-z][a-z0-9-]{{0,63}}")
+    return role
 
 
 def check_table(table: object) -> str:
@@ -263,6 +332,23 @@ class KVStore(abc.ABC):
     @abc.abstractmethod
     def get_system(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         """Read system rows linearizably (Cassandra: SERIAL); absent keys left out."""
+
+    # --- exclusive roles -------------------------------------------------------
+
+    def claim(self, role: str) -> Claim:
+        """Hold ``role`` (e.g. ``"oracle"``) on this store exclusively until released.
+
+        Raises :class:`StoreClaimedError` naming the holder when another claim on the
+        same store holds ``role``, whether it was taken through this handle, another
+        handle in this process or another process. Not reentrant. Closing the store
+        releases the claims taken through it.
+
+        This default is for backends that cannot tell (Cassandra today): it returns a
+        claim with ``exclusive=False`` that guards nothing, and the oracle's
+        compare-and-set fencing is all there is until leader leases exist (S7).
+        """
+        check_role(role)
+        return Claim(role, self.url, exclusive=False, on_release=None)
 
     # --- lifecycle -------------------------------------------------------------
 

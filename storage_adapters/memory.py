@@ -11,12 +11,15 @@ from storage_adapters._base import (
     MAX_TIMESTAMP,
     CasResult,
     Cell,
+    Claim,
     KVStore,
     ScanEntry,
+    StoreClaimedError,
     Version,
     VersionWrite,
     check_cells,
     check_key,
+    check_role,
     check_scan,
     check_table,
     check_ts,
@@ -41,6 +44,7 @@ class MemoryStore(KVStore):
         self._lock = threading.Lock()
         self._tables: dict[str, SortedDict] = {}  # table -> SortedDict[Cell, _Versions]
         self._system: dict[str, dict[bytes, bytes]] = {}
+        self._claims: dict[str, Claim] = {}
         self._closed = False
 
     def _cells_of(self, table: str) -> SortedDict:
@@ -218,9 +222,36 @@ class MemoryStore(KVStore):
             rows = self._system.get(table, {})
             return {k: rows[k] for k in wanted if k in rows}
 
+    def claim(self, role: str) -> Claim:
+        """Exclusive per store object: a ``memory://`` store lives in one process only."""
+        check_role(role)
+        with self._lock:
+            self._check_open()
+            if role in self._claims:
+                raise StoreClaimedError(
+                    f"{role} of {self.url} (object {id(self):#x}) is already claimed "
+                    "in this process",
+                    role=role,
+                    holder="this process",
+                    where=f"{self.url} object {id(self):#x}",
+                )
+            claim = Claim(
+                role, self.url, exclusive=True, on_release=lambda: self._unclaim(role, claim)
+            )
+            self._claims[role] = claim
+            return claim
+
+    def _unclaim(self, role: str, claim: Claim) -> None:
+        with self._lock:
+            if self._claims.get(role) is claim:
+                del self._claims[role]
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            claims = list(self._claims.values())
+        for claim in claims:
+            claim.release()
 
 
 def _newest_below(per_cell: _Versions | None, below_ts: int) -> Version | None:

@@ -4,33 +4,51 @@ One SQLite file in WAL mode. A single connection guarded by a lock serves every
 thread of the process; SQLite serialises writers anyway, and one connection keeps
 put-unless-exists and compare-and-set trivially linearizable. ``synchronous=FULL``
 by default so that an acknowledged commit survives power loss, not only a crash;
-``?synchronous=normal`` trades that for speed.
+``?synchronous=normal`` trades that for speed. ``?busy_timeout_ms=N`` (default
+30,000) bounds how long a write waits for another process's write lock.
+
+Every ``sqlite3`` error leaves as a :class:`StoreError` (see :func:`_store_error`), with
+the connection's transaction rolled back and the adapter's lock released. Claims
+(:meth:`SQLiteStore.claim`) are OS file locks next to the database file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import logging
 import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
 from storage_adapters._base import (
     MAX_TIMESTAMP,
     CasResult,
     Cell,
+    Claim,
     KVStore,
     ScanEntry,
+    StoreClaimedError,
+    StoreError,
+    StoreTimeoutError,
+    StoreUnavailableError,
     Version,
     VersionWrite,
     check_cells,
     check_key,
+    check_role,
     check_scan,
     check_table,
     check_ts,
     check_value,
     check_writes,
 )
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS versions (
@@ -44,6 +62,8 @@ CREATE TABLE IF NOT EXISTS system_rows (
 """
 
 _SYNC_MODES = {"full": "FULL", "normal": "NORMAL", "off": "OFF"}
+#: How long a write waits for another connection's write lock before "database is locked".
+DEFAULT_BUSY_TIMEOUT_MS = 30_000
 
 # Bare columns next to max() take their values from the row holding the maximum: a
 # documented SQLite rule that gives "newest version per cell" in one indexed pass.
@@ -54,8 +74,14 @@ GROUP BY row, col ORDER BY row, col LIMIT ?
 """
 
 
-def parse_sqlite_url(url: str) -> tuple[str, str]:
-    """Return ``(path, synchronous_mode)`` for a ``sqlite:///...`` URL."""
+class SQLiteOptions(NamedTuple):
+    path: str
+    synchronous: str
+    busy_timeout_ms: int
+
+
+def parse_sqlite_url(url: str) -> SQLiteOptions:
+    """The database path and options of a ``sqlite:///...`` URL."""
     parts = urlsplit(url)
     if parts.scheme != "sqlite":
         raise ValueError(f"not a sqlite URL: {url!r}")
@@ -68,7 +94,7 @@ def parse_sqlite_url(url: str) -> tuple[str, str]:
     if not path or path.endswith("/"):
         raise ValueError(f"invalid sqlite URL {url!r}: no database file path")
     options = parse_qs(parts.query, keep_blank_values=True)
-    unknown = set(options) - {"synchronous"}
+    unknown = set(options) - {"synchronous", "busy_timeout_ms"}
     if unknown:
         raise ValueError(f"invalid sqlite URL {url!r}: unknown option(s) {sorted(unknown)}")
     sync = options.get("synchronous", ["full"])[-1].lower()
@@ -76,30 +102,91 @@ def parse_sqlite_url(url: str) -> tuple[str, str]:
         raise ValueError(
             f"invalid sqlite URL {url!r}: synchronous must be one of {sorted(_SYNC_MODES)}"
         )
-    return path, _SYNC_MODES[sync]
+    busy = options.get("busy_timeout_ms", [str(DEFAULT_BUSY_TIMEOUT_MS)])[-1]
+    if not busy.isdigit():
+        raise ValueError(
+            f"invalid sqlite URL {url!r}: busy_timeout_ms must be a non-negative integer"
+        )
+    return SQLiteOptions(path, _SYNC_MODES[sync], int(busy))
+
+
+# Which StoreError a sqlite3 error becomes. A statement that fails is rolled back by
+# SQLite (and an explicit transaction by us), so a failed write normally changed
+# nothing: StoreError, or StoreUnavailableError when another connection held the lock
+# (SQLITE_BUSY/SQLITE_LOCKED: the write never started). The exception is an I/O error
+# during a write: the WAL frames of the commit may have reached the file before the
+# error, and WAL recovery replays complete frames, so the write may surface later.
+# That is an unknown outcome, which callers settle by re-reading (StoreTimeoutError).
+_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+
+def _store_error(exc: sqlite3.Error, path: str, *, writes: bool) -> StoreError:
+    code: int | None = getattr(exc, "sqlite_errorcode", None)
+    primary = None if code is None else code & 0xFF  # extended codes keep it in the low byte
+    message = f"sqlite {path}: {exc}"
+    if primary in _BUSY_CODES:
+        return StoreUnavailableError(message)
+    if writes and primary == sqlite3.SQLITE_IOERR:
+        return StoreTimeoutError(f"{message} (the write may or may not have been applied)")
+    return StoreError(message)
+
+
+def _lock_holder(fd: int) -> str | None:
+    """The pid a claim's holder wrote into its lock file, if it has yet."""
+    with contextlib.suppress(OSError, ValueError):
+        return f"pid {int(os.pread(fd, 32, 0).decode().strip())}"
+    return None
 
 
 class SQLiteStore(KVStore):
     """:class:`KVStore` on one SQLite file."""
 
     def __init__(self, url: str) -> None:
-        path, sync = parse_sqlite_url(url)
+        path, sync, busy_timeout_ms = parse_sqlite_url(url)
         self._url = url
         self.path = path
         parent = os.path.dirname(os.path.abspath(path))
         os.makedirs(parent, exist_ok=True)
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA synchronous={sync}")
-        self._conn.execute("PRAGMA busy_timeout=30000")
-        self._conn.executescript(_SCHEMA)
+        self._claims: dict[str, Claim] = {}
+        try:
+            self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise _store_error(exc, path, writes=False) from exc
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute(f"PRAGMA synchronous={sync}")
+            self._conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise _store_error(exc, path, writes=True) from exc
         self._closed = False
 
-    def _cursor(self) -> sqlite3.Cursor:
-        if self._closed:
-            raise ValueError("store is closed")
-        return self._conn.cursor()
+    @contextlib.contextmanager
+    def _using(self, *, writes: bool) -> Iterator[sqlite3.Cursor]:
+        """The connection's cursor under the adapter's lock; sqlite3 errors become StoreErrors."""
+        with self._lock:
+            if self._closed:
+                raise ValueError("store is closed")
+            try:
+                yield self._conn.cursor()
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise _store_error(exc, self.path, writes=writes) from exc
+            except BaseException:
+                self._rollback()
+                raise
+
+    def _rollback(self) -> None:
+        # SQLite rolls some failures back itself (then there is nothing left to roll
+        # back); a busy COMMIT leaves the transaction open, and ours must not linger.
+        if not self._conn.in_transaction:
+            return
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            log.warning("sqlite %s: rollback after a failure failed too: %s", self.path, exc)
 
     def put_versions(self, table: str, versions: Sequence[VersionWrite]) -> None:
         check_table(table)
@@ -107,19 +194,13 @@ class SQLiteStore(KVStore):
         if not writes:
             return
         rows = [(table, v.row, v.column, v.ts, v.value) for v in writes]
-        with self._lock:
-            cur = self._cursor()
+        with self._using(writes=True) as cur:
             cur.execute("BEGIN")
-            try:
-                cur.executemany(
-                    "INSERT OR REPLACE INTO versions (tbl, row, col, ts, value) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    rows,
-                )
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+            cur.executemany(
+                "INSERT OR REPLACE INTO versions (tbl, row, col, ts, value) VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            cur.execute("COMMIT")
 
     def get_latest(
         self, table: str, cells: Sequence[tuple[bytes, bytes]], below_ts: int
@@ -128,8 +209,7 @@ class SQLiteStore(KVStore):
         wanted = check_cells(cells)
         check_ts("below_ts", below_ts)
         out: dict[Cell, Version] = {}
-        with self._lock:
-            cur = self._cursor()
+        with self._using(writes=False) as cur:
             for cell in wanted:
                 found = cur.execute(
                     "SELECT ts, value FROM versions WHERE tbl = ? AND row = ? AND col = ? "
@@ -169,8 +249,8 @@ class SQLiteStore(KVStore):
             if end_row is not None:
                 params.append(end_row)
             params.append(page_size)
-            with self._lock:
-                page = self._cursor().execute(sql, params).fetchall()
+            with self._using(writes=False) as cur:
+                page = cur.execute(sql, params).fetchall()
             for row, col, ts, value in page:
                 yield ScanEntry(row, col, ts, value)
             if len(page) < page_size:
@@ -191,8 +271,7 @@ class SQLiteStore(KVStore):
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be positive, got {limit}")
         out: dict[Cell, list[int]] = {}
-        with self._lock:
-            cur = self._cursor()
+        with self._using(writes=False) as cur:
             for cell in wanted:
                 tss = [
                     r[0]
@@ -221,24 +300,18 @@ class SQLiteStore(KVStore):
         ]
         if not doomed:
             return
-        with self._lock:
-            cur = self._cursor()
+        with self._using(writes=True) as cur:
             cur.execute("BEGIN")
-            try:
-                cur.executemany(
-                    "DELETE FROM versions WHERE tbl = ? AND row = ? AND col = ? AND ts = ?", doomed
-                )
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+            cur.executemany(
+                "DELETE FROM versions WHERE tbl = ? AND row = ? AND col = ? AND ts = ?", doomed
+            )
+            cur.execute("COMMIT")
 
     def put_unless_exists(self, table: str, key: bytes, value: bytes) -> CasResult:
         check_table(table)
         check_key("key", key)
         check_value(value)
-        with self._lock:
-            cur = self._cursor()
+        with self._using(writes=True) as cur:
             cur.execute(
                 "INSERT INTO system_rows (tbl, key, value) VALUES (?, ?, ?) "
                 "ON CONFLICT (tbl, key) DO NOTHING",
@@ -261,8 +334,7 @@ class SQLiteStore(KVStore):
         check_value(value)
         if expected is None:
             return self.put_unless_exists(table, key, value)
-        with self._lock:
-            cur = self._cursor()
+        with self._using(writes=True) as cur:
             cur.execute(
                 "UPDATE system_rows SET value = ? WHERE tbl = ? AND key = ? AND value = ?",
                 (value, table, key, expected),
@@ -278,8 +350,7 @@ class SQLiteStore(KVStore):
         check_table(table)
         wanted = [check_key("key", k) for k in keys]
         out: dict[bytes, bytes] = {}
-        with self._lock:
-            cur = self._cursor()
+        with self._using(writes=False) as cur:
             for key in wanted:
                 found = cur.execute(
                     "SELECT value FROM system_rows WHERE tbl = ? AND key = ?", (table, key)
@@ -288,8 +359,66 @@ class SQLiteStore(KVStore):
                     out[key] = found[0]
         return out
 
+    # --- claims ----------------------------------------------------------------
+
+    def claim_file(self, role: str) -> str:
+        """The lock file that holds ``role``'s claim: next to the database file."""
+        return f"{os.path.abspath(self.path)}.{check_role(role)}.lock"
+
+    def claim(self, role: str) -> Claim:
+        """An exclusive ``flock`` on :meth:`claim_file`, with this process's pid in it.
+
+        ``flock`` locks belong to one open file, so a second claim conflicts whether
+        it comes from another process or from another handle in this one; the OS
+        releases the lock when the process dies, however it dies. The file is never
+        deleted: unlinking a lock file lets two processes lock two different files.
+        """
+        path = self.claim_file(role)
+        with self._lock:
+            if self._closed:
+                raise ValueError("store is closed")
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise StoreError(f"cannot open lock file {path}: {exc}") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = (
+                    _lock_holder(fd) if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+                )
+                os.close(fd)
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise StoreError(f"cannot lock {path}: {exc}") from exc
+                if holder == f"pid {os.getpid()}":
+                    holder += " (this process)"
+                raise StoreClaimedError(
+                    f"{role} of {self.url} is held by {holder or 'another process'} "
+                    f"(lock file {path})",
+                    role=role,
+                    holder=holder,
+                    where=path,
+                ) from exc
+            with contextlib.suppress(OSError):  # the pid only helps the operator
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            claim = Claim(
+                role, path, exclusive=True, on_release=lambda: self._unclaim(role, fd, claim)
+            )
+            self._claims[role] = claim
+            return claim
+
+    def _unclaim(self, role: str, fd: int, claim: Claim) -> None:
+        os.close(fd)  # releases the flock
+        with self._lock:
+            if self._claims.get(role) is claim:
+                del self._claims[role]
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+            claims = list(self._claims.values())
+        for claim in claims:
+            claim.release()

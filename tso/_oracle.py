@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from storage_adapters import KVStore, StoreError
+from storage_adapters._base import Claim, StoreClaimedError
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +24,26 @@ DEFAULT_WINDOW = 1_000_000
 #: Timestamps start here on a fresh store; 0 stays free as "before everything".
 FIRST_TIMESTAMP = 1
 
+#: The role an oracle claims on its store (for SQLite: ``<db>.oracle.lock``).
+ORACLE_ROLE = "oracle"
+
 
 class OracleFencedError(RuntimeError):
     """Another oracle took over the bound: this one must stop serving (rule S7)."""
+
+
+class OracleAlreadyRunningError(OracleFencedError):
+    """Another oracle holds this store's oracle claim: this one refuses to start (S7).
+
+    Raised before the new oracle touches the bound, so the running one is not
+    disturbed. ``where`` is what the claim is held on (a lock file) and ``holder`` who
+    holds it (``"pid 1234"``) as far as the store can tell.
+    """
+
+    def __init__(self, message: str, *, where: str, holder: str | None) -> None:
+        super().__init__(message)
+        self.where = where
+        self.holder = holder
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +75,18 @@ class TimestampOracle:
     Before serving a timestamp at or above its persisted bound, the oracle moves
     the bound up with compare-and-set against the exact value it last wrote. A
     restart therefore starts above everything an earlier incarnation could have
-    served; a second oracle on the same store changes the row, so the first one's
-    next extension fails and it raises :class:`OracleFencedError` from then on
-    instead of serving timestamps the second may also serve.
+    served.
+
+    Two oracles must never serve together: the old one would keep serving from its
+    window (up to ``window`` timestamps) after the new one moved the bound, and
+    timestamps would interleave. So an oracle first claims its store's ``oracle`` role
+    (:meth:`KVStore.claim`; an OS file lock for SQLite) and holds it while it lives;
+    a second oracle raises :class:`OracleAlreadyRunningError` before touching the
+    bound. The claim is released by :meth:`close` or by closing the store, after
+    which this oracle serves nothing more. On a store that cannot enforce claims
+    (Cassandra, until leader leases exist) only the fencing below remains: a second
+    oracle changes the row, so the first one's next extension fails and it raises
+    :class:`OracleFencedError` from then on.
     """
 
     def __init__(self, store: KVStore, *, window: int = DEFAULT_WINDOW) -> None:
@@ -71,10 +98,28 @@ class TimestampOracle:
         self._lock = threading.Lock()
         self._fenced = False
         self._persisted: bytes | None = None
-        self._next, self._bound = self._take_over()
+        self._claim = self._claim_store(store)
+        try:
+            self._next, self._bound = self._take_over()
+        except BaseException:
+            self._claim.release()
+            raise
         log.info(
             "timestamp oracle %s serving from %d on %s", self._owner[:8], self._next, store.url
         )
+
+    @staticmethod
+    def _claim_store(store: KVStore) -> Claim:
+        try:
+            return store.claim(ORACLE_ROLE)
+        except StoreClaimedError as exc:
+            raise OracleAlreadyRunningError(
+                f"another timestamp oracle already serves {store.url}: {exc.where} is held "
+                f"by {exc.holder or 'another process'}. Only one oracle may serve a store "
+                "(rule S7): stop that one first, or point this one at another store",
+                where=exc.where,
+                holder=exc.holder,
+            ) from exc
 
     def _take_over(self) -> tuple[int, int]:
         # Retried only while other oracles start at the same moment; each lost
@@ -112,6 +157,10 @@ class TimestampOracle:
         with self._lock:
             if self._fenced:
                 raise OracleFencedError("this timestamp oracle was fenced by another")
+            if not self._claim.held:
+                # Another oracle may hold the store now: serving from our window would
+                # interleave with it.
+                raise OracleFencedError("this timestamp oracle was closed")
             if self._next + count > self._bound:
                 self._extend(count)
             first = self._next
@@ -125,3 +174,17 @@ class TimestampOracle:
     @property
     def fenced(self) -> bool:
         return self._fenced
+
+    def close(self) -> None:
+        """Stop serving and release the store's oracle claim. Idempotent.
+
+        The store stays open (the oracle does not own it); closing the store also
+        releases the claim and stops this oracle.
+        """
+        self._claim.release()
+
+    def __enter__(self) -> TimestampOracle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

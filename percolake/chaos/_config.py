@@ -20,6 +20,8 @@ NETWORK_NEMESES: Final[frozenset[str]] = frozenset({"partition", "slow"})
 
 #: Environment variable that makes gateways commit with a deliberately broken protocol.
 BROKEN_PROTOCOL_ENV: Final = "PERCOLAKE_UNSAFE_BROKEN_PROTOCOL"
+#: Environment variable that makes oracles start without claiming their store (S7).
+NO_ORACLE_CLAIM_ENV: Final = "PERCOLAKE_UNSAFE_NO_ORACLE_CLAIM"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""A deliberately broken commit protocol, switched on only by a test environment variable.
+"""Deliberately broken builds, each switched on only by a test environment variable.
 
 A chaos harness that never finds anything proves nothing. The broken-build test runs
 the same chaos workload against gateways whose commits skip the locks and check for
@@ -11,16 +11,25 @@ nothing else; it is read only by :func:`install_broken_protocol_if_requested`, w
 process calls once at start-up (the chaos gateway and client entry points do; the
 ``percolake serve`` composition root may too). It changes the commit of every
 transaction with writes in that process and logs that loudly.
+
+The second switch, ``PERCOLAKE_UNSAFE_NO_ORACLE_CLAIM=1``, makes oracles skip their
+claim on the store (:func:`disable_oracle_claims_if_requested`, honoured only by
+``python -m percolake.chaos.serve``): a second oracle on one SQLite store then starts
+and serves next to the first, as before the claim existed (rule S7), and the
+oracle-overlap chaos run must report anomalies for that build.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Callable, Mapping
+from typing import Final, TypeAlias
 
-from percolake.chaos._config import BROKEN_PROTOCOL_ENV
+from percolake.chaos._config import BROKEN_PROTOCOL_ENV, NO_ORACLE_CLAIM_ENV
+from storage_adapters import KVStore
+from storage_adapters._base import Claim
+from tso._oracle import ORACLE_ROLE, TimestampOracle
 from txn._committer import STEPS
 from txn._transaction import Transaction
 
@@ -38,6 +47,9 @@ BROKEN_COMMIT_STEPS: Final[tuple[str, ...]] = (
 
 #: Whether this process's ``Transaction.commit`` was replaced.
 _state = {"installed": False}
+
+#: ``setattr`` or a test's ``monkeypatch.setattr``.
+Patch: TypeAlias = Callable[[object, str, object], None]
 
 
 def broken_protocol_requested(environ: Mapping[str, str] | None = None) -> bool:
@@ -71,4 +83,28 @@ def install_broken_protocol_if_requested(environ: Mapping[str, str] | None = Non
             ",".join(BROKEN_COMMIT_STEPS),
             ",".join(STEPS),
         )
+    return True
+
+
+def _claim_nothing(store: KVStore) -> Claim:
+    return KVStore.claim(store, ORACLE_ROLE)  # the base claim: guards nothing
+
+
+def disable_oracle_claims(patch: Patch = setattr) -> None:
+    """UNSAFE: oracles in this process start without claiming their store (see S7)."""
+    patch(TimestampOracle, "_claim_store", staticmethod(_claim_nothing))
+
+
+def disable_oracle_claims_if_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Disable the oracle's claim if ``PERCOLAKE_UNSAFE_NO_ORACLE_CLAIM`` is exactly ``"1"``."""
+    env = os.environ if environ is None else environ
+    if env.get(NO_ORACLE_CLAIM_ENV) != "1":
+        return False
+    disable_oracle_claims()
+    log.critical(
+        "%s=1: timestamp oracles in this process start WITHOUT claiming their store, so a "
+        "second oracle may serve next to a running one; it exists only to prove that "
+        "chaos tests catch that",
+        NO_ORACLE_CLAIM_ENV,
+    )
     return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -13,7 +14,9 @@ from storage_adapters import (
     ScanEntry,
     Version,
     VersionWrite,
+    open_store,
 )
+from storage_adapters._base import StoreClaimedError
 
 pytestmark = pytest.mark.contract
 
@@ -176,6 +179,9 @@ def test_system_rows_and_versions_do_not_mix(store: KVStore) -> None:
         (lambda s: s.put_unless_exists("t", b"k", None), TypeError),
         (lambda s: s.compare_and_set("t", "k", None, b"v"), TypeError),
         (lambda s: s.get_system("t", ["k"]), TypeError),
+        (lambda s: s.claim("Oracle"), ValueError),
+        (lambda s: s.claim("../x"), ValueError),
+        (lambda s: s.claim(b"oracle"), TypeError),
     ],
 )
 def test_bad_input_is_refused_before_any_io(store: KVStore, call, error) -> None:  # type: ignore[no-untyped-def]
@@ -187,3 +193,33 @@ def test_bad_input_is_refused_before_any_io(store: KVStore, call, error) -> None
         Cell(b"r", b"c"): Version(1, b"before")
     }
     assert store.get_system("t", [b"k"]) == {}
+
+
+def test_a_claim_is_exclusive_until_released(store_url_factory: Callable[[], str]) -> None:
+    store = open_store(store_url_factory())
+    claim = store.claim("role-a")
+    if not claim.exclusive:  # a backend that cannot tell: the claim guards nothing
+        claim.release()
+        claim.release()
+        assert not claim.held
+        store.close()
+        return
+    # Another handle on the same data (memory:// data lives in one handle only).
+    other = store if store.url.startswith("memory") else open_store(store_url_factory())
+    for claimer in {id(store): store, id(other): other}.values():
+        with pytest.raises(StoreClaimedError) as held:
+            claimer.claim("role-a")
+        assert held.value.role == "role-a" and held.value.where
+    with other.claim("role-b"):  # roles are independent
+        pass
+    claim.release()
+    claim.release()  # idempotent
+    again = other.claim("role-a")
+    with pytest.raises(StoreClaimedError):
+        store.claim("role-a")
+    if other is not store:
+        other.close()  # closing a store releases its claims
+        store.claim("role-a").release()
+    else:
+        again.release()
+    store.close()

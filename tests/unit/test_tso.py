@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from storage_adapters import KVStore, open_store
+from storage_adapters.memory import MemoryStore
 from tso import (
     TSO_TABLE,
     OracleFencedError,
@@ -16,6 +17,7 @@ from tso import (
     TimestampOracle,
     TimestampRange,
 )
+from tso._oracle import OracleAlreadyRunningError
 
 pytestmark = pytest.mark.unit
 
@@ -47,12 +49,46 @@ def test_oracle_restart_is_above_every_served_timestamp_on_every_backend(
     store = open_store(store_url_factory())
     first = TimestampOracle(store, window=5)
     high = max(first.next_timestamp() for _ in range(12))
+    first.close()  # a restart: the old oracle is gone before the new one starts
     second = TimestampOracle(store if "memory" in store.url else open_store(store_url_factory()))
     assert second.next_timestamp() > high
 
 
-def test_second_oracle_fences_the_first() -> None:
-    store = open_store("memory://")
+def test_a_second_oracle_on_a_store_that_enforces_claims_refuses_to_start(
+    store_url_factory: Callable[[], str],
+) -> None:
+    store = open_store(store_url_factory())
+    if not store.claim("probe").exclusive:
+        pytest.skip(f"{store.url} cannot enforce claims (only fencing protects it)")
+    first = TimestampOracle(store, window=5)
+    before = first.next_timestamp()
+    other = store if "memory" in store.url else open_store(store_url_factory())
+    with pytest.raises(OracleAlreadyRunningError, match="another timestamp oracle"):
+        TimestampOracle(other, window=5)
+    assert first.next_timestamp() > before  # neither fenced nor disturbed
+    first.close()
+    with pytest.raises(OracleFencedError, match="closed"):  # gone for good
+        first.next_timestamp()
+    assert TimestampOracle(other).next_timestamp() > before
+
+
+def test_closing_the_store_stops_the_oracle(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/tso.db")
+    oracle = TimestampOracle(store, window=100)
+    oracle.next_timestamp()
+    store.close()  # releases the claim: another oracle may start now
+    with pytest.raises(OracleFencedError):
+        oracle.next_timestamp()
+
+
+class _Unclaimable(MemoryStore):
+    """A store that cannot enforce claims, as Cassandra until leader leases exist."""
+
+    claim = KVStore.claim
+
+
+def test_second_oracle_fences_the_first_where_claims_cannot_be_enforced() -> None:
+    store = _Unclaimable()
     first = TimestampOracle(store, window=4)
     a = [first.next_timestamp() for _ in range(4)]  # exhausts the window
     second = TimestampOracle(store, window=4)
