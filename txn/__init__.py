@@ -3,13 +3,17 @@
 See CONTRACT.md for the API and DESIGN.md for the protocol and its safety rules.
 """
 
+from txn._api import Manager, ReadTransaction, Transaction
 from txn._config import TransactionConfig
 from txn._isolation import Isolation, TransactionStatus
 from txn._manager import TransactionManager
-from txn._transaction import Transaction
+from txn._transaction import EmbeddedTransaction
 
 __all__ = [
+    "EmbeddedTransaction",
     "Isolation",
+    "Manager",
+    "ReadTransaction",
     "Transaction",
     "TransactionConfig",
     "TransactionManager",

@@ -30,7 +30,7 @@ from txn.errors import (
 
 if TYPE_CHECKING:
     from txn._runtime import Runtime
-    from txn._transaction import ReadSet, Transaction
+    from txn._transaction import EmbeddedTransaction, ReadSet
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Commit:
     def __init__(
         self,
         rt: Runtime,
-        tx: Transaction,
+        tx: EmbeddedTransaction,
         writes: WriteBuffer,
         reads: ReadSet | None,
         *,
@@ -168,7 +168,7 @@ class Commit:
         self._rt.failpoints.hit(fp.AFTER_RELEASE, self._tx.start_ts)
 
 
-def _lock(rt: Runtime, tx: Transaction, writes: WriteBuffer) -> LockToken | None:
+def _lock(rt: Runtime, tx: EmbeddedTransaction, writes: WriteBuffer) -> LockToken | None:
     descriptors = [commit_lock(tx.start_ts)]
     for table, cells in writes.tables():
         descriptors.extend(cell_lock(table, c.row, c.column) for c in cells)
@@ -310,7 +310,7 @@ def _validate_reads(rt: Runtime, start_ts: int, commit_ts: int, reads: ReadSet) 
             )
 
 
-def _commit_point(rt: Runtime, tx: Transaction, commit_ts: int) -> int:
+def _commit_point(rt: Runtime, tx: EmbeddedTransaction, commit_ts: int) -> int:
     """Put-unless-exists ``start_ts -> commit_ts``; returns the outcome that stands."""
     key, value = txn_key(tx.start_ts), encode_outcome(commit_ts)
     try:
@@ -335,7 +335,7 @@ def _commit_point(rt: Runtime, tx: Transaction, commit_ts: int) -> int:
     return outcome
 
 
-def _settle(rt: Runtime, tx: Transaction, commit_ts: int, first: Exception) -> int:
+def _settle(rt: Runtime, tx: EmbeddedTransaction, commit_ts: int, first: Exception) -> int:
     """Settle an ambiguous commit point by re-issuing it (idempotent, rule S6).
 
     Re-issuing cannot commit a transaction that meant to abort: this one meant to

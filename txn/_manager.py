@@ -7,20 +7,23 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lockserver import LockTable
 
 if TYPE_CHECKING:
     from percolake.rpc import TlsConfig
+    from txn.remote import RemoteTransactionManager
 from storage_adapters import KVStore, StoreError, open_store
 from tso import OracleFencedError, TimestampBatcher, TimestampOracle
+from txn._args import check_isolation, check_txn_id
 from txn._config import TransactionConfig
 from txn._isolation import Isolation, TransactionStatus
 from txn._runtime import Runtime
 from txn._services import LockService, TimestampSource
 from txn._status import ABORTED
-from txn._transaction import Transaction
+from txn._transaction import EmbeddedTransaction
 from txn.errors import ServiceUnavailableError, TransactionConflictError, TransactionError
 from txn.failpoints import FailPoints
 
@@ -113,15 +116,14 @@ class TransactionManager:
         *,
         tls: TlsConfig | None = None,
         timeout_s: float = 60.0,
-    ) -> TransactionManager:
+    ) -> RemoteTransactionManager:
         """A manager that talks to a percolake gateway (``percolake serve``) over gRPC.
 
-        It has the same interface as an embedded manager, plus ``attach``.
+        Both managers satisfy :class:`txn.Manager`; the remote one can also ``attach``.
         """
         from txn.remote import RemoteTransactionManager
 
-        remote = RemoteTransactionManager(address, token=token, tls=tls, timeout_s=timeout_s)
-        return remote  # type: ignore[return-value]  # same interface, duck-typed
+        return RemoteTransactionManager(address, token=token, tls=tls, timeout_s=timeout_s)
 
     # --- what tests and operators reach into -------------------------------------
 
@@ -153,7 +155,7 @@ class TransactionManager:
         With ``settle`` the answer is final: an undecided transaction is settled as
         aborted (rule S3), so it can never commit afterwards.
         """
-        if not isinstance(txn_id, str) or not txn_id.isdigit():
+        if not check_txn_id(txn_id).isdigit():
             raise ValueError(f"txn_id must be a transaction id (a str of digits), got {txn_id!r}")
         found = self.outcome_of(int(txn_id), settle=settle)
         if found is None:
@@ -180,20 +182,19 @@ class TransactionManager:
 
     # --- transactions ------------------------------------------------------------
 
-    def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> Transaction:
-        if not isinstance(isolation, Isolation):
-            raise TypeError(f"isolation must be an Isolation, got {isolation!r}")
+    def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> EmbeddedTransaction:
+        check_isolation(isolation)
         if self._closed:
             raise TransactionError("transaction manager is closed")
         try:
             start_ts = self._rt.timestamps.next_timestamp()
         except (StoreError, OracleFencedError) as exc:
             raise ServiceUnavailableError(f"no start timestamp: {exc}") from exc
-        return Transaction(self._rt, start_ts, isolation)
+        return EmbeddedTransaction(self._rt, start_ts, isolation)
 
     def run(
         self,
-        fn: Callable[[Transaction], T],
+        fn: Callable[[EmbeddedTransaction], T],
         isolation: Isolation = Isolation.SNAPSHOT,
         max_attempts: int = 10,
     ) -> T:
@@ -204,7 +205,7 @@ class TransactionManager:
         """
         return run_with_retries(self.begin, fn, isolation, max_attempts)
 
-    def attach(self, txn_id: str) -> Transaction:
+    def attach(self, txn_id: str) -> EmbeddedTransaction:
         raise TransactionError(
             "attach() joins a transaction that another process began; it needs a remote "
             "manager (TransactionManager.remote)"
@@ -225,5 +226,10 @@ class TransactionManager:
     def __enter__(self) -> TransactionManager:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from storage_adapters import Cell, StoreError, check_table
-from storage_adapters._base import check_key, check_value
+from storage_adapters import Cell, StoreError
+from txn._args import check_cell, check_cells, check_put, check_scan
 from txn._buffer import WriteBuffer
 from txn._committer import STEPS, Commit
 from txn._isolation import Isolation, TransactionStatus
@@ -52,12 +52,8 @@ def _pull(
         raise ServiceUnavailableError(f"scan of {table!r} failed: {exc}") from exc
 
 
-def _check_cell(row: object, column: object) -> Cell:
-    return Cell(check_key("row", row), check_key("column", column))
-
-
-class Transaction:
-    """One transaction. Belongs to one thread; see CONTRACT.md for the API."""
+class EmbeddedTransaction:
+    """One transaction of an embedded manager. Belongs to one thread; see CONTRACT.md."""
 
     def __init__(self, runtime: Runtime, start_ts: int, isolation: Isolation) -> None:
         self._rt = runtime
@@ -75,7 +71,7 @@ class Transaction:
         return str(self.start_ts)
 
     def __repr__(self) -> str:
-        return f"<Transaction {self.id} {self.isolation.value} {self.status.value}>"
+        return f"<EmbeddedTransaction {self.id} {self.isolation.value} {self.status.value}>"
 
     def _check_active(self) -> None:
         if self.status is not TransactionStatus.ACTIVE:
@@ -87,22 +83,14 @@ class Transaction:
 
     def get(self, table: str, row: bytes, column: bytes) -> bytes | None:
         """The cell's value at this transaction's snapshot, own writes included."""
-        check_table(table)
-        cell = _check_cell(row, column)
+        cell = check_cell(table, row, column)
         return self._get_cells(table, [cell]).get(cell)
 
     def get_many(
         self, table: str, cells: Iterable[tuple[bytes, bytes]]
     ) -> dict[tuple[bytes, bytes], bytes]:
         """Values of many cells in one round trip; absent or deleted cells left out."""
-        check_table(table)
-        if isinstance(cells, tuple | bytes | str):
-            raise TypeError("cells must be an iterable of (row, column) tuples")
-        wanted = []
-        for pair in cells:
-            if not isinstance(pair, tuple) or len(pair) != 2:
-                raise TypeError(f"a cell must be a (row, column) tuple, got {pair!r}")
-            wanted.append(_check_cell(*pair))
+        wanted = check_cells(table, cells)
         found = self._get_cells(table, wanted)
         return {(c.row, c.column): v for c, v in found.items()}
 
@@ -134,10 +122,7 @@ class Transaction:
         self, table: str, start_row: bytes = b"", end_row: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes, bytes]]:
         """``(row, column, value)`` for ``start_row <= row < end_row``, sorted, own writes in."""
-        check_table(table)
-        check_key("start_row", start_row, allow_empty=True)
-        if end_row is not None:
-            check_key("end_row", end_row, allow_empty=True)
+        check_scan(table, start_row, end_row)
         self._check_active()
         record = ScanRecord(table, start_row, end_row)
         if self._reads is not None:
@@ -207,16 +192,13 @@ class Transaction:
 
     def put(self, table: str, row: bytes, column: bytes, value: bytes) -> None:
         """Buffer a write; it becomes visible to others only when the commit succeeds."""
-        check_table(table)
-        cell = _check_cell(row, column)
-        check_value(value)
+        cell = check_put(table, row, column, value)
         self._check_active()
         self._writes.put(table, cell, value)
 
     def delete(self, table: str, row: bytes, column: bytes) -> None:
         """Buffer a delete (a tombstone version)."""
-        check_table(table)
-        cell = _check_cell(row, column)
+        cell = check_cell(table, row, column)
         self._check_active()
         self._writes.put(table, cell, None)
 
@@ -257,7 +239,7 @@ class Transaction:
         self._check_active()
         self.status = TransactionStatus.ABORTED
 
-    def __enter__(self) -> Transaction:
+    def __enter__(self) -> EmbeddedTransaction:
         return self
 
     def __exit__(
@@ -272,3 +254,8 @@ class Transaction:
             self.commit()
         else:
             self.abort()
+
+
+#: The name this class had before ``txn.Transaction`` became the protocol both
+#: managers' transactions satisfy.
+Transaction = EmbeddedTransaction

@@ -25,8 +25,14 @@ from percolake.rpc import (
 )
 from percolake.v1 import transaction_pb2 as pb
 from percolake.v1 import transaction_pb2_grpc as pb_grpc
-from storage_adapters import check_table
-from storage_adapters._base import check_key, check_value
+from txn._args import (
+    check_cell,
+    check_cells,
+    check_isolation,
+    check_put,
+    check_scan,
+    check_txn_id,
+)
 from txn._isolation import Isolation, TransactionStatus
 from txn._lowering import isolation_from_pb, isolation_to_pb, state_from_pb
 from txn._manager import run_with_retries
@@ -98,9 +104,7 @@ class RemoteTransaction:
     # --- reads ---------------------------------------------------------------------
 
     def get(self, table: str, row: bytes, column: bytes) -> bytes | None:
-        check_table(table)
-        check_key("row", row)
-        check_key("column", column)
+        check_cell(table, row, column)
         self._check_active()
         self.flush()
         got = self._m._call(
@@ -111,16 +115,7 @@ class RemoteTransaction:
     def get_many(
         self, table: str, cells: Iterable[tuple[bytes, bytes]]
     ) -> dict[tuple[bytes, bytes], bytes]:
-        check_table(table)
-        if isinstance(cells, tuple | bytes | str):
-            raise TypeError("cells must be an iterable of (row, column) tuples")
-        wanted = []
-        for cell in cells:
-            if not isinstance(cell, tuple) or len(cell) != 2:
-                raise TypeError(f"a cell must be a (row, column) tuple, got {cell!r}")
-            wanted.append(
-                pb.Cell(row=check_key("row", cell[0]), column=check_key("column", cell[1]))
-            )
+        wanted = [pb.Cell(row=c.row, column=c.column) for c in check_cells(table, cells)]
         self._check_active()
         self.flush()
         got = self._m._call(
@@ -131,10 +126,7 @@ class RemoteTransaction:
     def scan(
         self, table: str, start_row: bytes = b"", end_row: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes, bytes]]:
-        check_table(table)
-        check_key("start_row", start_row, allow_empty=True)
-        if end_row is not None:
-            check_key("end_row", end_row, allow_empty=True)
+        check_scan(table, start_row, end_row)
         self._check_active()
         self.flush()
         request = pb.ScanRequest(txn_id=self.id, table=table, start_row=start_row)
@@ -161,19 +153,14 @@ class RemoteTransaction:
     # --- writes --------------------------------------------------------------------
 
     def put(self, table: str, row: bytes, column: bytes, value: bytes) -> None:
-        check_table(table)
-        check_key("row", row)
-        check_key("column", column)
-        check_value(value)
+        check_put(table, row, column, value)
         self._check_active()
         self._pending.append(pb.Mutation(table=table, row=row, column=column, put=value))
         if len(self._pending) >= WRITE_BATCH and not self.attached:
             self.flush()
 
     def delete(self, table: str, row: bytes, column: bytes) -> None:
-        check_table(table)
-        check_key("row", row)
-        check_key("column", column)
+        check_cell(table, row, column)
         self._check_active()
         self._pending.append(pb.Mutation(table=table, row=row, column=column, delete=True))
         if len(self._pending) >= WRITE_BATCH and not self.attached:
@@ -310,15 +297,13 @@ class RemoteTransactionManager:
         return call(fn, request, self._conn, self.timeout_s)
 
     def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> RemoteTransaction:
-        if not isinstance(isolation, Isolation):
-            raise TypeError(f"isolation must be an Isolation, got {isolation!r}")
+        check_isolation(isolation)
         got = self._call(self._stub.Begin, pb.BeginRequest(isolation=isolation_to_pb(isolation)))
         return RemoteTransaction(self, got.txn_id, got.start_ts, isolation, got.commit_secret)
 
     def attach(self, txn_id: str) -> RemoteTransaction:
         """Join an open transaction that another process began (a Spark executor)."""
-        if not isinstance(txn_id, str) or not txn_id:
-            raise ValueError("txn_id must be a non-empty str")
+        check_txn_id(txn_id)
         got = self._call(self._stub.Attach, pb.AttachRequest(txn_id=txn_id))
         handle = RemoteTransaction(
             self, txn_id, got.start_ts, isolation_from_pb(got.isolation), None
@@ -341,8 +326,7 @@ class RemoteTransactionManager:
         the gateway is aborted there first, so a Commit of it that is still on its
         way can no longer land.
         """
-        if not isinstance(txn_id, str) or not txn_id:
-            raise ValueError("txn_id must be a non-empty str")
+        check_txn_id(txn_id)
         got = self._call(self._stub.Status, pb.StatusRequest(txn_id=txn_id, settle=settle))
         state = state_from_pb(got.state) if got.state != pb.TRANSACTION_STATE_UNSPECIFIED else None
         if state in (TransactionStatus.COMMITTED, TransactionStatus.ABORTED):

@@ -29,7 +29,7 @@ from txn._isolation import TransactionStatus
 from txn._lowering import isolation_from_pb, isolation_to_pb, state_to_pb
 from txn._manager import TransactionManager
 from txn._status import ABORTED
-from txn._transaction import Transaction
+from txn._transaction import EmbeddedTransaction
 from txn.errors import (
     NotTransactionOwnerError,
     TransactionClosedError,
@@ -68,7 +68,7 @@ class GatewayLimits:
 
 @dataclass(slots=True)
 class _Open:
-    tx: Transaction
+    tx: EmbeddedTransaction
     secret: str
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_used: float = field(default_factory=time.monotonic)

@@ -1,0 +1,55 @@
+"""Argument checks shared by both managers: one place, the same errors (CONTRACT.md).
+
+Everything here raises ``TypeError``/``ValueError`` naming the problem, before any
+I/O; a gateway runs the same checks again on what it receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from storage_adapters import Cell, check_table
+from storage_adapters._base import check_key, check_value
+from txn._isolation import Isolation
+
+
+def check_cell(table: object, row: object, column: object) -> Cell:
+    check_table(table)
+    return Cell(check_key("row", row), check_key("column", column))
+
+
+def check_put(table: object, row: object, column: object, value: object) -> Cell:
+    cell = check_cell(table, row, column)
+    check_value(value)
+    return cell
+
+
+def check_cells(table: object, cells: Iterable[tuple[bytes, bytes]]) -> list[Cell]:
+    check_table(table)
+    if isinstance(cells, tuple | bytes | str):
+        raise TypeError("cells must be an iterable of (row, column) tuples")
+    wanted = []
+    for pair in cells:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(f"a cell must be a (row, column) tuple, got {pair!r}")
+        wanted.append(Cell(check_key("row", pair[0]), check_key("column", pair[1])))
+    return wanted
+
+
+def check_scan(table: object, start_row: object, end_row: object) -> None:
+    check_table(table)
+    check_key("start_row", start_row, allow_empty=True)
+    if end_row is not None:
+        check_key("end_row", end_row, allow_empty=True)
+
+
+def check_isolation(isolation: object) -> Isolation:
+    if not isinstance(isolation, Isolation):
+        raise TypeError(f"isolation must be an Isolation, got {isolation!r}")
+    return isolation
+
+
+def check_txn_id(txn_id: object) -> str:
+    if not isinstance(txn_id, str) or not txn_id:
+        raise ValueError(f"txn_id must be a non-empty str, got {txn_id!r}")
+    return txn_id
