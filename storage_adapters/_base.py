@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from percolake.errors import PercolakeError
+
 #: Timestamps are non-negative integers below this bound (they fit a signed 64-bit column).
 MAX_TIMESTAMP = (1 << 63) - 1
 
@@ -74,7 +76,7 @@ class CasResult(NamedTuple):
     current: bytes | None
 
 
-class StoreError(Exception):
+class StoreError(PercolakeError):
     """Root of the errors a storage backend raises."""
 
 

@@ -7,6 +7,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 
+from percolake.errors import PercolakeError
 from storage_adapters import KVStore, StoreError
 from storage_adapters._base import Claim, StoreClaimedError
 
@@ -28,7 +29,7 @@ FIRST_TIMESTAMP = 1
 ORACLE_ROLE = "oracle"
 
 
-class OracleFencedError(RuntimeError):
+class OracleFencedError(PercolakeError, RuntimeError):
     """Another oracle took over the bound: this one must stop serving (rule S7)."""
 
 
