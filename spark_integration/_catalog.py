@@ -13,6 +13,11 @@ a fresh snapshot where it re-checks what it depends on:
   before the cutoff of a vacuum that committed first fails the same way;
 * an ``(app_id, batch_id)`` mark is read and written in the same transaction,
   so a replay racing its original serialises behind it and finds its mark.
+
+After the commit point nothing is undone: the follow-up work of a commit
+(recording its commit timestamp, a checkpoint) runs in transactions of its own,
+and their failures are logged, never raised, because the caller would take them
+for a failed commit and delete or re-append the files of a version that stands.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from spark_integration import failpoints as fp
 from spark_integration._errors import (
     ConcurrentModificationError,
     LakehouseError,
@@ -52,7 +58,7 @@ from spark_integration._model import (
     encode_chunk,
 )
 from txn import Transaction, TransactionManager
-from txn.errors import CommitUnknownError, TransactionConflictError, TransactionError
+from txn.errors import CommitUnknownError, TransactionConflictError
 
 log = logging.getLogger(__name__)
 
@@ -147,20 +153,33 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _abort_quietly(tx: Transaction) -> None:
-    # Already committed, aborted or failed: nothing to undo.
-    with contextlib.suppress(TransactionError):
+    # Already committed, aborted or failed: nothing to undo. Whatever the abort
+    # meets (an unreachable gateway), the error that made us abort is the one to report.
+    try:
         tx.abort()
+    except Exception as exc:
+        log.debug("abort of %s not confirmed: %r", tx.id, exc)
 
 
 class Catalog:
-    """Lakehouse metadata of one catalog, over one transaction manager. Thread-safe."""
+    """Lakehouse metadata of one catalog, over one transaction manager. Thread-safe.
+
+    ``failpoints`` (tests only) is shared with the :class:`Lakehouse` that owns the
+    catalog; the catalog hits the points from ``fp.SETTLE_COMMIT`` on.
+    """
 
     def __init__(
-        self, tm: TransactionManager, catalog: str, *, commit_timeout_s: float = 300.0
+        self,
+        tm: TransactionManager,
+        catalog: str,
+        *,
+        commit_timeout_s: float = 300.0,
+        failpoints: fp.FailPoints | None = None,
     ) -> None:
         self._tm = tm
         self.layout = Layout(catalog)
         self._commit_timeout_s = commit_timeout_s
+        self.failpoints = fp.FailPoints() if failpoints is None else failpoints
         # Table metadata never changes once created, and tables are never dropped.
         self._meta: dict[str, TableMeta] = {}
         self._head_locks: dict[str, threading.Lock] = {}
@@ -232,9 +251,12 @@ class Catalog:
                     raise
                 try:
                     committed = settle(result)
-                except TransactionError as settle_exc:
-                    # Still unknown: never retry blindly (S6); the caller must check.
-                    log.warning("%s: could not settle an unknown commit: %s", what, settle_exc)
+                except Exception as settle_exc:
+                    # Still unknown, whatever failed while settling (a store timeout, a
+                    # fenced oracle, an unreachable gateway): never report it as "not
+                    # committed", which would let the caller delete files a committed
+                    # version names, and never retry blindly (S6). The caller must check.
+                    log.warning("%s: could not settle an unknown commit: %r", what, settle_exc)
                     raise unknown from settle_exc
                 if committed:
                     log.info("%s: unknown commit outcome settled as committed", what)
@@ -347,7 +369,10 @@ class Catalog:
         return entries
 
     def _checkpoint(self, name: str, gen: int, version: int) -> None:
-        """Pack generation ``gen``'s files as of ``version`` into chunk cells (best effort)."""
+        """Pack generation ``gen``'s files as of ``version`` into chunk cells.
+
+        Follow-up work (see :meth:`_follow_up`): any other failure propagates to it.
+        """
         try:
             with self._tm.begin() as tx:
                 entries = self._list_gen(tx, name, gen, version, FileEntry)
@@ -357,9 +382,8 @@ class Catalog:
                     tx.put(self.layout.chunks, row, Layout.chunk_column(index), encode_chunk(chunk))
                 marker = Checkpoint(gen, version, len(entries), len(chunks))
                 tx.put(self.layout.checkpoints, row, Layout.COL_CHECKPOINT, marker.encode())
-        except TransactionError as exc:
-            # Derived data: without it listing only scans more rows. A concurrent
-            # writer of the same checkpoint conflicting here wrote the same cells.
+        except TransactionConflictError as exc:
+            # A concurrent writer of the same checkpoint won: it wrote the same cells.
             log.info("no checkpoint of %s at version %d: %s", name, version, exc)
             return
         log.debug("checkpoint of %s at version %d: %d files", name, version, len(entries))
@@ -417,25 +441,63 @@ class Catalog:
 
     def _settle_by_log(self, name: str, version: int, job_id: str) -> bool:
         """Did the commit that claimed ``version`` for ``job_id`` land? (rule S6)"""
+        self.failpoints.hit(fp.SETTLE_COMMIT, job_id)
         with self._tm.begin() as tx:
             raw = tx.get(self.layout.log, Layout.log_row(name, version), Layout.COL_RECORD)
         return raw is not None and LogRecord.decode(raw).job_id == job_id
 
-    def _record_commit_ts(self, name: str, version: int, commit_ts: int | None) -> None:
-        """Record the commit timestamp, which the commit itself cannot know (history only)."""
-        if commit_ts is None:
-            return
+    def _record_commit_ts(self, name: str, version: int, commit_ts: int) -> None:
+        """Record the commit timestamp, which the commit itself cannot know (history only).
+
+        Follow-up work (see :meth:`_follow_up`): only history's commit_ts depends on it.
+        """
+        with self._tm.begin() as tx:
+            tx.put(
+                self.layout.log,
+                Layout.log_row(name, version),
+                Layout.COL_COMMIT_TS,
+                str(commit_ts).encode(),
+            )
+
+    def _follow_up(
+        self, point: str, job_id: str, what: str, work: Callable[[], None] | None = None
+    ) -> None:
+        """Run follow-up work of a commit that already committed; log failures, never raise.
+
+        The version stands whatever happens here. Reporting a failure would make the
+        caller treat the commit as failed: delete files the version names, or retry
+        and append them twice when it has no (app_id, batch_id). Only derived data
+        depends on this work, and readers and later commits do without it. Hence
+        ``Exception``, not ``TransactionError``: a store timeout, a fenced oracle or
+        an unreachable gateway can come from any layer, typed or not.
+        """
         try:
-            with self._tm.begin() as tx:
-                tx.put(
-                    self.layout.log,
-                    Layout.log_row(name, version),
-                    Layout.COL_COMMIT_TS,
-                    str(commit_ts).encode(),
-                )
-        except TransactionError as exc:
-            # Only history's commit_ts depends on this cell; the version stands.
-            log.warning("could not record commit_ts of %s version %d: %s", name, version, exc)
+            self.failpoints.hit(point, job_id)
+            if work is not None:
+                work()
+        except Exception as exc:
+            log.warning("%s failed after the commit, which stands: %r", what, exc)
+
+    def _after_commit(
+        self, name: str, job_id: str, version: int, commit_ts: int | None, gen: int, gen_start: int
+    ) -> None:
+        """The follow-up work of ``version``, committed for ``job_id``; never raises."""
+        where = f"table {name!r} version {version}"
+        self._follow_up(fp.AFTER_COMMIT_POINT, job_id, f"follow-up work of {where}")
+        if commit_ts is not None:  # unknown when an unknown outcome was settled
+            self._follow_up(
+                fp.BEFORE_RECORD_COMMIT_TS,
+                job_id,
+                f"recording the commit_ts of {where}",
+                lambda: self._record_commit_ts(name, version, commit_ts),
+            )
+        if checkpoint_due(version - gen_start):
+            self._follow_up(
+                fp.BEFORE_CHECKPOINT,
+                job_id,
+                f"the checkpoint of {where}",
+                lambda: self._checkpoint(name, gen, version),
+            )
 
     def create(self, meta: TableMeta, job_id: str) -> int | None:
         """Create the table at version 0; returns the commit timestamp."""
@@ -458,7 +520,8 @@ class Catalog:
             what=f"create table {name!r}",
             settle=lambda version: self._settle_by_log(name, version, job_id),
         )
-        self._record_commit_ts(name, 0, commit_ts)
+        # The commit point is behind us: nothing below may raise.
+        self._after_commit(name, job_id, 0, commit_ts, 0, 0)
         return commit_ts
 
     def commit_files(
@@ -552,9 +615,8 @@ class Catalog:
             )
         if not fresh:
             return Committed(version, None, replayed=True)
-        self._record_commit_ts(name, version, commit_ts)
-        if checkpoint_due(version - gen_start):
-            self._checkpoint(name, gen, version)
+        # The commit point is behind us: nothing below may raise.
+        self._after_commit(name, job_id, version, commit_ts, gen, gen_start)
         return Committed(version, commit_ts, replayed=False)
 
     # --- vacuum -----------------------------------------------------------------------

@@ -8,7 +8,7 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -17,7 +17,14 @@ from pyspark.sql.types import StructType
 from spark_integration import failpoints as fp
 from spark_integration._catalog import Catalog, now_ms
 from spark_integration._errors import TableExistsError
-from spark_integration._hook import STAGING_PREFIX, collect_files, new_job, write_parquet
+from spark_integration._hook import (
+    STAGING_PREFIX,
+    Job,
+    collect_files,
+    job_started_ms,
+    new_job,
+    write_parquet,
+)
 from spark_integration._model import (
     APPEND,
     CATALOG_NAME,
@@ -32,7 +39,7 @@ from spark_integration._reads import read_version
 from spark_integration._schema import check_dataframe_schema, check_table_schema, parse_schema
 from spark_integration._vacuum import sweep
 from txn import TransactionManager
-from txn.errors import CommitUnknownError
+from txn.errors import TransactionAbortedError
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +130,11 @@ class Lakehouse:
             raise ValueError(f"commit_timeout_s must be positive, got {commit_timeout_s}")
         self._tm = tm
         self._warehouse = os.path.normpath(path)
-        self._catalog = Catalog(tm, catalog, commit_timeout_s=float(commit_timeout_s))
+        #: Fault injection for tests, shared with the catalog's commit path.
         self.failpoints = fp.FailPoints()
+        self._catalog = Catalog(
+            tm, catalog, commit_timeout_s=float(commit_timeout_s), failpoints=self.failpoints
+        )
 
     @property
     def warehouse(self) -> str:
@@ -219,6 +229,26 @@ class Lakehouse:
         _check_name(name)
         _check_dataframe(df)
         app_id, batch_id = _check_batch(app_id, batch_id)
+
+        def write(job: Job, schema: StructType, partition_by: tuple[str, ...]) -> None:
+            write_parquet(df, schema, partition_by, job)
+
+        return self._run_job(operation, name, df.schema, write, app_id, batch_id)
+
+    def _run_job(
+        self,
+        operation: str,
+        name: str,
+        source_schema: StructType,
+        write: Callable[[Job, StructType, tuple[str, ...]], None],
+        app_id: str | None,
+        batch_id: int | str | None,
+    ) -> int:
+        """The commit hook: ``write`` fills a fresh job folder, whose files are committed.
+
+        ``write(job, table_schema, partition_by)`` is Spark for ``append``/``overwrite``;
+        tests pass other writers (pyarrow) to run this very path without Spark.
+        """
         prepared = self._catalog.prepare(name, app_id, batch_id)
         if prepared.replayed_version is not None:
             log.info(
@@ -232,14 +262,19 @@ class Lakehouse:
             return prepared.replayed_version
         meta = prepared.meta
         schema = StructType.fromJson(json.loads(meta.schema_json))
-        check_dataframe_schema(name, schema, df.schema)
+        check_dataframe_schema(name, schema, source_schema)
         job = new_job(meta.location)
         self.failpoints.hit(fp.BEFORE_WRITE, job.job_id)
         try:
-            write_parquet(df, schema, meta.partition_by, job)
+            write(job, schema, meta.partition_by)
             self.failpoints.hit(fp.AFTER_WRITE, job.job_id)
             files = collect_files(meta.location, job, meta.partition_by)
             self.failpoints.hit(fp.BEFORE_COMMIT, job.job_id)
+        except Exception:
+            # The commit was never attempted, so nothing can name these files.
+            _remove_staging(job.staging)
+            raise
+        try:
             committed = self._catalog.commit_files(
                 name,
                 operation,
@@ -250,13 +285,16 @@ class Lakehouse:
                 batch_id=batch_id,
                 base_version=prepared.head.version if operation == OVERWRITE else None,
             )
-        except CommitUnknownError:
-            # The files may be committed: they must stay. Vacuum settles it later.
-            raise
-        except Exception:
-            # Definitely not committed, so nothing can name these files.
+        except TransactionAbortedError:
+            # Definitely not committed (a conflict at the head, a stale overwrite, a
+            # vacuum's fence): nothing names these files, so they can go right away.
             _remove_staging(job.staging)
             raise
+        # Any other failure propagates with the files left in place: CommitUnknownError
+        # may hide a committed version, and a store, oracle or gateway error may have
+        # come after the commit point for all we know. Deleting would leave a committed
+        # version naming missing files; keeping costs only disk until vacuum removes
+        # the files that no version names.
         if committed.replayed:
             _remove_staging(job.staging)
             log.info(
@@ -288,19 +326,25 @@ class Lakehouse:
         For writers other than Spark (and for benchmarks). Every path must lie in a
         job folder ``<location>/_lh_job=<id>/`` with the table's partition folders
         below it; sizes, counts and partition values are taken as given.
-        ``written_since_ms`` is when the oldest file was written (default: now); a
-        vacuum with a later cutoff may have removed it, and the commit then fails.
+        ``written_since_ms`` is when the oldest file was written; a vacuum with a
+        later cutoff may have removed it, and the commit then fails. By default it
+        is what vacuum goes by: the start time in the oldest job folder's name (as
+        :func:`~spark_integration._hook.new_job` names them), or for folders whose
+        name carries none, the oldest file's mtime. The files are never deleted
+        here, whatever happens: they are the caller's until a version names them.
         """
         _check_name(name)
         app_id, batch_id = _check_batch(app_id, batch_id)
         meta = self._catalog.meta(name)
         entries = [_relative_entry(meta, f) for f in files]
+        if written_since_ms is None:
+            written_since_ms = _oldest_job_start_ms(meta.location, entries)
         committed = self._catalog.commit_files(
             name,
             APPEND,
             entries,
             job_id=f"files-{uuid.uuid4().hex[:16]}",
-            job_started_ms=now_ms() if written_since_ms is None else written_since_ms,
+            job_started_ms=written_since_ms,
             app_id=app_id,
             batch_id=batch_id,
         )
@@ -381,6 +425,29 @@ def _holds_files(folder: str) -> bool:
         return False
     with os.scandir(folder) as entries:
         return any(True for _ in entries)
+
+
+def _oldest_job_start_ms(location: str, entries: Sequence[FileEntry]) -> int:
+    """When the oldest of the jobs that wrote ``entries`` started, as vacuum judges it.
+
+    Vacuum removes a job folder's unreferenced files once the start time in its name
+    is older than the cutoff, and the commit fence compares the very same number
+    with the cutoff, so no clock can make the two disagree (see ``_vacuum``). In a
+    folder whose name carries no start time vacuum goes by file mtimes instead, so
+    the oldest mtime stands in. Files that are not on disk cannot be removed: they
+    count as written now, which also covers a commit with no files.
+    """
+    oldest: int | None = None
+    for entry in entries:
+        folder = entry.path.split(os.sep, 1)[0]
+        started = job_started_ms(folder)
+        if started is None:
+            try:
+                started = os.stat(os.path.join(location, entry.path)).st_mtime_ns // 1_000_000
+            except OSError:
+                continue
+        oldest = started if oldest is None else min(oldest, started)
+    return now_ms() if oldest is None else oldest
 
 
 def _remove_staging(staging: Path) -> None:

@@ -466,3 +466,62 @@ def test_a_table_of_a_few_hundred_commits_lists_from_a_checkpoint(
     # The checkpoint at version 100, then versions 101-130 row by row.
     assert scans.count("lakehouse.checkpoints") == 1
     assert scans.count("lakehouse.files") == 30
+
+
+def _job_folder(location: Path, started_ms: int, suffix: str = "00aa") -> Path:
+    """A job folder whose name carries ``started_ms``, as ``new_job`` names them."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started_ms // 1000))
+    folder = location / f"{STAGING_PREFIX}{stamp}.{started_ms % 1000:03d}Z-{suffix}"
+    assert job_started_ms(folder.name) == started_ms
+    return folder
+
+
+@pytest.mark.parametrize("folders", ["one old job", "old and young jobs", "foreign name"])
+def test_append_files_is_fenced_by_a_vacuum_after_its_jobs_start(
+    lh: Lakehouse, folders: str
+) -> None:
+    """Fails before the fix: ``append_files`` took "now" as the job's start, so it
+    committed files that a vacuum had removed (or was about to).
+
+    Interleaving: a job folder is named for its start S (10 s ago) and a file is
+    written in it; a vacuum with cutoff C, S < C < now, fences C in the head and
+    removes the unreferenced file (vacuum goes by the folder's start time); then
+    ``append_files`` without ``written_since_ms`` commits. Its job started before C,
+    so it must fail and commit nothing. A folder whose name carries no start time
+    is dated by its files' mtimes, as vacuum dates it; a file already removed can no
+    longer be dated, so there the commit comes between the vacuum's fence and its
+    sweep (which would then remove the file the commit named).
+    """
+    location = Path(lh.warehouse) / "t"
+    now = time.time_ns() // 10**6
+    if folders == "foreign name":
+        old_folder = location / f"{STAGING_PREFIX}written-by-another-tool"
+    else:
+        old_folder = _job_folder(location, now - 10_000)
+    old = old_folder / "day=d1" / "part-0.parquet"
+    _touch(old, 10)
+    paths = [old]
+    if folders == "old and young jobs":
+        young = _job_folder(location, now + 60_000, "00bb") / "day=d1" / "part-0.parquet"
+        _touch(young, 0)
+        paths.append(young)
+    files = [DataFile(str(p), 1, 1, {"day": "d1"}) for p in paths]
+    if folders == "foreign name":
+        catalog, cutoff = lh._catalog, now - 5000
+        catalog.vacuum_fence("t", catalog.vacuum_plan("t", cutoff), cutoff)
+    else:
+        assert str(old) in lh.vacuum("t", retain_seconds=5)
+    with pytest.raises(ConcurrentModificationError, match="vacuum"):
+        lh.append_files("t", files)
+    assert lh.version("t") == 0
+    assert lh.files("t") == []
+
+
+def test_append_files_of_a_job_younger_than_the_cutoff_commits(lh: Lakehouse) -> None:
+    location = Path(lh.warehouse) / "t"
+    lh.vacuum("t", retain_seconds=5)
+    job = _job_folder(location, time.time_ns() // 10**6 - 1000) / "day=d1" / "part-0.parquet"
+    _touch(job, 1)
+    assert lh.append_files("t", [DataFile(str(job), 1, 1, {"day": "d1"})]) == 1
+    # Files that are not on disk (metadata only) in a foreign folder: started now.
+    assert lh.append_files("t", [data_file(lh, 1)]) == 2
