@@ -30,7 +30,7 @@ from txn.errors import (
 
 if TYPE_CHECKING:
     from txn._runtime import Runtime
-    from txn._transaction import EmbeddedTransaction, ReadSet
+    from txn._transaction import ReadSet
 
 log = logging.getLogger(__name__)
 
@@ -44,31 +44,35 @@ STEPS = ("lock", "write", "check", "commit_ts", "validate", "commit_point", "rel
 
 
 class Commit:
-    """One transaction's commit, as explicit steps.
+    """One transaction's commit, as explicit steps. It owns the commit's state.
 
-    :meth:`run` performs every step; tests may call :meth:`step` to interleave the
-    steps of several transactions. ``steps`` exists so that a test can build a
-    deliberately broken protocol (for example ``check`` before ``write``, no
-    ``lock``) and show that the checks catch it; production always uses ``STEPS``.
+    It is handed plain values (the start timestamp, the writes, the read set) and
+    never reaches back into the transaction; the transaction reads ``status`` and
+    ``commit_ts`` from here once it has handed over. :meth:`run` performs every
+    step; tests may call :meth:`step` to interleave the steps of several
+    transactions. ``steps`` exists so that a test can build a deliberately broken
+    protocol (for example ``check`` before ``write``, no ``lock``) and show that
+    the checks catch it; production always uses ``STEPS``.
     """
 
     def __init__(
         self,
         rt: Runtime,
-        tx: EmbeddedTransaction,
+        start_ts: int,
         writes: WriteBuffer,
         reads: ReadSet | None,
         *,
         steps: tuple[str, ...] = STEPS,
     ) -> None:
         self._rt = rt
-        self._tx = tx
+        self.start_ts = start_ts
         self._writes = writes
         self._reads = reads
         self._steps = steps
         self._next = 0
         self._token: LockToken | None = None
         self._wrote = False
+        self.status = TransactionStatus.COMMITTING
         self.commit_ts: int | None = None
         self.outcome: int | None = None
 
@@ -88,7 +92,7 @@ class Commit:
         name = self.next_step
         if name is None:
             return False
-        start_ts = self._tx.start_ts
+        start_ts = self.start_ts
         try:
             getattr(self, "_" + name)()
         except TransactionAbortedError:
@@ -118,67 +122,65 @@ class Commit:
             ) from exc
         self._next += 1
         if self.next_step is None:
-            self._tx.commit_ts = self.commit_ts
-            self._tx.status = TransactionStatus.COMMITTED
+            self.status = TransactionStatus.COMMITTED
             return False
         return True
 
     def _fail(self, status: TransactionStatus) -> None:
-        self._tx.status = status
+        self.status = status
+        if status is not TransactionStatus.COMMITTED:
+            self.commit_ts = None
         if status is TransactionStatus.ABORTED and self._wrote:
-            _abandon(
-                self._rt, self._tx.start_ts, self._writes, entry_written=self.outcome == ABORTED
-            )
+            _abandon(self._rt, self.start_ts, self._writes, entry_written=self.outcome == ABORTED)
         _release(self._rt, self._token)
         self._next = len(self._steps)
 
     def _lock(self) -> None:
-        self._token = _lock(self._rt, self._tx, self._writes)
-        self._rt.failpoints.hit(fp.AFTER_LOCK, self._tx.start_ts)
+        self._token = _lock(self._rt, self.start_ts, self._writes)
+        self._rt.failpoints.hit(fp.AFTER_LOCK, self.start_ts)
 
     def _write(self) -> None:
         self._wrote = True  # from here on, some versions may exist in the store
-        _write_versions(self._rt, self._tx.start_ts, self._writes)
-        self._rt.failpoints.hit(fp.AFTER_WRITE, self._tx.start_ts)
+        _write_versions(self._rt, self.start_ts, self._writes)
+        self._rt.failpoints.hit(fp.AFTER_WRITE, self.start_ts)
 
     def _check(self) -> None:
-        _check_write_conflicts(self._rt, self._tx.start_ts, self._writes)
-        self._rt.failpoints.hit(fp.AFTER_CONFLICT_CHECK, self._tx.start_ts)
+        _check_write_conflicts(self._rt, self.start_ts, self._writes)
+        self._rt.failpoints.hit(fp.AFTER_CONFLICT_CHECK, self.start_ts)
 
     def _commit_ts(self) -> None:
         self.commit_ts = self._rt.timestamps.next_timestamp()
-        self._rt.failpoints.hit(fp.AFTER_COMMIT_TS, self._tx.start_ts)
+        self._rt.failpoints.hit(fp.AFTER_COMMIT_TS, self.start_ts)
 
     def _validate(self) -> None:
         if self._reads is not None:
             assert self.commit_ts is not None
-            _validate_reads(self._rt, self._tx.start_ts, self.commit_ts, self._reads)
+            _validate_reads(self._rt, self.start_ts, self.commit_ts, self._reads)
 
     def _commit_point(self) -> None:
         assert self.commit_ts is not None
-        self.outcome = _commit_point(self._rt, self._tx, self.commit_ts)
+        self.outcome = _commit_point(self._rt, self.start_ts, self.commit_ts)
         if self.outcome == ABORTED:
             raise TransactionConflictError(
-                f"transaction {self._tx.start_ts} was aborted by a concurrent reader or "
+                f"transaction {self.start_ts} was aborted by a concurrent reader or "
                 "writer that found it stalled (its locks were lost or expired)"
             )
 
     def _release(self) -> None:
         _release(self._rt, self._token)
-        self._rt.failpoints.hit(fp.AFTER_RELEASE, self._tx.start_ts)
+        self._rt.failpoints.hit(fp.AFTER_RELEASE, self.start_ts)
 
 
-def _lock(rt: Runtime, tx: EmbeddedTransaction, writes: WriteBuffer) -> LockToken | None:
-    descriptors = [commit_lock(tx.start_ts)]
+def _lock(rt: Runtime, start_ts: int, writes: WriteBuffer) -> LockToken | None:
+    descriptors = [commit_lock(start_ts)]
     for table, cells in writes.tables():
         descriptors.extend(cell_lock(table, c.row, c.column) for c in cells)
     token = rt.locks.lock(
-        descriptors, tx.id, rt.config.lease_ms, wait_timeout_ms=rt.config.lock_wait_ms
+        descriptors, str(start_ts), rt.config.lease_ms, wait_timeout_ms=rt.config.lock_wait_ms
     )
     if token is None:
-        tx.status = TransactionStatus.ABORTED
         raise TransactionConflictError(
-            f"transaction {tx.start_ts} timed out after {rt.config.lock_wait_ms} ms "
+            f"transaction {start_ts} timed out after {rt.config.lock_wait_ms} ms "
             "waiting for locks held by a concurrent committer"
         )
     return token
@@ -310,55 +312,55 @@ def _validate_reads(rt: Runtime, start_ts: int, commit_ts: int, reads: ReadSet) 
             )
 
 
-def _commit_point(rt: Runtime, tx: EmbeddedTransaction, commit_ts: int) -> int:
+def _commit_point(rt: Runtime, start_ts: int, commit_ts: int) -> int:
     """Put-unless-exists ``start_ts -> commit_ts``; returns the outcome that stands."""
-    key, value = txn_key(tx.start_ts), encode_outcome(commit_ts)
+    key, value = txn_key(start_ts), encode_outcome(commit_ts)
     try:
-        rt.failpoints.hit(fp.BEFORE_COMMIT_POINT, tx.start_ts)
+        rt.failpoints.hit(fp.BEFORE_COMMIT_POINT, start_ts)
         result = rt.store.put_unless_exists(TXN_TABLE, key, value)
-        rt.failpoints.hit(fp.AFTER_COMMIT_POINT, tx.start_ts)
+        rt.failpoints.hit(fp.AFTER_COMMIT_POINT, start_ts)
     except StoreError as exc:
         # Any store error here, not only a timeout, leaves the outcome open: with
         # Cassandra's Paxos v1 an Unavailable can come after a quorum accepted the
         # proposal, and a later round completes it. Only a clean "not applied" (a
         # result, not an error) is a definite answer. Settle it (S6).
-        log.warning("commit point of %d failed; settling it (S6): %s", tx.start_ts, exc)
-        return _settle(rt, tx, commit_ts, exc)
+        log.warning("commit point of %d failed; settling it (S6): %s", start_ts, exc)
+        return _settle(rt, start_ts, commit_ts, exc)
     assert result.current is not None
     outcome = decode_outcome(result.current)
-    rt.resolver.remember(tx.start_ts, outcome)
+    rt.resolver.remember(start_ts, outcome)
     if outcome not in (commit_ts, ABORTED):
         raise CommitUnknownError(  # pragma: no cover - only one writer uses this key
-            f"transactions-table entry of {tx.start_ts} holds a foreign commit timestamp {outcome}",
-            start_ts=tx.start_ts,
+            f"transactions-table entry of {start_ts} holds a foreign commit timestamp {outcome}",
+            start_ts=start_ts,
         )
     return outcome
 
 
-def _settle(rt: Runtime, tx: EmbeddedTransaction, commit_ts: int, first: Exception) -> int:
+def _settle(rt: Runtime, start_ts: int, commit_ts: int, first: Exception) -> int:
     """Settle an ambiguous commit point by re-issuing it (idempotent, rule S6).
 
     Re-issuing cannot commit a transaction that meant to abort: this one meant to
     commit. Finding our own value means an earlier attempt applied.
     """
-    key, value = txn_key(tx.start_ts), encode_outcome(commit_ts)
+    key, value = txn_key(start_ts), encode_outcome(commit_ts)
     last: Exception = first
     for attempt in range(rt.config.settle_attempts):
         time.sleep(rt.config.settle_backoff_ms / 1000 * attempt)
         try:
-            rt.failpoints.hit(fp.SETTLE_COMMIT, tx.start_ts)
+            rt.failpoints.hit(fp.SETTLE_COMMIT, start_ts)
             result = rt.store.put_unless_exists(TXN_TABLE, key, value)
         except StoreError as exc:
             last = exc
             continue
         assert result.current is not None
         outcome = decode_outcome(result.current)
-        rt.resolver.remember(tx.start_ts, outcome)
+        rt.resolver.remember(start_ts, outcome)
         return outcome
     raise CommitUnknownError(
-        f"commit of transaction {tx.start_ts} has an unknown outcome after "
+        f"commit of transaction {start_ts} has an unknown outcome after "
         f"{rt.config.settle_attempts} attempts to settle it: {last}",
-        start_ts=tx.start_ts,
+        start_ts=start_ts,
     ) from last
 
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 from storage_adapters import KVStore, StoreError, open_store
 from tso import OracleFencedError, TimestampBatcher, TimestampOracle
 from txn._args import check_isolation, check_txn_id
+from txn._committer import STEPS
 from txn._config import TransactionConfig
 from txn._isolation import Isolation, TransactionStatus
 from txn._runtime import Runtime
@@ -85,8 +86,13 @@ class TransactionManager:
         config: TransactionConfig | None = None,
         *,
         owns: tuple[object, ...] = (),
+        commit_steps: tuple[str, ...] = STEPS,
     ) -> None:
-        self._rt = Runtime.build(store, timestamps, locks, config or TransactionConfig())
+        """``commit_steps`` other than ``STEPS`` build a deliberately broken protocol,
+        for tests that show the checks catch one; nothing else may pass it."""
+        self._rt = Runtime.build(
+            store, timestamps, locks, config or TransactionConfig(), commit_steps=commit_steps
+        )
         self._owns = owns
         self._closed = False
         self._close_lock = threading.Lock()

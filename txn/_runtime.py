@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from storage_adapters import KVStore
 from txn._cleaner import Cleaner
+from txn._committer import STEPS
 from txn._config import TransactionConfig
 from txn._services import LockService, TimestampSource
 from txn._snapshot import SnapshotReader
@@ -23,6 +24,9 @@ class Runtime:
     resolver: StatusResolver
     reader: SnapshotReader
     cleaner: Cleaner
+    #: The commit protocol's steps: always ``STEPS`` but in tests that show the
+    #: checks catch a deliberately broken protocol.
+    commit_steps: tuple[str, ...] = STEPS
 
     @classmethod
     def build(
@@ -31,8 +35,23 @@ class Runtime:
         timestamps: TimestampSource,
         locks: LockService,
         config: TransactionConfig,
+        *,
+        commit_steps: tuple[str, ...] = STEPS,
     ) -> Runtime:
+        unknown = set(commit_steps) - set(STEPS)
+        if unknown:
+            raise ValueError(f"unknown commit steps {sorted(unknown)}; the steps are {STEPS}")
         resolver = StatusResolver(store, locks, config)
         cleaner = Cleaner(store)
         reader = SnapshotReader(store, resolver, cleaner.submit)
-        return cls(store, timestamps, locks, config, FailPoints[int](), resolver, reader, cleaner)
+        return cls(
+            store,
+            timestamps,
+            locks,
+            config,
+            FailPoints[int](),
+            resolver,
+            reader,
+            cleaner,
+            commit_steps,
+        )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from storage_adapters import Cell, StoreError
 from txn._args import check_cell, check_cells, check_put, check_scan
 from txn._buffer import WriteBuffer
-from txn._committer import STEPS, Commit
+from txn._committer import Commit
 from txn._isolation import Isolation, TransactionStatus
 from txn.errors import ServiceUnavailableError, TransactionClosedError
 
@@ -59,8 +59,10 @@ class EmbeddedTransaction:
         self._rt = runtime
         self.start_ts = start_ts
         self.isolation = isolation
-        self.status = TransactionStatus.ACTIVE
-        self.commit_ts: int | None = None
+        self._status = TransactionStatus.ACTIVE
+        self._read_only_commit_ts: int | None = None
+        #: Once handed over, the commit owns the outcome; see ``status``.
+        self._commit: Commit | None = None
         self._writes = WriteBuffer()
         self._reads = ReadSet() if isolation is Isolation.SERIALIZABLE else None
         self.scans_started = 0
@@ -69,6 +71,19 @@ class EmbeddedTransaction:
     def id(self) -> str:
         """Opaque identifier, unique across every manager on the same store."""
         return str(self.start_ts)
+
+    @property
+    def status(self) -> TransactionStatus:
+        return self._status if self._commit is None else self._commit.status
+
+    @property
+    def commit_ts(self) -> int | None:
+        """The commit timestamp once committed, else ``None``."""
+        if self._commit is None:
+            return self._read_only_commit_ts
+        return (
+            self._commit.commit_ts if self._commit.status is TransactionStatus.COMMITTED else None
+        )
 
     def __repr__(self) -> str:
         return f"<EmbeddedTransaction {self.id} {self.isolation.value} {self.status.value}>"
@@ -220,24 +235,31 @@ class EmbeddedTransaction:
         self._check_active()
         if not self._writes:
             # Read-only: the snapshot was consistent; nothing to validate (DESIGN.md).
-            self.status = TransactionStatus.COMMITTED
-            self.commit_ts = self.start_ts
+            self._status = TransactionStatus.COMMITTED
+            self._read_only_commit_ts = self.start_ts
             return self.start_ts
         return self.committer().run()
 
-    def committer(self, *, steps: tuple[str, ...] = STEPS) -> Commit:
+    def committer(self, *, steps: tuple[str, ...] | None = None) -> Commit:
         """The commit as explicit steps, for tests that interleave transactions.
 
-        ``commit()`` is ``committer().run()``.
+        ``commit()`` is ``committer().run()``. ``steps`` defaults to the runtime's
+        (``STEPS``, unless a test built the manager with a broken protocol).
         """
         self._check_active()
-        self.status = TransactionStatus.COMMITTING
-        return Commit(self._rt, self, self._writes, self._reads, steps=steps)
+        self._commit = Commit(
+            self._rt,
+            self.start_ts,
+            self._writes,
+            self._reads,
+            steps=self._rt.commit_steps if steps is None else steps,
+        )
+        return self._commit
 
     def abort(self) -> None:
         """Drop the buffered writes. Nothing was written to the store before commit."""
         self._check_active()
-        self.status = TransactionStatus.ABORTED
+        self._status = TransactionStatus.ABORTED
 
     def __enter__(self) -> EmbeddedTransaction:
         return self
