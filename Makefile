@@ -73,7 +73,7 @@ format: $(STAMP) ## apply ruff's formatter and safe fixes
 	$(VENV)/bin/ruff check --fix .
 
 .PHONY: bench
-bench: $(STAMP) cassandra-jars ## every benchmark, full mode (~15 min): bench/results/, plots, README table
+bench: $(STAMP) cassandra-jars ## every benchmark, full mode (~15 min): bench/results/, plots, docs/benchmarks.md, README summary
 	$(PY) -m bench
 
 .PHONY: bench-quick

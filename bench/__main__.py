@@ -2,9 +2,10 @@
 
 Full mode writes ``bench/results/latest.json`` (the contract's figures, plus a dated
 copy), ``latest-series.json`` (the curves and distributions behind the plots), the
-PNG plots, and the README's table. ``--quick`` (under two minutes) writes the same
-files under ``bench/results/quick/`` and leaves the README alone, so a quick run
-never replaces the full table. The Cassandra suite starts its own node.
+PNG plots, docs/benchmarks.md and the README's summary. ``--quick`` (under two
+minutes) writes the same files under ``bench/results/quick/`` and leaves the README
+and docs/benchmarks.md alone, so a quick run never replaces the full report. The
+Cassandra suite starts its own node.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"results directory (default {RESULTS_DIR}, or {QUICK_DIR} with --quick)",
     )
     parser.add_argument(
-        "--no-readme", action="store_true", help="do not rewrite the README's table"
+        "--no-readme",
+        action="store_true",
+        help="do not rewrite docs/benchmarks.md and the README's summary",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -94,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     # A full run of every suite replaces the files; --only merges into them.
     path = write_results(results, out, mode=mode, merge=args.only is not None)
     print(f"wrote {path} ({mode} mode, {time.monotonic() - started:.0f} s)")
-    from bench.report import plot, update_readme
+    from bench.report import plot, write_reports
 
     for png in plot(path):
         print(f"wrote {png}")
     if out == RESULTS_DIR and not args.no_readme and not args.quick:
-        update_readme(path)
-        print("updated the README's benchmark table")
+        for report in write_reports(path):
+            print(f"wrote {report}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """``python -m bench --quick`` end to end, as ``make bench`` runs it: every suite in one
-process tree, Cassandra started by the runner itself, results and plots written."""
+process tree, Cassandra started by the runner itself, results and plots written, and
+neither the README's summary nor docs/benchmarks.md touched."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_bench_report import CONTRACT_FIGURES
+from bench.report import BENCHMARKS, CONTRACT_FIGURES, README
 
 pytestmark = [pytest.mark.integration, pytest.mark.bench, pytest.mark.cassandra, pytest.mark.spark]
 
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quick_bench_runs_every_suite_and_writes_every_contract_figure(tmp_path: Path) -> None:
     if os.environ.get("PERCOLAKE_SKIP_CASSANDRA"):
         pytest.skip("PERCOLAKE_SKIP_CASSANDRA is set")
-    readme_before = (ROOT / "README.md").read_text()
+    reports_before = {path: path.read_text() for path in (README, BENCHMARKS)}
     out = tmp_path / "results"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
@@ -46,4 +47,5 @@ def test_quick_bench_runs_every_suite_and_writes_every_contract_figure(tmp_path:
     assert {s["kind"] for s in series} == {"growth", "latency"}
     assert (out / "plot_ratios.png").exists()
     assert len(list(out.glob("plot_*.png"))) == len(series) + 1
-    assert (ROOT / "README.md").read_text() == readme_before
+    for path, before in reports_before.items():
+        assert path.read_text() == before, f"a quick run rewrote {path}"
