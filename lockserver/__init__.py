@@ -4,7 +4,7 @@ from lockserver._table import (
     MAX_LEASE_MS,
     LockTable,
     LockToken,
-    StaleTokenError,
 )
+from percolake.errors import StaleTokenError
 
 __all__ = ["MAX_LEASE_MS", "LockTable", "LockToken", "StaleTokenError"]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from percolake.errors import PercolakeError
+from percolake.errors import StaleTokenError
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +33,6 @@ class LockToken(NamedTuple):
 
     epoch: int
     lock_id: int
-
-
-class StaleTokenError(PercolakeError, ValueError):
-    """The token comes from another epoch: the lock server restarted since."""
 
 
 @dataclass(slots=True)

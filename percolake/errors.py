@@ -1,8 +1,11 @@
-"""The root of every error percolake raises, and the leaves that cross package lines.
+"""The root of every error percolake raises, and every leaf that crosses the wire.
 
 This module imports nothing, so every package (the store adapters at the bottom,
 the gateway wire layer, the oracle, the transaction layer, the lakehouse) can
-derive its errors from it. ``except PercolakeError`` catches anything percolake
+derive its errors from it, and the wire layer (``percolake.rpc``) maps each leaf
+to a gRPC status and back without importing the packages above it. The packages
+re-export the leaves they raise (``txn.errors``, ``storage_adapters``, ``tso``,
+``lockserver``). ``except PercolakeError`` catches anything percolake
 raises on purpose; ``except TransactionError`` catches every failure of a
 transactional call, whether it happened in this process, in the store, or in a
 gateway. The builtins mixed in (``ConnectionError``, ``PermissionError``) let code
@@ -32,9 +35,90 @@ class UnauthenticatedError(TransactionError, PermissionError):
     """The bearer token was missing or wrong."""
 
 
+# --- stores (re-exported by storage_adapters) ----------------------------------------
+
+
+class StoreError(PercolakeError):
+    """Root of the errors a storage backend raises."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store could not be reached; nothing is known to have been written."""
+
+
+class StoreTimeoutError(StoreError):
+    """A write timed out: it may or may not have been applied (rule S6).
+
+    For a conditional write the caller settles the outcome by re-reading the row
+    with ``KVStore.get_system`` or by re-issuing the same conditional write.
+    """
+
+
+# --- the oracle and the lock server (re-exported by tso and lockserver) --------------
+
+
+class OracleFencedError(PercolakeError, RuntimeError):
+    """Another oracle took over the bound: this one must stop serving (rule S7)."""
+
+
+class StaleTokenError(PercolakeError, ValueError):
+    """The lock token comes from another epoch: the lock server restarted since."""
+
+
+# --- transactions (re-exported by txn.errors) -----------------------------------------
+
+
+class TransactionClosedError(TransactionError):
+    """The transaction was already committed, aborted or failed: it cannot be used."""
+
+
+class TransactionNotFoundError(TransactionError):
+    """No open transaction has this id (never begun here, finished, or reaped as idle)."""
+
+
+class NotTransactionOwnerError(TransactionError):
+    """Only the process that began a transaction may commit it; attached ones may not."""
+
+
+class TransactionLimitError(TransactionError):
+    """A limit of the gateway was reached (buffered writes, open transactions)."""
+
+
+class TransactionAbortedError(TransactionError):
+    """The transaction definitely did not commit; none of its writes are visible."""
+
+
+class TransactionConflictError(TransactionAbortedError):
+    """Aborted because of a concurrent transaction; retrying may succeed."""
+
+
+class CommitUnknownError(TransactionError):
+    """The commit point was attempted but its outcome could not be settled (rule S6).
+
+    The transaction may or may not have committed. Never retry it blindly: read
+    the data back, or retry with an idempotency key.
+    """
+
+    def __init__(self, message: str, *, start_ts: int) -> None:
+        super().__init__(message)
+        self.start_ts = start_ts
+
+
 __all__ = [
+    "CommitUnknownError",
+    "NotTransactionOwnerError",
+    "OracleFencedError",
     "PercolakeError",
     "ServiceUnavailableError",
+    "StaleTokenError",
+    "StoreError",
+    "StoreTimeoutError",
+    "StoreUnavailableError",
+    "TransactionAbortedError",
+    "TransactionClosedError",
+    "TransactionConflictError",
     "TransactionError",
+    "TransactionLimitError",
+    "TransactionNotFoundError",
     "UnauthenticatedError",
 ]

@@ -70,22 +70,17 @@ class ServiceUnavailableError(RpcError, root.ServiceUnavailableError):
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and reason that carry ``exc`` over the wire."""
-    from lockserver import StaleTokenError
-    from storage_adapters import StoreError
-    from tso import OracleFencedError
-    from txn import errors
-
     table: list[tuple[type[BaseException], grpc.StatusCode, str]] = [
-        (errors.TransactionConflictError, grpc.StatusCode.ABORTED, CONFLICT),
-        (errors.TransactionAbortedError, grpc.StatusCode.ABORTED, ABORTED),
-        (errors.CommitUnknownError, grpc.StatusCode.UNKNOWN, COMMIT_UNKNOWN),
-        (errors.TransactionNotFoundError, grpc.StatusCode.NOT_FOUND, UNKNOWN_TRANSACTION),
-        (errors.TransactionClosedError, grpc.StatusCode.FAILED_PRECONDITION, TRANSACTION_CLOSED),
-        (errors.NotTransactionOwnerError, grpc.StatusCode.FAILED_PRECONDITION, NOT_OWNER),
-        (errors.TransactionLimitError, grpc.StatusCode.RESOURCE_EXHAUSTED, LIMIT_EXCEEDED),
-        (StaleTokenError, grpc.StatusCode.FAILED_PRECONDITION, STALE_TOKEN),
-        (OracleFencedError, grpc.StatusCode.UNAVAILABLE, ORACLE_FENCED),
-        (StoreError, grpc.StatusCode.UNAVAILABLE, UNAVAILABLE),
+        (root.TransactionConflictError, grpc.StatusCode.ABORTED, CONFLICT),
+        (root.TransactionAbortedError, grpc.StatusCode.ABORTED, ABORTED),
+        (root.CommitUnknownError, grpc.StatusCode.UNKNOWN, COMMIT_UNKNOWN),
+        (root.TransactionNotFoundError, grpc.StatusCode.NOT_FOUND, UNKNOWN_TRANSACTION),
+        (root.TransactionClosedError, grpc.StatusCode.FAILED_PRECONDITION, TRANSACTION_CLOSED),
+        (root.NotTransactionOwnerError, grpc.StatusCode.FAILED_PRECONDITION, NOT_OWNER),
+        (root.TransactionLimitError, grpc.StatusCode.RESOURCE_EXHAUSTED, LIMIT_EXCEEDED),
+        (root.StaleTokenError, grpc.StatusCode.FAILED_PRECONDITION, STALE_TOKEN),
+        (root.OracleFencedError, grpc.StatusCode.UNAVAILABLE, ORACLE_FENCED),
+        (root.StoreError, grpc.StatusCode.UNAVAILABLE, UNAVAILABLE),
         (root.ServiceUnavailableError, grpc.StatusCode.UNAVAILABLE, UNAVAILABLE),
         (root.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED),
         (ValueError, grpc.StatusCode.INVALID_ARGUMENT, INVALID_ARGUMENT),
@@ -109,10 +104,6 @@ def abort_with(context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
 
 def error_from(err: grpc.RpcError) -> Exception:
     """The exception a received error stands for (the inverse of :func:`status_for`)."""
-    from lockserver import StaleTokenError
-    from tso import OracleFencedError
-    from txn import errors
-
     # Every error a call raises has code(), details() and trailing_metadata(): the
     # blocking API's are grpc.Call instances, grpc.aio's are AioRpcError.
     if not isinstance(err, grpc.Call | grpc.aio.AioRpcError):
@@ -124,14 +115,14 @@ def error_from(err: grpc.RpcError) -> Exception:
         if metadatum[0] == REASON_KEY:
             reason = str(metadatum[1])
     by_reason: dict[str, Callable[[str], Exception]] = {
-        CONFLICT: errors.TransactionConflictError,
-        ABORTED: errors.TransactionAbortedError,
-        UNKNOWN_TRANSACTION: errors.TransactionNotFoundError,
-        TRANSACTION_CLOSED: errors.TransactionClosedError,
-        NOT_OWNER: errors.NotTransactionOwnerError,
-        LIMIT_EXCEEDED: errors.TransactionLimitError,
-        STALE_TOKEN: StaleTokenError,
-        ORACLE_FENCED: OracleFencedError,
+        CONFLICT: root.TransactionConflictError,
+        ABORTED: root.TransactionAbortedError,
+        UNKNOWN_TRANSACTION: root.TransactionNotFoundError,
+        TRANSACTION_CLOSED: root.TransactionClosedError,
+        NOT_OWNER: root.NotTransactionOwnerError,
+        LIMIT_EXCEEDED: root.TransactionLimitError,
+        STALE_TOKEN: root.StaleTokenError,
+        ORACLE_FENCED: root.OracleFencedError,
         INVALID_ARGUMENT: ValueError,
     }
     if reason in by_reason:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from percolake.errors import PercolakeError
+from percolake.errors import StoreError, StoreTimeoutError, StoreUnavailableError
 
 #: Timestamps are non-negative integers below this bound (they fit a signed 64-bit column).
 MAX_TIMESTAMP = (1 << 63) - 1
@@ -74,22 +74,6 @@ class CasResult(NamedTuple):
 
     applied: bool
     current: bytes | None
-
-
-class StoreError(PercolakeError):
-    """Root of the errors a storage backend raises."""
-
-
-class StoreUnavailableError(StoreError):
-    """The store could not be reached; nothing is known to have been written."""
-
-
-class StoreTimeoutError(StoreError):
-    """A write timed out: it may or may not have been applied (see DESIGN.md, rule S6).
-
-    For a conditional write the caller settles the outcome by re-reading the row
-    with :meth:`KVStore.get_system` or by re-issuing the same conditional write.
-    """
 
 
 class StoreClaimedError(StoreError):
@@ -368,3 +352,7 @@ class KVStore(abc.ABC):
     def url(self) -> str:
         """The URL this store was opened with (for logs)."""
         return getattr(self, "_url", type(self).__name__)
+
+
+#: Re-exported: the store errors live in the one error root (percolake.errors).
+__all__ = ["StoreError", "StoreTimeoutError", "StoreUnavailableError"]

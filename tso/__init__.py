@@ -1,11 +1,11 @@
 """The timestamp oracle (TSO): timestamps that never repeat or go backwards (rule S7)."""
 
+from percolake.errors import OracleFencedError
 from tso._batcher import TimestampBatcher
 from tso._oracle import (
     BOUND_KEY,
     DEFAULT_WINDOW,
     TSO_TABLE,
-    OracleFencedError,
     TimestampOracle,
     TimestampRange,
 )

@@ -7,7 +7,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 
-from percolake.errors import PercolakeError
+from percolake.errors import OracleFencedError
 from storage_adapters import KVStore, StoreError
 from storage_adapters._base import Claim, StoreClaimedError
 
@@ -27,10 +27,6 @@ FIRST_TIMESTAMP = 1
 
 #: The role an oracle claims on its store (for SQLite: ``<db>.oracle.lock``).
 ORACLE_ROLE = "oracle"
-
-
-class OracleFencedError(PercolakeError, RuntimeError):
-    """Another oracle took over the bound: this one must stop serving (rule S7)."""
 
 
 class OracleAlreadyRunningError(OracleFencedError):

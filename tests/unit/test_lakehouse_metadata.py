@@ -36,7 +36,7 @@ from spark_integration._hook import STAGING_PREFIX, job_started_ms, new_job, par
 from spark_integration._model import APPEND, OVERWRITE, FileEntry, Layout
 from spark_integration._vacuum import sweep
 from storage_adapters import StoreTimeoutError
-from txn import Transaction, TransactionConfig, TransactionManager
+from txn import EmbeddedTransaction, Transaction, TransactionConfig, TransactionManager
 from txn import failpoints as txn_fp
 from txn.errors import CommitUnknownError, TransactionConflictError, TransactionError
 
@@ -270,14 +270,14 @@ def test_checkpoints_bound_the_rows_listing_reads(
     for k in range(25):
         lh.append_files("t", [data_file(lh, k), data_file(lh, 1000 + k)])
     scans: list[str] = []
-    real_scan = Transaction.scan
+    real_scan = EmbeddedTransaction.scan
 
-    def counting_scan(self: Transaction, table: str, *args: Any, **kwargs: Any) -> Any:
+    def counting_scan(self: EmbeddedTransaction, table: str, *args: Any, **kwargs: Any) -> Any:
         for item in real_scan(self, table, *args, **kwargs):
             scans.append(table)
             yield item
 
-    monkeypatch.setattr(Transaction, "scan", counting_scan)
+    monkeypatch.setattr(EmbeddedTransaction, "scan", counting_scan)
     files = lh.files("t")
     assert [f.record_count for f in files] == [n for k in range(25) for n in (k, 1000 + k)]
     # The checkpoint at version 20 (two markers scanned), then versions 21-25 row by row.
@@ -454,14 +454,14 @@ def test_a_table_of_a_few_hundred_commits_lists_from_a_checkpoint(
     for k in range(130):
         lh.append_files("t", [data_file(lh, k)])
     scans: list[str] = []
-    real_scan = Transaction.scan
+    real_scan = EmbeddedTransaction.scan
 
-    def counting_scan(self: Transaction, table: str, *args: Any, **kwargs: Any) -> Any:
+    def counting_scan(self: EmbeddedTransaction, table: str, *args: Any, **kwargs: Any) -> Any:
         for item in real_scan(self, table, *args, **kwargs):
             scans.append(table)
             yield item
 
-    monkeypatch.setattr(Transaction, "scan", counting_scan)
+    monkeypatch.setattr(EmbeddedTransaction, "scan", counting_scan)
     assert [f.record_count for f in lh.files("t")] == list(range(130))
     # The checkpoint at version 100, then versions 101-130 row by row.
     assert scans.count("lakehouse.checkpoints") == 1
