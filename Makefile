@@ -62,10 +62,11 @@ chaos: $(STAMP) tools cassandra-jars ## the long chaos runs (3-node Cassandra, p
 	$(PY) -m percolake chaos suite --out tests/chaos/results
 
 .PHONY: lint
-lint: $(STAMP) ## ruff (lint + format check) and strict mypy
+lint: $(STAMP) ## ruff (lint + format check), strict mypy and the layer contract (import-linter)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 .PHONY: format
 format: $(STAMP) ## apply ruff's formatter and safe fixes

@@ -1,0 +1,80 @@
+"""The layer contract (``[tool.importlinter]`` in pyproject.toml) is enforced, not hoped for.
+
+``make lint`` runs ``lint-imports``. These tests run it on the real tree (kept) and
+on a skeleton of the same packages with one deliberate violation (broken), so a
+contract that forbids nothing would fail here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _layer_modules() -> list[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = config["contracts"]
+    return [m.strip() for layer in contract["layers"] for m in layer.split("|")]
+
+
+def _run(cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(cwd / "pyproject.toml"), "--no-cache"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_the_tree_keeps_the_layer_contract() -> None:
+    result = _run(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "imports"),
+    [
+        ("storage_adapters.bad", "txn"),  # the store layer reaching up into transactions
+        ("percolake.errors_helper", "percolake.rpc"),  # see below: the root imports nothing
+        ("txn.bad", "spark_integration"),
+        ("tso.bad", "txn"),
+    ],
+)
+def test_a_lower_layer_importing_a_higher_one_breaks_the_lint(
+    tmp_path: Path, module: str, imports: str
+) -> None:
+    """A skeleton with every layer's package and one upward import: lint-imports fails."""
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    for name in [*_layer_modules(), module]:
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):
+            package = tmp_path.joinpath(*parts[:depth])
+            if depth < len(parts) or len(parts) == 1:
+                package.mkdir(exist_ok=True)
+                (package / "__init__.py").touch()
+            elif not package.is_dir():
+                package.with_suffix(".py").touch()
+    if module == "percolake.errors_helper":
+        # The root layer is one module; make the violation inside it.
+        module = "percolake.errors"
+    target = tmp_path.joinpath(*module.split("."))
+    target = target / "__init__.py" if target.is_dir() else target.with_suffix(".py")
+    target.write_text(f"import {imports}\n")
+    result = _run(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "BROKEN" in result.stdout
+    assert f"{module} -> {imports}" in result.stdout
