@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from percolake.chaos._config import BROKEN_PROTOCOL_ENV, RunConfig
+from percolake.chaos._config import BROKEN_PROTOCOL_ENV, NO_ORACLE_CLAIM_ENV, RunConfig
 from percolake.chaos._ops import Phase
 from percolake.chaos._procs import Managed, PidRegistry, Service
 from txn import TransactionManager
@@ -55,6 +55,8 @@ class ClientSlot:
     slot: int
     mode: str
     generation: int = 0
+    #: The oracle this slot's process talks to, when not the cluster's (oracle overlap).
+    tso: str | None = None
     proc: Managed | None = None
     phase: Phase | None = None
     events: list[Path] = field(default_factory=list)
@@ -87,6 +89,8 @@ class Cluster:
         self.tso: Service | None = None
         self.locks: Service | None = None
         self.gateways: list[Service] = []
+        #: Second oracles started next to the first (oracle-overlap faults).
+        self.second_oracles: list[Service] = []
         self.clients: list[ClientSlot] = []
         #: process -> time of its SIGKILL (ns since t0): its open operation is unknown.
         self.crashed: dict[int, int] = {}
@@ -169,16 +173,26 @@ class Cluster:
     def _broken_env(self) -> dict[str, str]:
         return {BROKEN_PROTOCOL_ENV: "1" if self.config.unsafe_broken_protocol else ""}
 
-    def start_services(self) -> None:
-        c = self.config
-        self.tso = Service(
-            "tso",
-            "percolake serve tso",
+    def _oracle(self, name: str) -> Service:
+        return Service(
+            name,
+            "percolake.chaos.serve tso",
             ["--store", self.tso_store_url],
             self.work,
             self.registry,
+            env={NO_ORACLE_CLAIM_ENV: "1" if self.config.unsafe_no_oracle_claim else ""},
             gid=self._gid(GID_TSO),
-        ).start()
+        )
+
+    def second_oracle(self) -> Service:
+        """A second oracle on the oracle's store, not started yet (on a port of its own)."""
+        oracle = self._oracle(f"tso-overlap-{len(self.second_oracles)}")
+        self.second_oracles.append(oracle)
+        return oracle
+
+    def start_services(self) -> None:
+        c = self.config
+        self.tso = self._oracle("tso").start()
         self.locks = Service(
             "locks", "percolake serve locks", [], self.work, self.registry, gid=self._gid(GID_LOCKS)
         ).start()
@@ -270,7 +284,7 @@ class Cluster:
             "--gateways",
             ",".join(g.address for g in self.gateways),
             "--tso",
-            self.tso.address,
+            client.tso or self.tso.address,
             "--locks",
             self.locks.address,
             "--store",
@@ -306,11 +320,15 @@ class Cluster:
             client.phase.set(Phase.IDLE)
         return process
 
-    def restart_client(self, client: ClientSlot) -> int:
-        """Start the slot again as a new process number (only before the deadline)."""
+    def restart_client(self, client: ClientSlot, *, tso: str | None = None) -> int:
+        """Start the slot again as a new process number (only before the deadline).
+
+        ``tso``: the oracle the new process talks to (default: the cluster's).
+        """
         if time.monotonic_ns() >= self.until_ns:
             return -1
         client.generation += 1
+        client.tso = tso
         self._spawn_client(client)
         return self.process_of(client)
 
@@ -394,7 +412,7 @@ class Cluster:
             if client.phase is not None:
                 client.phase.close()
                 client.phase = None
-        for service in [*self.gateways, self.locks, self.tso]:
+        for service in [*self.gateways, self.locks, self.tso, *self.second_oracles]:
             if service is not None:
                 service.stop()
         if self.cassandra is not None:

@@ -14,7 +14,10 @@ IsolationName: TypeAlias = Literal["snapshot", "serializable"]
 WORKLOADS: Final[tuple[WorkloadName, ...]] = ("list-append", "bank", "lakehouse")
 ISOLATIONS: Final[tuple[IsolationName, ...]] = ("snapshot", "serializable")
 #: Fault families ``--nemesis`` accepts; see :mod:`percolake.chaos._nemesis`.
-NEMESES: Final[tuple[str, ...]] = ("kill", "pause", "partition", "slow")
+NEMESES: Final[tuple[str, ...]] = ("kill", "pause", "partition", "slow", "oracle-overlap")
+#: Faults that need the oracle on SQLite: a second oracle must fail fast on its file lock.
+#: On Cassandra only the bound's fencing guards it until leader leases exist (S7).
+SQLITE_ORACLE_NEMESES: Final[frozenset[str]] = frozenset({"oracle-overlap"})
 #: Faults that need the run to own its network (a namespace of its own).
 NETWORK_NEMESES: Final[frozenset[str]] = frozenset({"partition", "slow"})
 
@@ -64,6 +67,8 @@ class RunConfig:
     netns: Literal["auto", "on", "off"] = "auto"
     #: Test only: gateways commit with locks skipped and the conflict check before the write.
     unsafe_broken_protocol: bool = False
+    #: Test only: oracles start without claiming their store, so two may serve at once.
+    unsafe_no_oracle_claim: bool = False
     gzip_history: bool = False
     cassandra_heap_mb: int = 1024
     #: Scratch folder (stores, Cassandra data, client logs); default ``out_dir/work``.
@@ -84,6 +89,12 @@ class RunConfig:
                 )
         if not 1 <= self.duration_s <= 24 * 3600:
             raise ValueError(f"duration must be between 1 s and 24 h, got {self.duration_s}")
+        overlap = SQLITE_ORACLE_NEMESES.intersection(self.nemeses)
+        if overlap and not self.sqlite_oracle:
+            raise ValueError(
+                f"{','.join(sorted(overlap))} needs the oracle on SQLite: on Cassandra only "
+                "the bound's fencing keeps two oracles apart until leader leases exist"
+            )
         if self.store_url is not None and self.cassandra_nodes:
             raise ValueError("--store and --cassandra-nodes exclude each other")
         if not 0 <= self.cassandra_nodes <= 9:
@@ -114,6 +125,13 @@ class RunConfig:
     def owns_store(self) -> bool:
         """Whether this run starts its own store (SQLite files or a Cassandra cluster)."""
         return self.store_url is None or self.store_url.startswith("sqlite:")
+
+    @property
+    def sqlite_oracle(self) -> bool:
+        """Whether the oracle keeps its bound in SQLite (a file of the run's own)."""
+        return not self.cassandra_nodes and not (
+            self.store_url is not None and self.store_url.startswith("cassandra://")
+        )
 
     @property
     def work(self) -> Path:

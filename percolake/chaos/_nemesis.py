@@ -1,10 +1,19 @@
-"""Faults on a seeded schedule: kills, pauses, partitions and a slow network.
+"""Faults on a seeded schedule: kills, pauses, partitions, a slow network, oracle overlaps.
 
 :func:`plan` turns the seed and the cluster's shape into a list of faults (when, what,
 on which process, for how long) without looking at anything else, so the same seed on
 the same shape gives the same schedule: a failing run can be replayed. :class:`Nemesis`
 carries the schedule out one fault at a time, heals each one when its time is up, and
 records when each fault really began and ended.
+
+An oracle overlap is a restart of the oracle done the careless way: the new oracle is
+started while the old one still serves (rule S7). On SQLite the newcomer must refuse
+at once on the store's file lock; the fault records that refusal, then stops the old
+oracle (SIGKILL) and, when the fault's time is up, starts the new one, which takes
+over. If the newcomer serves instead (the test-only ``--unsafe-no-oracle-claim``
+build), one client process reconnects to it, as a process that connects during the
+overlap would, and the two oracles hand out timestamps side by side until the end of
+the fault: the checks must then find anomalies.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from percolake.chaos import _network as net
@@ -28,6 +38,9 @@ log = logging.getLogger(__name__)
 #: How long a client kill waits for the client to be inside a commit before it
 #: kills it anyway: a client that never commits (reads only) must not stall the plan.
 MID_COMMIT_WAIT_S: Final = 3.0
+#: How long an overlap of two serving oracles is stretched until the client process
+#: that reconnected to the newcomer has completed an operation (a slow start-up).
+OVERLAP_PROGRESS_WAIT_S: Final = 10.0
 #: The slow network: bandwidth of the token bucket on loopback and TCP packet loss.
 SLOW_RATE_MBIT: Final = 20
 SLOW_LOSS: Final = 0.03
@@ -71,6 +84,7 @@ def fault_targets(config: RunConfig, *, owns_cassandra: bool) -> dict[str, list[
         "pause": processes,
         "partition": partitions,
         "slow": [["network"]],
+        "oracle-overlap": [["tso"]],
     }
     return {kind: [g for g in offered[kind] if g] for kind in config.nemeses}
 
@@ -87,6 +101,8 @@ def _duration(rng: random.Random, config: RunConfig, kind: str, target: str) -> 
         return rng.uniform(0.5, 3.0)
     if kind == "partition":
         return rng.uniform(2.0, 8.0)
+    if kind == "oracle-overlap":
+        return rng.uniform(1.0, 3.0)
     return rng.uniform(3.0, 8.0)
 
 
@@ -169,6 +185,8 @@ class Nemesis:
             network = self._network()
             rules = network.drop(self._partition_rules(target))
             return (lambda: network.undrop(rules)), {"rules": len(rules)}
+        if kind == "oracle-overlap":
+            return self._oracle_overlap()
         if target.startswith("cassandra-"):
             return self._cassandra(kind, int(target.removeprefix("cassandra-")))
         if target.startswith("client-"):
@@ -179,6 +197,50 @@ class Nemesis:
             return (lambda: restart(service)), {}
         service.pause()
         return service.resume, {}
+
+    def _oracle_overlap(self) -> tuple[Callable[[], Any], dict[str, Any]]:
+        cluster = self.cluster
+        old = cluster.services()["tso"]
+        newcomer = cluster.second_oracle()
+        try:
+            newcomer.start()
+        except RuntimeError:
+            exit_code = newcomer.stop()  # exited already: reaps it and forgets its pid
+            refusal = [
+                line for line in newcomer.tail().splitlines() if "another timestamp oracle" in line
+            ]
+            # The restart done right: the old oracle goes first, then the new one starts.
+            old.kill()
+
+            def take_over() -> str:
+                restart(old)
+                return f"new oracle took over on {old.address}"
+
+            return take_over, {
+                "newcomer": "refused",
+                "exit_code": exit_code,
+                "refusal": refusal[-1][-300:] if refusal else newcomer.tail(300),
+            }
+        # Both serve. A process that connects now reaches the newcomer.
+        direct = [c for c in cluster.clients if c.mode == "direct" and c.proc and c.proc.alive]
+        moved = direct[0] if direct else None
+        detail: dict[str, Any] = {"newcomer": "serving", "address": newcomer.address}
+        if moved is not None:
+            detail["crashed"] = cluster.crash_client(moved)
+            detail["reconnected"] = cluster.restart_client(moved, tso=newcomer.address)
+
+        def end_overlap() -> str:
+            if moved is not None:
+                _wait_for_a_completion(moved.events[-1], OVERLAP_PROGRESS_WAIT_S)
+            old.kill()
+            newcomer.kill()
+            restart(old)  # above both oracles' bounds
+            if moved is not None and moved.tso is not None:
+                cluster.crash_client(moved)
+                cluster.restart_client(moved)
+            return f"both oracles stopped; one restarted on {old.address}"
+
+        return end_overlap, detail
 
     def _network(self) -> net.Network:
         if self.network is None:
@@ -251,3 +313,16 @@ class Nemesis:
         port = services[peer].port
         assert port is not None
         return net.gid_to_port_rules(gid, port)
+
+
+def _wait_for_a_completion(events: Path, timeout_s: float) -> bool:
+    """Wait until a client's event file records a completed operation."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if '"type":"ok"' in events.read_text(errors="replace"):
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False

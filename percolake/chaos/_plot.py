@@ -13,6 +13,7 @@ _FAULT_COLOURS = {
     "pause": "tab:orange",
     "partition": "tab:purple",
     "slow": "tab:olive",
+    "oracle-overlap": "tab:brown",
 }
 _OUTCOME_COLOURS = {"ok": "tab:green", "fail": "tab:gray", "info": "tab:red"}
 

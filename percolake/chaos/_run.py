@@ -390,6 +390,7 @@ def _finish(
         },
         "nemesis": list(config.nemeses),
         "broken_protocol": config.unsafe_broken_protocol,
+        "no_oracle_claim": config.unsafe_no_oracle_claim,
         "started_at": started_at.isoformat(timespec="seconds"),
         "wall_s": round((datetime.now(UTC) - started_at).total_seconds(), 1),
         "history": history_path.name,
@@ -466,6 +467,8 @@ def replay_command(config: RunConfig) -> str:
         parts.append(f"--store {shlex.quote(config.store_url)}")
     if config.unsafe_broken_protocol:
         parts.append("--unsafe-broken-protocol")
+    if config.unsafe_no_oracle_claim:
+        parts.append("--unsafe-no-oracle-claim")
     parts.append(f"--out {shlex.quote(str(config.out_dir))}")
     return " ".join(parts)
 

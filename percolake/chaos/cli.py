@@ -82,6 +82,11 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         action="store_true",
         help="TEST ONLY: commit without locks, conflict check before write; must find anomalies",
     )
+    run.add_argument(
+        "--unsafe-no-oracle-claim",
+        action="store_true",
+        help="TEST ONLY: oracles skip their file lock, so oracle-overlap faults let two serve",
+    )
 
 
 def add_chaos_commands(
@@ -142,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         active_keys=args.active_keys,
         netns=args.netns,
         unsafe_broken_protocol=args.unsafe_broken_protocol,
+        unsafe_no_oracle_claim=args.unsafe_no_oracle_claim,
         gzip_history=args.gzip_history,
     )
 

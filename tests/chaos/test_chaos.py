@@ -3,9 +3,10 @@
 Each test runs ``python -m percolake.chaos run`` as a separate process, exactly as an
 operator would, and reads the report it writes. The runs are short (seconds), so
 these tests show that the harness works and that the system survives its faults;
-``make chaos`` runs the long ones. The broken-build test shows that the harness can
+``make chaos`` runs the long ones. The broken-build tests show that the harness can
 fail: against gateways that commit without locks and check for conflicts before
-writing, the same kind of run must report anomalies.
+writing, or with two oracles serving one store at once, the same kind of run must
+report anomalies.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def chaos_run(out: Path, *args: str, duration_s: int, expect_exit: int = 0) -> d
         str(out),
         *args,
     ]
-    env = {k: v for k, v in os.environ.items() if k != "PERCOLAKE_UNSAFE_BROKEN_PROTOCOL"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLAKE_UNSAFE_")}
     result = subprocess.run(
         command,
         cwd=ROOT,
@@ -247,6 +248,70 @@ def test_a_broken_commit_protocol_is_caught(tmp_path: Path, workload: str) -> No
         assert not check_file(out / "history.jsonl", "snapshot-isolation").valid
 
 
+def test_a_second_oracle_during_a_restart_fails_fast_and_the_history_stays_clean(
+    tmp_path: Path,
+) -> None:
+    """Rule S7 under careless restarts: each new oracle starts while the old one serves.
+
+    On SQLite the newcomer must exit at once on the store's file lock (exit 3, naming
+    the lock file and the pid holding it); the old one is then killed and the new one
+    takes over. Before the file lock the newcomer served next to the old one, which
+    the test below shows the checks catch.
+    """
+    report = chaos_run(
+        tmp_path / "overlap",
+        "--workload",
+        "list-append",
+        "--isolation",
+        "snapshot",
+        "--nemesis",
+        "oracle-overlap",
+        "--seed",
+        "11",
+        "--fault-gap-s",
+        "1",
+        duration_s=20,
+    )
+    assert_clean(report, min_ok=200, min_faults=3)
+    overlaps = report["faults"]
+    assert {f["kind"] for f in overlaps} == {"oracle-overlap"}
+    for fault in overlaps:
+        assert fault["newcomer"] == "refused" and fault["exit_code"] == 3, fault
+        assert "tso.db.oracle.lock is held by pid" in fault["refusal"], fault
+        assert fault["healed"].startswith("new oracle took over"), fault
+    assert report["checks"]["oracle timestamps"]["transactions_with_timestamps"] > 200
+
+
+def test_two_oracles_serving_one_store_are_caught(tmp_path: Path) -> None:
+    """The same overlaps with the file lock switched off (test-only build): both serve.
+
+    A client process that reconnects during the overlap takes timestamps a window above
+    the old oracle's, so transactions of the old oracle commit below snapshots that
+    began before them: stale start timestamps and read skew.
+    """
+    report = chaos_run(
+        tmp_path / "overlap-broken",
+        "--workload",
+        "list-append",
+        "--isolation",
+        "snapshot",
+        "--nemesis",
+        "oracle-overlap",
+        "--seed",
+        "11",
+        "--fault-gap-s",
+        "1",
+        "--unsafe-no-oracle-claim",
+        duration_s=12,
+        expect_exit=1,
+    )
+    assert report["no_oracle_claim"] is True
+    assert all(f["newcomer"] == "serving" for f in report["faults"]), report["faults"]
+    found = {a["type"] for a in report["anomalies"]}
+    assert "stale-start-timestamp" in found, found
+    assert found & {"G-single", "G-nonadjacent", "G1c", "timestamp-order", "lost-update"}, found
+
+
 def test_the_fault_schedule_is_a_function_of_the_seed(tmp_path: Path) -> None:
     def schedule(seed: str) -> Any:
         result = subprocess.run(
@@ -290,6 +355,7 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
         ["--workload", "bank", "--nemesis", "meteor"],
         ["--workload", "bank", "--store", "memory://"],
         ["--workload", "bank", "--store", "cassandra://h/ks", "--nemesis", "partition"],
+        ["--workload", "bank", "--store", "cassandra://h/ks", "--nemesis", "oracle-overlap"],
     ):
         result = subprocess.run(
             [sys.executable, "-m", "percolake.chaos", "run", "--out", str(tmp_path), *args],
