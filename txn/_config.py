@@ -20,6 +20,11 @@ class TransactionConfig:
     settle_attempts: int = 5
     #: Pause between those attempts.
     settle_backoff_ms: int = 50
+    #: A remote client whose Commit reply was lost asks a gateway for the outcome
+    #: (Status with settle, which fences) this many times, pausing between them:
+    #: long enough together to ride over a gateway restart.
+    gateway_settle_attempts: int = 10
+    gateway_settle_pause_ms: int = 200
     #: Cells scanned per page.
     scan_page_size: int = 500
     #: Commit statuses remembered (they never change once written).
@@ -32,6 +37,8 @@ class TransactionConfig:
             "resolve_wait_ms",
             "settle_attempts",
             "settle_backoff_ms",
+            "gateway_settle_attempts",
+            "gateway_settle_pause_ms",
             "scan_page_size",
             "status_cache_size",
         ):

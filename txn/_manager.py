@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import logging
-import random
 import threading
-import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from lockserver import LockTable
 
@@ -21,54 +19,17 @@ from txn._args import check_isolation, check_txn_id
 from txn._committer import STEPS
 from txn._config import TransactionConfig
 from txn._isolation import Isolation, TransactionStatus
+from txn._retry import RetryPolicy, run_transaction
 from txn._runtime import Runtime
 from txn._services import LockService, TimestampSource
 from txn._status import ABORTED
 from txn._transaction import EmbeddedTransaction
-from txn.errors import ServiceUnavailableError, TransactionConflictError, TransactionError
+from txn.errors import ServiceUnavailableError, TransactionError
 from txn.failpoints import FailPoints
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: Backoff between attempts of ``run``: doubles from the base up to the cap, with
-#: full jitter so that conflicting retriers spread out instead of colliding again.
-RETRY_BASE_S = 0.005
-RETRY_CAP_S = 0.5
-
-
-class _Transactional(Protocol):
-    def __enter__(self) -> Any: ...
-
-    def __exit__(self, *exc: Any) -> Any: ...
-
-
-Tx = TypeVar("Tx", bound=_Transactional)
-
-
-def run_with_retries(
-    begin: Callable[[Isolation], Tx],
-    fn: Callable[[Tx], T],
-    isolation: Isolation,
-    max_attempts: int,
-) -> T:
-    """The retry loop of ``run``, shared by the embedded and the remote manager."""
-    if not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError(f"max_attempts must be a positive int, got {max_attempts!r}")
-    for attempt in range(1, max_attempts + 1):
-        tx = begin(isolation)
-        try:
-            with tx:
-                result = fn(tx)
-            return result
-        except TransactionConflictError as exc:
-            if attempt == max_attempts:
-                raise
-            delay = random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt))
-            log.debug("attempt %d conflicted (%s); retrying in %.3fs", attempt, exc, delay)
-            time.sleep(delay)
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class TransactionManager:
@@ -122,6 +83,7 @@ class TransactionManager:
         *,
         tls: TlsConfig | None = None,
         timeout_s: float = 60.0,
+        config: TransactionConfig | None = None,
     ) -> RemoteTransactionManager:
         """A manager that talks to a percolake gateway (``percolake serve``) over gRPC.
 
@@ -129,7 +91,9 @@ class TransactionManager:
         """
         from txn.remote import RemoteTransactionManager
 
-        return RemoteTransactionManager(address, token=token, tls=tls, timeout_s=timeout_s)
+        return RemoteTransactionManager(
+            address, token=token, tls=tls, timeout_s=timeout_s, config=config
+        )
 
     # --- what tests and operators reach into -------------------------------------
 
@@ -209,7 +173,8 @@ class TransactionManager:
         Only :class:`TransactionConflictError` is retried: it guarantees that the
         attempt did not commit. An unknown outcome is never retried blindly (S6).
         """
-        return run_with_retries(self.begin, fn, isolation, max_attempts)
+        policy = RetryPolicy(max_attempts=max_attempts)
+        return run_transaction(self.begin, self.outcome, fn, policy, isolation=isolation)[0]
 
     def attach(self, txn_id: str) -> EmbeddedTransaction:
         raise TransactionError(

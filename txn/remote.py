@@ -33,9 +33,10 @@ from txn._args import (
     check_scan,
     check_txn_id,
 )
+from txn._config import TransactionConfig
 from txn._isolation import Isolation, TransactionStatus
 from txn._lowering import isolation_from_pb, isolation_to_pb, state_from_pb
-from txn._manager import run_with_retries
+from txn._retry import RetryPolicy, run_transaction
 from txn.errors import (
     CommitUnknownError,
     NotTransactionOwnerError,
@@ -50,9 +51,6 @@ T = TypeVar("T")
 
 #: Buffered mutations sent per Write call.
 WRITE_BATCH = 2_000
-#: Attempts to settle a commit whose reply was lost, and the pause between them.
-SETTLE_ATTEMPTS = 10
-SETTLE_PAUSE_S = 0.2
 
 
 class RemoteTransaction:
@@ -201,14 +199,16 @@ class RemoteTransaction:
         """The Commit reply was lost: ask any gateway what the transactions table says."""
         log.warning("commit of %s lost its reply (%s); settling it", self.id, first)
         last: Exception = first
-        for _ in range(SETTLE_ATTEMPTS):
+        config = self._m.config
+        pause_s = config.gateway_settle_pause_ms / 1000
+        for _ in range(config.gateway_settle_attempts):
             try:
                 got = self._m._call(
                     self._m._stub.Status, pb.StatusRequest(txn_id=self.id, settle=True)
                 )
             except (ServiceUnavailableError, RpcError) as exc:
                 last = exc
-                time.sleep(SETTLE_PAUSE_S)
+                time.sleep(pause_s)
                 continue
             if got.state == pb.TRANSACTION_STATE_COMMITTED:
                 self.status = TransactionStatus.COMMITTED
@@ -217,7 +217,7 @@ class RemoteTransaction:
             if got.state == pb.TRANSACTION_STATE_ABORTED:
                 self.status = TransactionStatus.ABORTED
                 raise TransactionAbortedError(f"transaction {self.id} did not commit") from first
-            time.sleep(SETTLE_PAUSE_S)  # still committing on the gateway
+            time.sleep(pause_s)  # still committing on the gateway
         self.status = TransactionStatus.UNKNOWN
         raise CommitUnknownError(
             f"commit of {self.id} has an unknown outcome: {last}", start_ts=self.start_ts
@@ -279,8 +279,12 @@ class RemoteTransactionManager:
         token: str | None = None,
         tls: TlsConfig | None = None,
         timeout_s: float = 60.0,
+        config: TransactionConfig | None = None,
     ) -> None:
         self._conn = Connection(address, token=token, tls=tls)
+        #: The client side of the protocol's tuning (settling lost commit replies);
+        #: the rest of TransactionConfig applies inside the gateway.
+        self.config = config or TransactionConfig()
         self._stub = pb_grpc.TransactionServiceStub(self._conn.channel)
         self.timeout_s = timeout_s
         self._closed = False
@@ -317,7 +321,8 @@ class RemoteTransactionManager:
         isolation: Isolation = Isolation.SNAPSHOT,
         max_attempts: int = 10,
     ) -> T:
-        return run_with_retries(self.begin, fn, isolation, max_attempts)
+        policy = RetryPolicy(max_attempts=max_attempts)
+        return run_transaction(self.begin, self.outcome, fn, policy, isolation=isolation)[0]
 
     def outcome(self, txn_id: str, *, settle: bool = False) -> TransactionStatus | None:
         """``COMMITTED`` or ``ABORTED`` once decided; ``None`` while undecided.
