@@ -48,6 +48,9 @@ class RetryPolicy:
     #: transaction whose effects are safe to re-run once it is known not to have
     #: committed); otherwise the unknown outcome goes to the caller as it is.
     settle_unknown: bool = False
+    #: Conflicts of these kinds end the loop at once, even when ``fn`` raised them:
+    #: a caller's way to say "what this attempt depended on changed; do not retry".
+    give_up_on: tuple[type[TransactionConflictError], ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_attempts is not None and (
@@ -90,9 +93,10 @@ def run_transaction(
 
     The commit timestamp is ``None`` when the commit's reply was lost and the
     outcome was settled as committed afterwards (the timestamp is not known then).
-    ``fn`` raising aborts the attempt and propagates, retryable or not: only the
-    commit's own conflicts are retried. On giving up, the last conflict is raised
-    as :class:`RetriesExhaustedError` (a :class:`TransactionConflictError`).
+    ``fn`` raising aborts the attempt; a conflict (from ``fn`` or the commit) is
+    retried unless it is one of ``policy.give_up_on``, anything else propagates.
+    On giving up, the last conflict is raised as :class:`RetriesExhaustedError`
+    (a :class:`TransactionConflictError`).
     """
     started = time.monotonic()
     attempt = 0
@@ -101,20 +105,25 @@ def run_transaction(
         tx = begin(isolation)
         try:
             result = fn(tx)
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(TransactionError):  # already ended: nothing to undo
                 tx.abort()
-            raise
-        try:
-            return result, tx.commit()
-        except TransactionConflictError as conflict:
-            last: TransactionError = conflict
-        except CommitUnknownError as unknown:
-            if not policy.settle_unknown:
+            if not isinstance(exc, TransactionConflictError) or isinstance(exc, policy.give_up_on):
                 raise
-            if _settled_committed(outcome, tx, unknown, what):
-                return result, None
-            last = unknown
+            last: TransactionError = exc
+        else:
+            try:
+                return result, tx.commit()
+            except policy.give_up_on:
+                raise
+            except TransactionConflictError as conflict:
+                last = conflict
+            except CommitUnknownError as unknown:
+                if not policy.settle_unknown:
+                    raise
+                if _settled_committed(outcome, tx, unknown, what):
+                    return result, None
+                last = unknown
         if _exhausted(policy, attempt, started):
             raise RetriesExhaustedError(
                 f"{what}: lost to concurrent transactions {attempt} times in "
