@@ -22,7 +22,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -99,6 +99,12 @@ class ClientFaults:
         self._lose_reply = applied
         self._after_commit = False
 
+    def reset(self) -> None:
+        """Disarm whatever was armed and not met."""
+        self._follow_ups = []
+        self._lose_reply = None
+        self._after_commit = False
+
     def _begin(self, *args: Any, **kwargs: Any) -> Any:
         if self._after_commit and self._follow_ups:
             fault = self._follow_ups.pop(0)
@@ -107,7 +113,7 @@ class ClientFaults:
                 if where == "begin":
                     self.injected.append("begin")
                     raise error()
-                tx = self._real_begin(*args, **kwargs)
+                tx: Any = self._real_begin(*args, **kwargs)
 
                 def failing_scan(*_: Any, **__: Any) -> Any:
                     self.injected.append("scan")
@@ -180,7 +186,11 @@ def manager(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Manager]
 
 @pytest.fixture
 def lh(manager: Manager, tmp_path: Path) -> Lakehouse:
-    house = Lakehouse(manager, tmp_path / "warehouse", catalog=f"c{uuid.uuid4().hex[:12]}")
+    house = Lakehouse(
+        cast(TransactionManager, manager),  # a remote one is welcome too
+        tmp_path / "warehouse",
+        catalog=f"c{uuid.uuid4().hex[:12]}",
+    )
     house.create_table("t", SCHEMA)
     house.schema("t")  # cache the metadata: the transactions counted below are the commit's
     return house
@@ -379,7 +389,11 @@ def test_spark_append_deletes_its_files_only_when_nothing_committed(
     location = Path(lh.warehouse) / "t"
     if fault == "stale-overwrite":
         other = write_job(lh, [9])
-        lh.failpoints.enable(fp.BEFORE_COMMIT, lambda _: lh.append_files("t", other), times=1)
+
+        def commit_another(job_id: str) -> None:
+            lh.append_files("t", other)
+
+        lh.failpoints.enable(fp.BEFORE_COMMIT, commit_another, times=1)
         with pytest.raises(ConcurrentModificationError):
             lh.overwrite("t", df)
         jobs = [p for p in location.iterdir() if p.name.startswith("_lh_job=")]
