@@ -48,34 +48,26 @@ URL options (all optional):
 
 A user and password in the URL (``cassandra://user:password@host/ks``) log in with
 Cassandra's password authenticator.
+
+Modules: URL parsing and :func:`shard_of` live in :mod:`storage_adapters._cassandra_url`
+(no driver needed), :func:`translate_error` and :class:`ConditionalWriteRetryPolicy` in
+:mod:`storage_adapters._cassandra_errors`; both are re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import logging
-import re
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
-from urllib.parse import parse_qs, unquote
 
-from cassandra import (
-    ConsistencyLevel,
-    CoordinationFailure,
-    OperationTimedOut,
-    ReadTimeout,
-    Unavailable,
-    WriteTimeout,
-)
+from cassandra import ConsistencyLevel
 from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
-from cassandra.connection import ConnectionException
-from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy, TokenAwarePolicy
-from cassandra.protocol import IsBootstrappingErrorMessage, OverloadedErrorMessage, ServerError
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, tuple_factory
 
 from storage_adapters._base import (
@@ -84,7 +76,6 @@ from storage_adapters._base import (
     Cell,
     KVStore,
     ScanEntry,
-    StoreTimeoutError,
     StoreUnavailableError,
     Version,
     VersionWrite,
@@ -96,11 +87,29 @@ from storage_adapters._base import (
     check_value,
     check_writes,
 )
+from storage_adapters._cassandra_errors import ConditionalWriteRetryPolicy, translate_error
+from storage_adapters._cassandra_url import (
+    DEFAULT_PORT,
+    DEFAULT_SHARDS,
+    CassandraSettings,
+    parse_cassandra_url,
+    redact_url,
+    shard_of,
+)
+
+__all__ = [
+    "CONCURRENCY",
+    "DEFAULT_PORT",
+    "DEFAULT_SHARDS",
+    "CassandraSettings",
+    "CassandraStore",
+    "ConditionalWriteRetryPolicy",
+    "parse_cassandra_url",
+    "shard_of",
+    "translate_error",
+]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PORT = 9042
-DEFAULT_SHARDS = 32
 
 #: Requests in flight at once for one batched call: enough to hide a round trip,
 #: few enough not to swamp a small cluster's native-transport queue.
@@ -116,207 +125,10 @@ _IN_LIMIT = 100
 _MAX_KEY_BYTES = 0xFFFF
 # CQL LIMIT takes a 32-bit int.
 _NO_LIMIT = (1 << 31) - 1
-_KEYSPACE = re.compile(r"[A-Za-z0-9_]{1,48}")
-_HOST = re.compile(r"[A-Za-z0-9.-]+")
-_DATA_LEVELS = ("QUORUM", "LOCAL_QUORUM", "ALL")
-_SERIAL_LEVELS = ("SERIAL", "LOCAL_SERIAL")
-_OPTIONS = (
-    "replication_factor",
-    "consistency",
-    "serial_consistency",
-    "shards",
-    "local_dc",
-    "timeout_s",
-    "connect_timeout_s",
-)
 # Table IDs derived from keyspace and table name: two clients creating the same table
 # at once agree on its ID instead of racing to a schema disagreement.
 _TABLE_ID_NAMESPACE = uuid.UUID("2f1f8c3e-6a43-5d7e-9a57-3c0fd6d4a1b2")
 _FORMAT_VERSION = "1"
-
-
-# --- URL ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CassandraSettings:
-    """What a ``cassandra://`` URL asks for."""
-
-    hosts: tuple[str, ...]
-    port: int
-    keyspace: str
-    replication_factor: int = 1
-    consistency: str = "QUORUM"
-    serial_consistency: str = "SERIAL"
-    shards: int = DEFAULT_SHARDS
-    shards_given: bool = False
-    local_dc: str | None = None
-    timeout_s: float = 30.0
-    connect_timeout_s: float = 10.0
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-
-
-def parse_cassandra_url(url: str) -> CassandraSettings:
-    """Parse and validate a ``cassandra://`` URL; ``ValueError`` names what is wrong."""
-    if not isinstance(url, str):
-        raise TypeError(f"store URL must be str, got {type(url).__name__}")
-    prefix = "cassandra://"
-    if not url.startswith(prefix):
-        raise ValueError(f"not a cassandra URL: {url!r}")
-    rest = url[len(prefix) :]
-    rest, _, query = rest.partition("?")
-    if "#" in query or "#" in rest:
-        raise ValueError(f"invalid cassandra URL {url!r}: fragments ('#') are not allowed")
-    netloc, slash, path = rest.partition("/")
-    if not slash or not path:
-        raise ValueError(
-            f"invalid cassandra URL {url!r}: no keyspace (expected cassandra://HOST[:PORT]/KEYSPACE)"
-        )
-    if not _KEYSPACE.fullmatch(path):
-        raise ValueError(
-            f"invalid cassandra URL {url!r}: keyspace {path!r} must be 1-48 characters "
-            "from [A-Za-z0-9_]"
-        )
-    username = password = None
-    if "@" in netloc:
-        credentials, _, netloc = netloc.rpartition("@")
-        user, colon, secret = credentials.partition(":")
-        if not user or not colon:
-            raise ValueError("invalid cassandra URL: credentials must be user:password@")
-        username, password = unquote(user), unquote(secret)
-    hosts, port = _parse_hosts(url, netloc)
-    options = _parse_options(url, query)
-    return CassandraSettings(
-        hosts=hosts,
-        port=port,
-        keyspace=path,
-        username=username,
-        password=password,
-        **options,
-    )
-
-
-def _parse_hosts(url: str, netloc: str) -> tuple[tuple[str, ...], int]:
-    if not netloc:
-        raise ValueError(f"invalid cassandra URL {url!r}: no host")
-    hosts: list[str] = []
-    ports: set[int] = set()
-    for part in netloc.split(","):
-        if part.startswith("["):  # [IPv6]:port
-            host, bracket, tail = part[1:].partition("]")
-            if not bracket or not host or (tail and not tail.startswith(":")):
-                raise ValueError(f"invalid cassandra URL {url!r}: bad IPv6 host {part!r}")
-            port_text = tail[1:] if tail else ""
-        else:
-            host, _, port_text = part.partition(":")
-            if not host or not _HOST.fullmatch(host):
-                raise ValueError(f"invalid cassandra URL {url!r}: bad host {part!r}")
-        if port_text:
-            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-                raise ValueError(f"invalid cassandra URL {url!r}: bad port {port_text!r}")
-            ports.add(int(port_text))
-        else:
-            ports.add(DEFAULT_PORT)
-        hosts.append(host)
-    if len(ports) > 1:
-        raise ValueError(
-            f"invalid cassandra URL {url!r}: every host must use the same port, got {sorted(ports)}"
-        )
-    return tuple(hosts), ports.pop()
-
-
-def _parse_options(url: str, query: str) -> dict[str, Any]:
-    try:
-        raw = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError as exc:
-        raise ValueError(f"invalid cassandra URL {url!r}: bad query string ({exc})") from None
-    unknown = sorted(set(raw) - set(_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"invalid cassandra URL {url!r}: unknown option(s) {unknown}; "
-            f"expected some of {list(_OPTIONS)}"
-        )
-    options: dict[str, Any] = {}
-    for name, values in raw.items():
-        if len(values) != 1:
-            raise ValueError(f"invalid cassandra URL {url!r}: option {name!r} given twice")
-        value = values[0]
-        if name in ("replication_factor", "shards"):
-            limit = 4096 if name == "shards" else 100
-            if not value.isdigit() or not 1 <= int(value) <= limit:
-                raise ValueError(
-                    f"invalid cassandra URL {url!r}: {name} must be an integer in [1, {limit}], "
-                    f"got {value!r}"
-                )
-            options[name] = int(value)
-        elif name == "consistency":
-            options[name] = _level(url, name, value, _DATA_LEVELS)
-        elif name == "serial_consistency":
-            options[name] = _level(url, name, value, _SERIAL_LEVELS)
-        elif name in ("timeout_s", "connect_timeout_s"):
-            try:
-                seconds = float(value)
-            except ValueError:
-                seconds = -1.0
-            if not 0 < seconds <= 3600:
-                raise ValueError(
-                    f"invalid cassandra URL {url!r}: {name} must be seconds in (0, 3600], "
-                    f"got {value!r}"
-                )
-            options[name] = seconds
-        elif name == "local_dc":
-            if not value:
-                raise ValueError(f"invalid cassandra URL {url!r}: local_dc is empty")
-            options[name] = value
-    options["shards_given"] = "shards" in options
-    return options
-
-
-def _level(url: str, name: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value.upper() not in allowed:
-        raise ValueError(
-            f"invalid cassandra URL {url!r}: {name} must be one of {list(allowed)}, got {value!r}"
-        )
-    return value.upper()
-
-
-def shard_of(row: bytes, shards: int) -> int:
-    """The partition (of ``shards``) that holds ``row``: stable across processes."""
-    digest = hashlib.blake2b(row, digest_size=8).digest()
-    return int.from_bytes(digest, "big") % shards
-
-
-# --- errors ---------------------------------------------------------------------------
-
-
-def translate_error(exc: BaseException, *, conditional_write: bool, write: bool) -> Exception:
-    """The store error for a driver exception, or ``exc`` itself when it is a bug.
-
-    ``conditional_write``: the request was a lightweight transaction, whose outcome
-    matters (rule S6). ``write``: it could have changed data.
-    """
-    name = type(exc).__name__
-    # Refused before anything was applied anywhere: safe to call "unavailable".
-    if isinstance(
-        exc, Unavailable | NoHostAvailable | OverloadedErrorMessage | IsBootstrappingErrorMessage
-    ):
-        return StoreUnavailableError(f"Cassandra unavailable ({name}): {exc}")
-    # Sent, then lost: a write may or may not have been applied.
-    if isinstance(
-        exc,
-        WriteTimeout
-        | ReadTimeout
-        | CoordinationFailure
-        | OperationTimedOut
-        | ConnectionException
-        | ServerError,
-    ):
-        if write:
-            kind = "conditional write" if conditional_write else "write"
-            return StoreTimeoutError(f"Cassandra {kind} outcome unknown ({name}): {exc}")
-        return StoreUnavailableError(f"Cassandra read failed ({name}): {exc}")
-    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
 
 
 # --- the store ------------------------------------------------------------------------
@@ -370,7 +182,7 @@ class CassandraStore(KVStore):
 
     def __init__(self, url: str) -> None:
         self.settings = parse_cassandra_url(url)
-        self._url = _redact(url)
+        self._url = redact_url(url)
         self._closed = False
         self._cluster: Any = None
         self._session: Any = self._connect()
@@ -387,7 +199,7 @@ class CassandraStore(KVStore):
         """A store over an existing (possibly fake) session: no connect, no DDL. For tests."""
         store = cls.__new__(cls)
         store.settings = parse_cassandra_url(url)
-        store._url = _redact(url)
+        store._url = redact_url(url)
         store._closed = False
         store._cluster = None
         store._session = session
@@ -1006,35 +818,6 @@ def _batched(
     return out
 
 
-class ConditionalWriteRetryPolicy(RetryPolicy):  # type: ignore[misc]
-    """Retry a conditional write only when Cassandra refused it before doing anything.
-
-    ``Unavailable`` is raised before any Paxos proposal, so another coordinator may
-    try; every other error leaves the outcome unknown and goes to the caller, who
-    settles it by reading at SERIAL (rule S6). The default policy would also resend
-    after a lost connection, turning one unknown outcome into two.
-    """
-
-    def on_read_timeout(self, *args: Any, **kwargs: Any) -> tuple[int, None]:
-        return self.RETHROW, None
-
-    def on_write_timeout(self, *args: Any, **kwargs: Any) -> tuple[int, None]:
-        return self.RETHROW, None
-
-    def on_unavailable(
-        self,
-        query: Any,
-        consistency: Any,
-        required_replicas: int,
-        alive_replicas: int,
-        retry_num: int,
-    ) -> tuple[int, Any]:
-        return (self.RETRY_NEXT_HOST, None) if retry_num == 0 else (self.RETHROW, None)
-
-    def on_request_error(self, *args: Any, **kwargs: Any) -> tuple[int, None]:
-        return self.RETHROW, None
-
-
 # --- helpers --------------------------------------------------------------------------
 
 
@@ -1057,13 +840,3 @@ def _check_key_size(kind: str, key: bytes) -> None:
 
 def _quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for logs."""
-    head, at, tail = url.partition("@")
-    if not at:
-        return url
-    scheme, _, credentials = head.partition("://")
-    user = credentials.partition(":")[0]
-    return f"{scheme}://{user}:***@{tail}"
