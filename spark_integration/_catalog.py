@@ -26,7 +26,6 @@ import contextlib
 import gc
 import itertools
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -57,8 +56,9 @@ from spark_integration._model import (
     decode_file,
     encode_chunk,
 )
-from txn import Transaction, TransactionManager
-from txn.errors import CommitUnknownError, TransactionConflictError
+from txn import Manager, Transaction, TransactionStatus
+from txn._retry import RetriesExhaustedError, RetryPolicy, run_transaction
+from txn.errors import TransactionConflictError
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class Catalog:
 
     def __init__(
         self,
-        tm: TransactionManager,
+        tm: Manager,
         catalog: str,
         *,
         commit_timeout_s: float = 300.0,
@@ -213,55 +213,42 @@ class Catalog:
         fn: Callable[[Transaction], T],
         *,
         what: str,
-        settle: Callable[[T], bool] | None = None,
+        job_id: str | None = None,
     ) -> tuple[T, int | None]:
         """Run ``fn(tx)`` and commit; retry on conflicts at the head until the deadline.
 
         ``fn`` raising (:class:`ConcurrentModificationError` included) aborts and
-        propagates. ``settle(result)`` decides an unknown commit outcome (S6) by
-        reading back what the attempt wrote: ``True`` committed, ``False`` not.
+        propagates. With a ``job_id``, an unknown commit outcome (S6) is settled by
+        asking the manager with ``settle=True``, which fences the attempt: "not
+        committed" stays true, so retrying cannot land it twice (reading the data
+        back could not promise that: a Commit still queued at a gateway could land
+        after the read). Anything failing while settling leaves the outcome unknown:
+        it is never reported as "not committed", which would let the caller delete
+        files a committed version names.
         """
-        deadline = time.monotonic() + self._commit_timeout_s
-        attempt = 0
-        while True:
-            attempt += 1
-            tx = self._tm.begin()
-            try:
-                result = fn(tx)
-            except BaseException:
-                _abort_quietly(tx)
-                raise
-            try:
-                return result, tx.commit()
-            except ConcurrentModificationError:
-                raise
-            except TransactionConflictError as exc:
-                # Only the head row is contended: another commit of this table won
-                # the race. Nothing of ours is visible; re-read and try again.
-                if time.monotonic() >= deadline:
-                    raise ConcurrentModificationError(
-                        f"{what}: lost the race for the table's head {attempt} times in "
-                        f"{self._commit_timeout_s:.0f} s; nothing was committed"
-                    ) from exc
-                delay = random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt))
-                log.debug("%s: attempt %d conflicted; retrying in %.3f s", what, attempt, delay)
-                time.sleep(delay)
-            except CommitUnknownError as unknown:
-                if settle is None:
-                    raise
-                try:
-                    committed = settle(result)
-                except Exception as settle_exc:
-                    # Still unknown, whatever failed while settling (a store timeout, a
-                    # fenced oracle, an unreachable gateway): never report it as "not
-                    # committed", which would let the caller delete files a committed
-                    # version names, and never retry blindly (S6). The caller must check.
-                    log.warning("%s: could not settle an unknown commit: %r", what, settle_exc)
-                    raise unknown from settle_exc
-                if committed:
-                    log.info("%s: unknown commit outcome settled as committed", what)
-                    return result, None
-                log.info("%s: unknown commit outcome settled as not committed; retrying", what)
+        policy = RetryPolicy(
+            max_attempts=None,
+            deadline_s=self._commit_timeout_s,
+            base_s=RETRY_BASE_S,
+            cap_s=RETRY_CAP_S,
+            settle_unknown=job_id is not None,
+            give_up_on=(ConcurrentModificationError,),
+        )
+
+        def outcome(txn_id: str, *, settle: bool = False) -> TransactionStatus | None:
+            if job_id is not None:
+                self.failpoints.hit(fp.SETTLE_COMMIT, job_id)
+            return self._tm.outcome(txn_id, settle=settle)
+
+        try:
+            return run_transaction(self._tm.begin, outcome, fn, policy, what=what)
+        except RetriesExhaustedError as exc:
+            # Only the head row is contended: other commits of this table kept
+            # winning the race. Nothing of ours is visible.
+            raise ConcurrentModificationError(
+                f"{what}: lost the race for the table's head {exc.attempts} times in "
+                f"{self._commit_timeout_s:.0f} s; nothing was committed"
+            ) from exc
 
     # --- reads ------------------------------------------------------------------------
 
@@ -439,13 +426,6 @@ class Catalog:
 
     # --- changes ----------------------------------------------------------------------
 
-    def _settle_by_log(self, name: str, version: int, job_id: str) -> bool:
-        """Did the commit that claimed ``version`` for ``job_id`` land? (rule S6)"""
-        self.failpoints.hit(fp.SETTLE_COMMIT, job_id)
-        with self._tm.begin() as tx:
-            raw = tx.get(self.layout.log, Layout.log_row(name, version), Layout.COL_RECORD)
-        return raw is not None and LogRecord.decode(raw).job_id == job_id
-
     def _record_commit_ts(self, name: str, version: int, commit_ts: int) -> None:
         """Record the commit timestamp, which the commit itself cannot know (history only).
 
@@ -518,7 +498,7 @@ class Catalog:
         _, commit_ts = self._transact(
             attempt,
             what=f"create table {name!r}",
-            settle=lambda version: self._settle_by_log(name, version, job_id),
+            job_id=job_id,
         )
         # The commit point is behind us: nothing below may raise.
         self._after_commit(name, job_id, 0, commit_ts, 0, 0)
@@ -611,7 +591,7 @@ class Catalog:
             (version, fresh, gen, gen_start), commit_ts = self._transact(
                 attempt,
                 what=f"{operation.lower()} to table {name!r}",
-                settle=lambda result: not result[1] or self._settle_by_log(name, result[0], job_id),
+                job_id=job_id,
             )
         if not fresh:
             return Committed(version, None, replayed=True)

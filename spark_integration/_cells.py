@@ -21,7 +21,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Row
 
 from storage_adapters import check_table
-from txn import Isolation, TransactionManager
+from txn import Isolation, Manager, TransactionManager
 from txn.errors import TransactionError
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class PartitionWriter:
 
 def write_cells(
     df: DataFrame,
-    tm: TransactionManager,
+    tm: Manager,
     table: str,
     *,
     row_col: str,

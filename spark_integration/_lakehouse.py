@@ -38,7 +38,7 @@ from spark_integration._model import (
 from spark_integration._reads import read_version
 from spark_integration._schema import check_dataframe_schema, check_table_schema, parse_schema
 from spark_integration._vacuum import sweep
-from txn import TransactionManager
+from txn import Manager
 from txn.errors import TransactionAbortedError
 
 log = logging.getLogger(__name__)
@@ -107,16 +107,16 @@ class Lakehouse:
 
     def __init__(
         self,
-        tm: TransactionManager,
+        tm: Manager,
         warehouse: str | os.PathLike[str],
         *,
         catalog: str = "lakehouse",
         commit_timeout_s: float = 300.0,
     ) -> None:
-        from txn.remote import RemoteTransactionManager
-
-        if not isinstance(tm, TransactionManager | RemoteTransactionManager):
-            raise TypeError(f"tm must be a TransactionManager, got {type(tm).__name__}")
+        if not isinstance(tm, Manager):
+            raise TypeError(
+                f"tm must be a transaction manager (txn.Manager), got {type(tm).__name__}"
+            )
         if not isinstance(warehouse, str | os.PathLike):
             raise TypeError(f"warehouse must be a path, got {type(warehouse).__name__}")
         path = os.fspath(warehouse)

@@ -6,6 +6,7 @@ from tso._oracle import (
     BOUND_KEY,
     DEFAULT_WINDOW,
     TSO_TABLE,
+    OracleAlreadyRunningError,
     TimestampOracle,
     TimestampRange,
 )
@@ -14,6 +15,7 @@ __all__ = [
     "BOUND_KEY",
     "DEFAULT_WINDOW",
     "TSO_TABLE",
+    "OracleAlreadyRunningError",
     "OracleFencedError",
     "TimestampBatcher",
     "TimestampOracle",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from txn._isolation import Isolation, TransactionStatus
 
@@ -84,6 +84,7 @@ class Transaction(ReadTransaction, Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
 class Manager(Protocol):
     """Begins transactions; safe to share between threads."""
 

@@ -66,7 +66,11 @@ class TransactionManager:
     ) -> TransactionManager:
         """Oracle, lock server and store in this process: the embedded default."""
         store = open_store(store_url)
-        oracle = TimestampOracle(store)
+        try:
+            oracle = TimestampOracle(store)
+        except BaseException:
+            store.close()  # e.g. another oracle holds this store (S7): leave nothing open
+            raise
         return cls(
             store,
             TimestampBatcher(oracle.next_range),

@@ -22,6 +22,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import grpc
@@ -45,7 +46,7 @@ from tests.servers import ServerProcess
 from tso import OracleFencedError
 from txn import TransactionConfig, TransactionManager
 from txn import failpoints as txn_fp
-from txn.errors import CommitUnknownError
+from txn.errors import CommitUnknownError, TransactionError
 from txn.remote import RemoteTransactionManager
 
 pytestmark = pytest.mark.integration
@@ -79,7 +80,8 @@ class ClientFaults:
     makes ``begin`` raise, ``("scan", error)`` makes the transaction's scans
     raise, ``None`` lets it pass. :meth:`lose_next_commit_reply` makes the next
     commit transaction end in ``CommitUnknownError`` after it did (or did not)
-    commit, as a lost reply does.
+    commit, as a lost reply does. :meth:`fail_settle` makes the next settling of an
+    unknown outcome (the manager's ``outcome(..., settle=True)``) raise.
     """
 
     def __init__(self, tm: Manager, catalog: str) -> None:
@@ -88,8 +90,21 @@ class ClientFaults:
         self._follow_ups: list[tuple[str, Error] | None] = []
         self._after_commit = False
         self._lose_reply: bool | None = None
+        self._settle_error: Error | None = None
         self.injected: list[str] = []
         tm.begin = self._begin  # type: ignore[method-assign]
+        self._real_outcome = tm.outcome
+        tm.outcome = self._outcome  # type: ignore[method-assign]
+
+    def fail_settle(self, error: Error) -> None:
+        self._settle_error = error
+
+    def _outcome(self, txn_id: str, *, settle: bool = False) -> Any:
+        error, self._settle_error = self._settle_error, None
+        if settle and error is not None:
+            self.injected.append("settle")
+            raise error()
+        return self._real_outcome(txn_id, settle=settle)
 
     def fail_follow_ups(self, *faults: tuple[str, Error] | None) -> None:
         self._follow_ups = list(faults)
@@ -103,6 +118,7 @@ class ClientFaults:
         """Disarm whatever was armed and not met."""
         self._follow_ups = []
         self._lose_reply = None
+        self._settle_error = None
         self._after_commit = False
 
     def _begin(self, *args: Any, **kwargs: Any) -> Any:
@@ -339,22 +355,92 @@ def test_settling_that_fails_with_any_error_raises_commit_unknown_and_keeps_the_
     "not committed" and deleted files that a committed version may name.
 
     Interleaving: the commit transaction's outcome is unknown (its commit point timed
-    out, before or after applying, and could not be settled); the catalog settles by
-    reading the log back, and that read's ``tm.begin()`` raises. Afterwards a retry
-    with the same (app_id, batch_id) finds the truth: the first version, or a fresh one.
+    out, before or after applying, and could not be settled); the catalog settles it
+    (then by reading the log back, now by the manager's fencing ``outcome``) and that
+    raises. Afterwards a retry with the same (app_id, batch_id) finds the truth: the
+    first version, or a fresh one.
     """
     files = write_job(lh, [5, 6])
     undo = _lose_commit_reply(manager, faults, applied=applied)
-    faults.fail_follow_ups(("begin", ERRORS[error]))
+    faults.fail_settle(ERRORS[error])
     with pytest.raises(CommitUnknownError):
         lh.append_files("t", files, app_id="job", batch_id=1)
     undo()
-    assert "begin" in faults.injected
+    assert "settle" in faults.injected
     assert all(os.path.exists(f.path) for f in files)
     assert lh.version("t") == (1 if applied else 0)
     assert lh.append_files("t", files, app_id="job", batch_id=1) == 1
     assert lh.version("t") == 1
     assert ids_of_version(lh, 1) == [5, 6]
+
+
+def test_a_commit_still_on_its_way_cannot_land_after_the_catalog_settled_it(
+    manager: Manager, lh: Lakehouse
+) -> None:
+    """Issue 12, hole 4, as the catalog meets it; failed before the fix (two versions).
+
+    Interleaving: the append's Commit is still on its way (queued at the gateway, or
+    its request not yet sent) when the client gives up waiting: CommitUnknownError.
+    The catalog settled it by reading the log back: nothing there, "not committed".
+    Then the queued Commit landed (version 1), and the catalog's retry appended the
+    same files again as version 2. Now the catalog settles through the manager's
+    fencing ``outcome(settle=True)``: the late Commit fails, and the files are in
+    exactly one version.
+    """
+    files = write_job(lh, [1, 2])
+    real_begin = manager.begin
+    real_outcome = manager.outcome
+    held: list[Any] = []
+    landed: list[object] = []
+    settled = [False]
+
+    def land() -> None:
+        if held:
+            stale = held.pop()
+            try:
+                landed.append(stale.commit())  # the queued Commit arrives after all
+            except TransactionError as exc:
+                landed.append(exc)
+
+    def begin(*args: Any, **kwargs: Any) -> Any:
+        if settled[0]:
+            land()  # the Commit lands just after the settle, before the retry
+        tx = real_begin(*args, **kwargs)
+        real_put, real_commit = tx.put, tx.commit
+        wrote = [False]
+
+        def put(*a: Any) -> None:
+            wrote[0] = True
+            real_put(*a)
+
+        def commit() -> Any:
+            if wrote[0] and not held and not landed:
+                held.append(SimpleNamespace(commit=real_commit))
+                raise CommitUnknownError("no reply yet (injected)", start_ts=tx.start_ts)
+            result = real_commit()
+            if not wrote[0]:
+                land()  # a read-only transaction (reading the log back) just ended
+            return result
+
+        tx.put, tx.commit = put, commit
+        return tx
+
+    def outcome(txn_id: str, *, settle: bool = False) -> Any:
+        got = real_outcome(txn_id, settle=settle)
+        settled[0] = settled[0] or settle
+        return got
+
+    manager.begin = begin  # type: ignore[method-assign]
+    manager.outcome = outcome  # type: ignore[method-assign]
+    try:
+        version = lh.append_files("t", files)
+    finally:
+        manager.begin = real_begin  # type: ignore[method-assign]
+        manager.outcome = real_outcome  # type: ignore[method-assign]
+    assert len(landed) == 1 and isinstance(landed[0], TransactionError), landed
+    assert version == 1
+    assert lh.version("t") == 1
+    assert ids_of_version(lh, 1) == [1, 2]
 
 
 # --- the Spark path, the only one that deletes a job's files --------------------------
@@ -380,7 +466,7 @@ def test_spark_append_deletes_its_files_only_when_nothing_committed(
     Interleavings: Spark writes the files; the commit transaction commits version 1
     (or its reply is lost); then ``commit-ts``: ``tm.begin()`` of the commit_ts record
     raises ``OracleFencedError``; ``checkpoint``: the checkpoint's scan fails;
-    ``settle``: reading the log back raises a raw ``StoreError``.
+    ``settle``: settling the unknown outcome raises a raw ``StoreError``.
     ``stale-overwrite`` is the control: another commit lands while an overwrite's job
     runs, a definite abort (``ConcurrentModificationError``), so its files go at once.
     """
@@ -406,7 +492,7 @@ def test_spark_append_deletes_its_files_only_when_nothing_committed(
         faults.fail_follow_ups(None, ("scan", ERRORS["store-timeout"]))
     else:
         undo = _lose_commit_reply(manager, faults, applied=True)
-        faults.fail_follow_ups(("begin", ERRORS["store"]))
+        faults.fail_settle(ERRORS["store"])
     if fault == "settle":
         with pytest.raises(CommitUnknownError):
             lh.append("t", df)

@@ -160,7 +160,7 @@ class LakehouseMachine(RuleBasedStateMachine):
 
     @rule(
         applied=st.booleans(),
-        settle_fails=st.sampled_from([None, "point", "begin"]),
+        settle_fails=st.sampled_from([None, "point", "outcome"]),
         error=st.sampled_from(ERROR_NAMES),
     )
     def make_the_next_commit_outcome_unknown(
@@ -179,8 +179,8 @@ class LakehouseMachine(RuleBasedStateMachine):
                 self.faults.lose_next_commit_reply(applied=applied)
             if settle_fails == "point":
                 self.lh.failpoints.enable(fp.SETTLE_COMMIT, fp.raise_error(ERRORS[error]), times=1)
-            elif settle_fails == "begin":
-                self.faults.fail_follow_ups(("begin", ERRORS[error]))
+            elif settle_fails == "outcome":
+                self.faults.fail_settle(ERRORS[error])
 
         self.armed = arm
 
