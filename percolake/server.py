@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -23,6 +25,7 @@ from percolake.rpc import (
     TlsConfig,
     TokenInterceptor,
     parse_address,
+    resolve_token,
 )
 from percolake.v1 import (
     lock_pb2,
@@ -33,9 +36,10 @@ from percolake.v1 import (
     transaction_pb2_grpc,
 )
 from storage_adapters import KVStore, open_store
-from tso import TimestampBatcher, TimestampOracle
+from tso import OracleAlreadyRunningError, TimestampBatcher, TimestampOracle
 from tso.server import RemoteTimestampSource, TimestampServicer
 from txn import TransactionConfig, TransactionManager
+from txn._committer import STEPS
 from txn.server import GatewayLimits, TransactionServicer
 
 log = logging.getLogger("percolake.server")
@@ -66,6 +70,11 @@ class ServeConfig:
     txn_config: TransactionConfig = field(default_factory=TransactionConfig)
     grace_s: float = 30.0
     ready_file: str | None = None
+    #: Test builds only (``python -m percolake.chaos.serve``), to show that the checks
+    #: catch what they break: commit steps other than ``STEPS``, and oracles that do
+    #: not claim their store (rule S7). The installed command never sets them.
+    commit_steps: tuple[str, ...] = STEPS
+    oracle_claims: bool = True
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -147,7 +156,8 @@ class RunningServer:
         store = self._open_store() if role != "locks" else None
         if role in ("all", "tso"):
             assert store is not None
-            oracle = TimestampOracle(store)  # refuses while another oracle serves the store
+            # Refuses while another oracle serves the store (S7).
+            oracle = TimestampOracle(store, claim_store=config.oracle_claims)
             self._closers.insert(0, oracle.close)
             timestamp_pb2_grpc.add_TimestampServiceServicer_to_server(
                 TimestampServicer(oracle), self.server
@@ -161,7 +171,11 @@ class RunningServer:
             assert store is not None
             if role == "all":
                 manager = TransactionManager(
-                    store, TimestampBatcher(oracle.next_range), table, config.txn_config
+                    store,
+                    TimestampBatcher(oracle.next_range),
+                    table,
+                    config.txn_config,
+                    commit_steps=config.commit_steps,
                 )
             else:
                 assert config.tso_address and config.locks_address
@@ -175,6 +189,7 @@ class RunningServer:
                     RemoteTimestampSource(tso_conn),
                     RemoteLockService(locks_conn),
                     config.txn_config,
+                    commit_steps=config.commit_steps,
                 )
             self._closers.insert(0, manager.close)
             self._gateway = TransactionServicer(manager, config.limits)
@@ -216,3 +231,113 @@ def serve(config: ServeConfig) -> int:
     stop_requested.wait()
     running.stop()
     return 0
+
+
+# --- the command line of ``percolake serve`` -----------------------------------------
+
+#: ``percolake serve`` could not start: another oracle already serves the store (S7).
+EXIT_STORE_IN_USE = 3
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``percolake serve`` (also used by the chaos test build)."""
+    parser.add_argument("role", nargs="?", default="all", choices=["all", "tso", "locks", "txn"])
+    parser.add_argument(
+        "--store", default=None, help="store URL (default sqlite:///.percolake/store.db)"
+    )
+    parser.add_argument(
+        "--listen", default=None, help="HOST:PORT to listen on (default 127.0.0.1:7070)"
+    )
+    parser.add_argument("--tso", help="the oracle's HOST:PORT (serve txn)")
+    parser.add_argument("--locks", help="the lock server's HOST:PORT (serve txn)")
+    parser.add_argument(
+        "--token-file", help="require this bearer token on every call (default: $PERCOLAKE_TOKEN)"
+    )
+    parser.add_argument("--tls-cert", help="server certificate (PEM): enables TLS")
+    parser.add_argument("--tls-key", help="server private key (PEM)")
+    parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA")
+    parser.add_argument("--tls-ca", help="CA to trust when the gateway calls --tso and --locks")
+    parser.add_argument("--max-message-mb", type=int, default=64, help="message size limit")
+    parser.add_argument(
+        "--max-writes-per-txn", type=int, default=1_000_000, help="cap on buffered writes"
+    )
+    parser.add_argument(
+        "--max-open-txns", type=int, default=10_000, help="cap on open transactions"
+    )
+    parser.add_argument(
+        "--idle-timeout-s", type=float, default=300.0, help="abort transactions idle this long"
+    )
+    parser.add_argument("--grace-s", type=float, default=30.0, help="drain time on SIGTERM")
+    parser.add_argument("--ready-file", help="write the bound port here once serving")
+    protocol = TransactionConfig()
+    parser.add_argument(
+        "--lease-ms",
+        type=int,
+        default=protocol.lease_ms,
+        help="lease on a committer's locks (default %(default)s)",
+    )
+    parser.add_argument(
+        "--lock-wait-ms",
+        type=int,
+        default=protocol.lock_wait_ms,
+        help="how long a committer waits for another's locks (default %(default)s)",
+    )
+    parser.add_argument(
+        "--resolve-wait-ms",
+        type=int,
+        default=protocol.resolve_wait_ms,
+        help="how long a reader waits on a live committer (default %(default)s)",
+    )
+
+
+def serve_from_args(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    *,
+    commit_steps: tuple[str, ...] = STEPS,
+    oracle_claims: bool = True,
+) -> int:
+    """Validate the arguments (exit 2 naming the problem, before listening) and serve.
+
+    ``commit_steps`` and ``oracle_claims`` exist for the chaos test build only; see
+    :class:`ServeConfig`.
+    """
+    try:
+        tls = None
+        if args.tls_cert or args.tls_key or args.tls_client_ca:
+            tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
+            tls.server_credentials()  # reads the files now: fail before listening
+        config = ServeConfig(
+            role=args.role,
+            store_url=args.store or DEFAULT_STORE,
+            listen=args.listen or DEFAULT_LISTEN,
+            tso_address=args.tso,
+            locks_address=args.locks,
+            token=resolve_token(token_file=args.token_file),
+            tls=tls,
+            client_tls=TlsConfig(ca_file=args.tls_ca) if args.tls_ca else None,
+            max_message_bytes=args.max_message_mb * 1024 * 1024,
+            limits=GatewayLimits(
+                max_buffered_writes=args.max_writes_per_txn,
+                max_open_transactions=args.max_open_txns,
+                idle_timeout_s=args.idle_timeout_s,
+            ),
+            txn_config=TransactionConfig(
+                lease_ms=args.lease_ms,
+                lock_wait_ms=args.lock_wait_ms,
+                resolve_wait_ms=args.resolve_wait_ms,
+            ),
+            grace_s=args.grace_s,
+            ready_file=args.ready_file,
+            commit_steps=commit_steps,
+            oracle_claims=oracle_claims,
+        )
+        if args.role == "locks" and args.store:
+            raise ValueError("the lock server keeps no data: --store does not apply to it")
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        return serve(config)
+    except OracleAlreadyRunningError as exc:
+        sys.stderr.write(f"percolake serve: {exc}\n")
+        return EXIT_STORE_IN_USE

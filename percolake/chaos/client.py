@@ -27,9 +27,10 @@ from typing import IO, Any
 from percolake.chaos._config import RunConfig
 from percolake.chaos._ops import Completion, ManagerLike, Phase
 from percolake.chaos._workload import ClientContext, make_workload
-from percolake.chaos.unsafe import install_broken_protocol_if_requested
+from percolake.chaos.unsafe import unsafe_build_from_env
 from percolake.rpc import ServiceUnavailableError
 from txn import Isolation, TransactionConfig, TransactionManager
+from txn._committer import STEPS
 
 log = logging.getLogger("percolake.chaos.client")
 
@@ -60,9 +61,18 @@ class FailoverManager:
 
 
 def direct_manager(
-    store_url: str, tso: str, locks: str, config: RunConfig, timeout_s: float
+    store_url: str,
+    tso: str,
+    locks: str,
+    config: RunConfig,
+    timeout_s: float,
+    *,
+    commit_steps: tuple[str, ...] = STEPS,
 ) -> TransactionManager:
-    """A manager running the protocol in this process, with the run's short timeouts."""
+    """A manager running the protocol in this process, with the run's short timeouts.
+
+    ``commit_steps`` other than ``STEPS``: the broken test build (see ``unsafe``).
+    """
     from lockserver.server import RemoteLockService
     from percolake.rpc import Connection
     from storage_adapters import open_store
@@ -80,6 +90,7 @@ def direct_manager(
             resolve_wait_ms=config.resolve_wait_ms,
         ),
         owns=(store, tso_conn, locks_conn),
+        commit_steps=commit_steps,
     )
 
 
@@ -118,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_client(args: argparse.Namespace) -> int:
     config = RunConfig.load(args.run_config)
-    install_broken_protocol_if_requested()
+    build = unsafe_build_from_env()
     workload = make_workload(config)
     isolation = Isolation.SERIALIZABLE if config.isolation == "serializable" else Isolation.SNAPSHOT
     manager: ManagerLike
@@ -127,7 +138,12 @@ def run_client(args: argparse.Namespace) -> int:
         manager = FailoverManager(gateways, args.process, config.client_timeout_s)
     else:
         manager = direct_manager(
-            args.store, args.tso, args.locks, config, timeout_s=config.client_timeout_s
+            args.store,
+            args.tso,
+            args.locks,
+            config,
+            timeout_s=config.client_timeout_s,
+            commit_steps=build.commit_steps,
         )
     phase = Phase(args.phase)
     ctx = ClientContext(manager=manager, isolation=isolation, process=args.process, phase=phase)

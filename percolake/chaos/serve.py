@@ -7,21 +7,29 @@ oracles that do not claim their store), which the installed command never looks 
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
-from percolake.chaos.unsafe import (
-    disable_oracle_claims_if_requested,
-    install_broken_protocol_if_requested,
-)
+from percolake.chaos.unsafe import unsafe_build_from_env
+from percolake.server import add_serve_arguments, serve_from_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from percolake.cli import main as cli_main
-
-    install_broken_protocol_if_requested()
-    disable_oracle_claims_if_requested()
-    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    build = unsafe_build_from_env()
+    parser = argparse.ArgumentParser(
+        prog="python -m percolake.chaos.serve",
+        description="percolake serve with the test-only switches of percolake.chaos.unsafe",
+    )
+    add_serve_arguments(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return serve_from_args(
+        args, parser, commit_steps=build.commit_steps, oracle_claims=build.oracle_claims
+    )
 
 
 if __name__ == "__main__":

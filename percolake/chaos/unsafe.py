@@ -7,31 +7,27 @@ breaks rule S2: two overlapping writers can each check, find nothing, then both 
 and commit. The harness must report anomalies for such a build.
 
 The switch is the environment variable ``PERCOLAKE_UNSAFE_BROKEN_PROTOCOL=1`` and
-nothing else; it is read only by :func:`install_broken_protocol_if_requested`, which a
-process calls once at start-up (the chaos gateway and client entry points do; the
-``percolake serve`` composition root may too). It changes the commit of every
-transaction with writes in that process and logs that loudly.
-
-The second switch, ``PERCOLAKE_UNSAFE_NO_ORACLE_CLAIM=1``, makes oracles skip their
-claim on the store (:func:`disable_oracle_claims_if_requested`, honoured only by
-``python -m percolake.chaos.serve``): a second oracle on one SQLite store then starts
-and serves next to the first, as before the claim existed (rule S7), and the
+nothing else. The second switch, ``PERCOLAKE_UNSAFE_NO_ORACLE_CLAIM=1``, makes oracles
+skip their claim on the store: a second oracle on one SQLite store then starts and
+serves next to the first, as before the claim existed (rule S7), and the
 oracle-overlap chaos run must report anomalies for that build.
+
+Nothing is patched: :func:`unsafe_build_from_env` turns the variables into explicit
+constructor arguments (the manager's ``commit_steps``, the oracle's ``claim_store``),
+which only the chaos entry points (``python -m percolake.chaos.serve``, the chaos
+client) read and pass on. The installed ``percolake serve`` never looks at them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
-from typing import Final, TypeAlias
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
 
 from percolake.chaos._config import BROKEN_PROTOCOL_ENV, NO_ORACLE_CLAIM_ENV
-from storage_adapters import KVStore
-from storage_adapters._base import Claim
-from tso._oracle import ORACLE_ROLE, TimestampOracle
 from txn._committer import STEPS
-from txn._transaction import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +41,13 @@ BROKEN_COMMIT_STEPS: Final[tuple[str, ...]] = (
     "release",
 )
 
-#: Whether this process's ``Transaction.commit`` was replaced.
-_state = {"installed": False}
 
-#: ``setattr`` or a test's ``monkeypatch.setattr``.
-Patch: TypeAlias = Callable[[object, str, object], None]
+@dataclass(frozen=True, slots=True)
+class UnsafeBuild:
+    """What a test build breaks on purpose; the default breaks nothing."""
+
+    commit_steps: tuple[str, ...] = STEPS
+    oracle_claims: bool = True
 
 
 def broken_protocol_requested(environ: Mapping[str, str] | None = None) -> bool:
@@ -58,24 +56,12 @@ def broken_protocol_requested(environ: Mapping[str, str] | None = None) -> bool:
     return env.get(BROKEN_PROTOCOL_ENV) == "1"
 
 
-def install_broken_protocol_if_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Make this process commit with :data:`BROKEN_COMMIT_STEPS` if the variable is set.
-
-    Returns whether the broken protocol is in force. Idempotent.
-    """
-    if not broken_protocol_requested(environ):
-        return _state["installed"]
-    if not _state["installed"]:
-        correct_commit = Transaction.commit
-
-        def broken_commit(self: Transaction) -> int:
-            if not self.buffered_writes:
-                return correct_commit(self)  # read-only commits are trivial either way
-            return self.committer(steps=BROKEN_COMMIT_STEPS).run()
-
-        broken_commit.__doc__ = "UNSAFE test build: commit without locks, check before write."
-        setattr(Transaction, "commit", broken_commit)  # noqa: B010 - a deliberate test switch
-        _state["installed"] = True
+def unsafe_build_from_env(environ: Mapping[str, str] | None = None) -> UnsafeBuild:
+    """The broken build the test environment asks for, logged loudly; else a safe one."""
+    env = os.environ if environ is None else environ
+    build = UnsafeBuild()
+    if broken_protocol_requested(env):
+        build = UnsafeBuild(BROKEN_COMMIT_STEPS, build.oracle_claims)
         log.critical(
             "%s=1: this process commits with the BROKEN protocol %s instead of %s; "
             "it exists only to prove that chaos tests catch anomalies",
@@ -83,28 +69,12 @@ def install_broken_protocol_if_requested(environ: Mapping[str, str] | None = Non
             ",".join(BROKEN_COMMIT_STEPS),
             ",".join(STEPS),
         )
-    return True
-
-
-def _claim_nothing(store: KVStore) -> Claim:
-    return KVStore.claim(store, ORACLE_ROLE)  # the base claim: guards nothing
-
-
-def disable_oracle_claims(patch: Patch = setattr) -> None:
-    """UNSAFE: oracles in this process start without claiming their store (see S7)."""
-    patch(TimestampOracle, "_claim_store", staticmethod(_claim_nothing))
-
-
-def disable_oracle_claims_if_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Disable the oracle's claim if ``PERCOLAKE_UNSAFE_NO_ORACLE_CLAIM`` is exactly ``"1"``."""
-    env = os.environ if environ is None else environ
-    if env.get(NO_ORACLE_CLAIM_ENV) != "1":
-        return False
-    disable_oracle_claims()
-    log.critical(
-        "%s=1: timestamp oracles in this process start WITHOUT claiming their store, so a "
-        "second oracle may serve next to a running one; it exists only to prove that "
-        "chaos tests catch that",
-        NO_ORACLE_CLAIM_ENV,
-    )
-    return True
+    if env.get(NO_ORACLE_CLAIM_ENV) == "1":
+        build = UnsafeBuild(build.commit_steps, oracle_claims=False)
+        log.critical(
+            "%s=1: timestamp oracles in this process start WITHOUT claiming their store, so "
+            "a second oracle may serve next to a running one; it exists only to prove that "
+            "chaos tests catch that",
+            NO_ORACLE_CLAIM_ENV,
+        )
+    return build

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from percolake.chaos.unsafe import disable_oracle_claims
+from lockserver import LockTable
 from storage_adapters import open_store
 from tests.servers import ServerProcess
-from tso import BOUND_KEY, TSO_TABLE, TimestampOracle
+from tso import BOUND_KEY, TSO_TABLE, TimestampBatcher, TimestampOracle
 from tso._oracle import OracleAlreadyRunningError
 from txn import TransactionManager
 
@@ -92,9 +92,16 @@ def test_two_overlapping_oracles_on_one_sqlite_store_cannot_both_hand_out_timest
     other_handle.close()
 
 
-def test_without_the_claim_two_embedded_managers_produce_read_skew(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _unclaimed_manager(tmp_path: Path) -> TransactionManager:
+    """An embedded manager whose oracle does not claim the store (the unsafe build)."""
+    store = open_store(_url(tmp_path))
+    oracle = TimestampOracle(store, claim_store=False)
+    return TransactionManager(
+        store, TimestampBatcher(oracle.next_range), LockTable(), owns=(store,)
+    )
+
+
+def test_without_the_claim_two_embedded_managers_produce_read_skew(tmp_path: Path) -> None:
     """Why the claim exists: the same interleaving with the claim switched off.
 
     The reader begins on ``new`` (start_ts 1000001+) and reads ``x``: absent. A writer
@@ -102,9 +109,7 @@ def test_without_the_claim_two_embedded_managers_produce_read_skew(
     commit_ts 3, below the reader's snapshot. The reader reads ``y`` and sees the
     writer's value: half of one transaction (read skew, G-single).
     """
-    disable_oracle_claims(monkeypatch.setattr)
-    old = TransactionManager.embedded(_url(tmp_path))
-    new = TransactionManager.embedded(_url(tmp_path))
+    old, new = _unclaimed_manager(tmp_path), _unclaimed_manager(tmp_path)
     try:
         reader = new.begin()
         assert reader.get("t", b"x", b"c") is None

@@ -54,15 +54,18 @@ def test_oracle_restart_is_above_every_served_timestamp_on_every_backend(
     assert second.next_timestamp() > high
 
 
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
 def test_a_second_oracle_on_a_store_that_enforces_claims_refuses_to_start(
-    store_url_factory: Callable[[], str],
+    backend: str, tmp_path: Path
 ) -> None:
-    store = open_store(store_url_factory())
-    if not store.claim("probe").exclusive:
-        pytest.skip(f"{store.url} cannot enforce claims (only fencing protects it)")
+    """The stores that can enforce a claim (Cassandra cannot until leader leases land;
+    ``test_second_oracle_fences_the_first_where_claims_cannot_be_enforced`` covers it)."""
+    url = "memory://" if backend == "memory" else f"sqlite:///{tmp_path}/tso.db"
+    store = open_store(url)
+    assert store.claim("probe").exclusive
     first = TimestampOracle(store, window=5)
     before = first.next_timestamp()
-    other = store if "memory" in store.url else open_store(store_url_factory())
+    other = store if backend == "memory" else open_store(url)
     with pytest.raises(OracleAlreadyRunningError, match="another timestamp oracle"):
         TimestampOracle(other, window=5)
     assert first.next_timestamp() > before  # neither fenced nor disturbed
