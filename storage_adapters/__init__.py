@@ -72,6 +72,12 @@ def open_store(url: str) -> KVStore:
     module_name, class_name, extra = AVAILABLE_STORES[scheme]
     if scheme == "memory" and url not in ("memory://", "memory:///"):
         raise ValueError(f"invalid memory URL {url!r}: expected exactly 'memory://'")
+    if scheme == "cassandra":
+        # A malformed URL is a ValueError naming the problem even where the driver
+        # is not installed: the URL module needs nothing but the standard library.
+        from storage_adapters._cassandra_url import parse_cassandra_url
+
+        parse_cassandra_url(url)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:  # a backend whose driver is not installed
