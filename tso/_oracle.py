@@ -6,6 +6,7 @@ import logging
 import threading
 import uuid
 from dataclasses import dataclass
+from typing import NoReturn
 
 from percolake.errors import OracleFencedError
 from storage_adapters import KVStore, StoreError
@@ -99,6 +100,9 @@ class TimestampOracle:
         self._lock = threading.Lock()
         self._fenced = False
         self._persisted: bytes | None = None
+        #: The bound row an extension wrote when its compare-and-set failed without
+        #: saying whether it applied; settled before the next extension.
+        self._in_doubt: bytes | None = None
         if claim_store:
             self._claim = self._claim_store(store)
         else:
@@ -139,19 +143,43 @@ class TimestampOracle:
         raise OracleFencedError("could not take over the timestamp bound: too much contention")
 
     def _extend(self, needed: int) -> None:
+        if self._in_doubt is not None:
+            self._settle_in_doubt()
+            if self._next + needed <= self._bound:
+                return  # the extension in doubt had applied and covers this request
         new_bound = max(self._bound, self._next + needed) + self._window
         new = _encode_bound(new_bound, self._owner)
-        result = self._store.compare_and_set(TSO_TABLE, BOUND_KEY, self._persisted, new)
+        try:
+            result = self._store.compare_and_set(TSO_TABLE, BOUND_KEY, self._persisted, new)
+        except StoreError:
+            # A timed-out (or otherwise failed) compare-and-set may have applied, as
+            # a commit point may (rule S6). Comparing the next extension against
+            # the old value would then fail and fence this oracle for good although
+            # the row holds its own value. Settle it by reading the row back.
+            self._in_doubt = new
+            self._settle_in_doubt()  # a read failing here leaves it for the next call
+            if self._next + needed <= self._bound:
+                return
+            raise
         if not result.applied:
-            self._fenced = True
-            log.error(
-                "timestamp oracle %s fenced: bound row now %r", self._owner[:8], result.current
-            )
-            raise OracleFencedError(
-                "another timestamp oracle took over this store; refusing to serve"
-            )
+            self._fence(result.current)
         self._persisted = new
         self._bound = new_bound
+
+    def _settle_in_doubt(self) -> None:
+        """Decide an extension whose compare-and-set failed: did it apply?"""
+        assert self._in_doubt is not None
+        current = self._store.get_system(TSO_TABLE, [BOUND_KEY]).get(BOUND_KEY)
+        if current == self._in_doubt:  # it applied: the bound is ours and higher
+            self._persisted, self._bound = current, _decode_bound(current)
+        elif current != self._persisted:
+            self._fence(current)
+        self._in_doubt = None  # applied, or the row is as before: a fresh attempt is safe
+
+    def _fence(self, current: bytes | None) -> NoReturn:
+        self._fenced = True
+        log.error("timestamp oracle %s fenced: bound row now %r", self._owner[:8], current)
+        raise OracleFencedError("another timestamp oracle took over this store; refusing to serve")
 
     def next_range(self, count: int) -> TimestampRange:
         """Reserve ``count`` consecutive timestamps, all above any served before."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from storage_adapters import KVStore, open_store
+from storage_adapters import KVStore, StoreTimeoutError, open_store
 from storage_adapters.memory import MemoryStore
 from tso import (
     TSO_TABLE,
@@ -175,3 +175,71 @@ def test_batcher_passes_failures_to_every_waiter_of_the_batch() -> None:
         batcher.next_timestamp()
     with pytest.raises(OracleFencedError):  # the batcher is not wedged afterwards
         batcher.next_range(3)
+
+
+class _FlakyBound(MemoryStore):
+    """Compare-and-set of the bound fails once with a timeout, applied or not."""
+
+    def __init__(self, *, applied: bool, reads_fail: int = 0) -> None:
+        super().__init__()
+        self.fail_next_cas: bool = False
+        self.applied = applied
+        self.reads_fail = reads_fail
+
+    def compare_and_set(self, table, key, expected, value):  # type: ignore[no-untyped-def]
+        if self.fail_next_cas:
+            self.fail_next_cas = False
+            if self.applied:
+                super().compare_and_set(table, key, expected, value)
+            raise StoreTimeoutError("bound update timed out (injected)")
+        return super().compare_and_set(table, key, expected, value)
+
+    def get_system(self, table, keys):  # type: ignore[no-untyped-def]
+        if self.reads_fail and table == TSO_TABLE and not self.fail_next_cas:
+            self.reads_fail -= 1
+            raise StoreTimeoutError("read timed out (injected)")
+        return super().get_system(table, keys)
+
+
+@pytest.mark.parametrize("reads_fail", [0, 1])
+def test_a_bound_update_that_timed_out_but_applied_does_not_fence_the_oracle(
+    reads_fail: int,
+) -> None:
+    """Issue 18, item 3; failed before the fix: the timeout passed up unsettled, the next
+    extension compared against the old value, failed, and fenced the only oracle for
+    good although the row held its own value. Now it reads the row back (S6)."""
+    store = _FlakyBound(applied=True)
+    oracle = TimestampOracle(store, window=3)
+    served = [oracle.next_timestamp() for _ in range(3)]
+    store.fail_next_cas, store.reads_fail = True, reads_fail
+    if reads_fail:
+        with pytest.raises(StoreTimeoutError):  # in doubt, and the read failed too
+            oracle.next_timestamp()
+    served += [oracle.next_timestamp() for _ in range(10)]
+    assert not oracle.fenced
+    assert served == sorted(set(served))
+
+
+def test_a_bound_update_that_timed_out_and_did_not_apply_is_retried() -> None:
+    store = _FlakyBound(applied=False)
+    oracle = TimestampOracle(store, window=3)
+    served = [oracle.next_timestamp() for _ in range(3)]
+    store.fail_next_cas = True
+    with pytest.raises(StoreTimeoutError):  # nothing reserved: this request fails
+        oracle.next_timestamp()
+    served += [oracle.next_timestamp() for _ in range(10)]
+    assert not oracle.fenced
+    assert served == sorted(set(served))
+
+
+def test_a_timed_out_bound_update_that_lost_to_another_oracle_fences() -> None:
+    store = _FlakyBound(applied=False)
+    first = TimestampOracle(store, window=3)
+    [first.next_timestamp() for _ in range(3)]
+    first._claim.release()  # another oracle may start (as after a lost lease)
+    first._claim = KVStore.claim(store, "oracle")  # keep serving as if nothing happened
+    TimestampOracle(store, window=3)  # moves the bound
+    store.fail_next_cas = True
+    with pytest.raises(OracleFencedError):
+        first.next_timestamp()
+    assert first.fenced
