@@ -21,11 +21,19 @@ from cassandra import (
 from cassandra.cluster import NoHostAvailable
 from cassandra.connection import ConnectionException
 from cassandra.policies import RetryPolicy
-from cassandra.protocol import IsBootstrappingErrorMessage, OverloadedErrorMessage, ServerError
+from cassandra.protocol import (
+    ErrorMessage,
+    IsBootstrappingErrorMessage,
+    OverloadedErrorMessage,
+    ServerError,
+)
 
 from storage_adapters._base import StoreTimeoutError, StoreUnavailableError
 
-__all__ = ["ConditionalWriteRetryPolicy", "translate_error"]
+__all__ = ["CAS_WRITE_UNKNOWN", "ConditionalWriteRetryPolicy", "translate_error"]
+
+#: Protocol v5 error code: a Paxos proposal reached some replicas but not a majority.
+CAS_WRITE_UNKNOWN = 0x1700
 
 
 def translate_error(exc: BaseException, *, conditional_write: bool, write: bool) -> Exception:
@@ -35,6 +43,14 @@ def translate_error(exc: BaseException, *, conditional_write: bool, write: bool)
     matters (rule S6). ``write``: it could have changed data.
     """
     name = type(exc).__name__
+    if conditional_write and (
+        isinstance(exc, Unavailable) or getattr(exc, "code", None) == CAS_WRITE_UNKNOWN
+    ):
+        # With Paxos v1 (the server default) ``Unavailable`` can come from the commit
+        # phase, after a majority accepted the proposal, and a later round completes
+        # it; CAS_WRITE_UNKNOWN says outright that the proposal reached some replicas.
+        # Either way the outcome is unknown, never "not applied" (rule S6).
+        return StoreTimeoutError(f"Cassandra conditional write outcome unknown ({name}): {exc}")
     # Refused before anything was applied anywhere: safe to call "unavailable".
     if isinstance(
         exc, Unavailable | NoHostAvailable | OverloadedErrorMessage | IsBootstrappingErrorMessage
@@ -54,16 +70,25 @@ def translate_error(exc: BaseException, *, conditional_write: bool, write: bool)
             kind = "conditional write" if conditional_write else "write"
             return StoreTimeoutError(f"Cassandra {kind} outcome unknown ({name}): {exc}")
         return StoreUnavailableError(f"Cassandra read failed ({name}): {exc}")
+    if type(exc) is ErrorMessage:
+        # A server error this driver has no class for (it decodes unknown codes as a
+        # bare ErrorMessage): for a write nothing is known, so the outcome is unknown.
+        if write:
+            return StoreTimeoutError(f"Cassandra write outcome unknown (error {exc}): {exc}")
+        return StoreUnavailableError(f"Cassandra read failed (error {exc}): {exc}")
     return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
 
 
 class ConditionalWriteRetryPolicy(RetryPolicy):  # type: ignore[misc]
     """Retry a conditional write only when Cassandra refused it before doing anything.
 
-    ``Unavailable`` is raised before any Paxos proposal, so another coordinator may
-    try; every other error leaves the outcome unknown and goes to the caller, who
-    settles it by reading at SERIAL (rule S6). The default policy would also resend
-    after a lost connection, turning one unknown outcome into two.
+    ``Unavailable`` is retried once on another coordinator. With Paxos v2 it is raised
+    before any proposal; with v1 it can also come after a majority accepted one, and
+    then resending the same conditional write is still safe: it finds the row the
+    first attempt wrote (put-unless-exists and compare-and-set callers take their own
+    value as "applied"). Every other error leaves the outcome unknown and goes to the
+    caller, who settles it by reading at SERIAL (rule S6). The default policy would
+    also resend after a lost connection, turning one unknown outcome into two.
     """
 
     def on_read_timeout(self, *args: Any, **kwargs: Any) -> tuple[int, None]:

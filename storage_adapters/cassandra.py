@@ -29,11 +29,13 @@ read at that serial level, which makes them linearizable (rule S1).
 same data centre.
 
 Errors. A conditional write whose outcome is unknown (``WriteTimeout`` of type CAS,
-``WriteFailure``, a client-side timeout, a connection lost mid-request, a server
-error) raises :class:`StoreTimeoutError`; the driver never retries a conditional
-write by itself (rule S6). ``Unavailable`` (raised by the coordinator before any
-Paxos proposal), overload and no reachable host raise
-:class:`StoreUnavailableError`. A failed read of any kind raises
+``WriteFailure``, ``CAS_WRITE_UNKNOWN``, a client-side timeout, a connection lost
+mid-request, a server error, and ``Unavailable``: with Paxos v2 the coordinator raises it
+before any proposal, but with Paxos v1, the server default, it can come from the commit
+phase after a majority accepted) raises :class:`StoreTimeoutError`; the driver resends
+a conditional write only after ``Unavailable``, which finds its own value if the first
+attempt applied (rule S6). For other requests ``Unavailable``, overload and no reachable
+host raise :class:`StoreUnavailableError`. A failed read of any kind raises
 :class:`StoreUnavailableError`: a read writes nothing.
 
 URL options (all optional):

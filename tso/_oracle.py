@@ -161,7 +161,9 @@ class TimestampOracle:
             if self._next + needed <= self._bound:
                 return
             raise
-        if not result.applied:
+        if not result.applied and result.current != new:
+            # (Finding our own value means an earlier attempt of this very write
+            # applied, e.g. resent by the driver after Paxos v1 answered Unavailable.)
             self._fence(result.current)
         self._persisted = new
         self._bound = new_bound

@@ -29,6 +29,7 @@ from cassandra import (
 from cassandra.cluster import NoHostAvailable
 from cassandra.connection import ConnectionShutdown
 from cassandra.policies import RetryPolicy, WriteType
+from cassandra.protocol import ErrorMessage
 
 from storage_adapters import (
     StoreTimeoutError,
@@ -37,6 +38,7 @@ from storage_adapters import (
     open_store,
 )
 from storage_adapters._cassandra_errors import (
+    CAS_WRITE_UNKNOWN,
     ConditionalWriteRetryPolicy,
     translate_error,
 )
@@ -80,8 +82,34 @@ def test_unknown_write_outcomes_become_store_timeout(exc: Exception) -> None:
 )
 def test_refusals_become_store_unavailable(exc: Exception) -> None:
     for write in (True, False):
-        translated = translate_error(exc, conditional_write=write, write=write)
+        translated = translate_error(exc, conditional_write=False, write=write)
         assert isinstance(translated, StoreUnavailableError)
+
+
+def test_unavailable_on_a_conditional_write_is_an_unknown_outcome() -> None:
+    """Issue 18, item 4 (and issue 12, hole 6); failed before the fix. With Paxos v1 the
+    commit phase can answer Unavailable after a majority accepted the proposal, and a
+    later round completes it: "not applied" would be a lie."""
+    exc = Unavailable(
+        "down", consistency=ConsistencyLevel.SERIAL, required_replicas=2, alive_replicas=1
+    )
+    assert isinstance(translate_error(exc, conditional_write=True, write=True), StoreTimeoutError)
+
+
+def test_cas_write_unknown_is_an_unknown_outcome() -> None:
+    """Issue 18, item 4; failed before the fix: protocol v5 error 0x1700 (a proposal that
+    reached some replicas but not a majority) arrives as a bare ErrorMessage, which
+    passed through untranslated, so the commit point skipped settlement."""
+    exc = ErrorMessage(CAS_WRITE_UNKNOWN, "CAS operation result is unknown", None)
+    assert isinstance(translate_error(exc, conditional_write=True, write=True), StoreTimeoutError)
+
+
+def test_a_server_error_the_driver_does_not_know_is_never_passed_through_raw() -> None:
+    exc = ErrorMessage(0x1800, "some future error", None)
+    assert isinstance(translate_error(exc, conditional_write=False, write=True), StoreTimeoutError)
+    assert isinstance(
+        translate_error(exc, conditional_write=False, write=False), StoreUnavailableError
+    )
 
 
 def test_failed_reads_become_store_unavailable() -> None:
@@ -144,13 +172,14 @@ def test_timed_out_compare_and_set_raises_store_timeout() -> None:
     assert "IF value = ?" in session.executed[0][0]
 
 
-def test_unavailable_conditional_write_raises_store_unavailable() -> None:
+def test_unavailable_conditional_write_raises_an_unknown_outcome() -> None:
+    """Paxos v1 may have applied it (see translate_error): never "not applied"."""
     session = FakeSession(
         fail_with=Unavailable(
             "down", consistency=ConsistencyLevel.SERIAL, required_replicas=2, alive_replicas=1
         )
     )
-    with pytest.raises(StoreUnavailableError):
+    with pytest.raises(StoreTimeoutError):
         _fake_store(session).put_unless_exists("_txn", b"7", b"x")
 
 
