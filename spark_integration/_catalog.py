@@ -18,13 +18,15 @@ After the commit point nothing is undone: the follow-up work of a commit
 (recording its commit timestamp, a checkpoint) runs in transactions of its own,
 and their failures are logged, never raised, because the caller would take them
 for a failed commit and delete or re-append the files of a version that stands.
+
+This module holds the :class:`Catalog` (its retry loop, reads and commits), the
+one entry point the rest of the package uses; checkpoints live in
+``_checkpoints`` and vacuum's plan and fence in ``_vacuum_plan``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
-import itertools
 import logging
 import threading
 import time
@@ -33,9 +35,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from spark_integration import failpoints as fp
+from spark_integration._checkpoints import checkpoint_due, list_gen, write_checkpoint
 from spark_integration._errors import (
     ConcurrentModificationError,
-    LakehouseError,
     TableExistsError,
     TableNotFoundError,
     VersionNotFoundError,
@@ -44,7 +46,6 @@ from spark_integration._model import (
     APPEND,
     CREATE,
     OVERWRITE,
-    Checkpoint,
     EntryFactory,
     FileEntry,
     Generation,
@@ -52,13 +53,10 @@ from spark_integration._model import (
     Layout,
     LogRecord,
     TableMeta,
-    decode_chunk,
-    decode_file,
-    encode_chunk,
 )
+from spark_integration._vacuum_plan import VacuumPlan, fence_vacuum, plan_vacuum
 from txn import Manager, Transaction, TransactionStatus
 from txn._retry import RetriesExhaustedError, RetryPolicy, run_transaction
-from txn.errors import TransactionConflictError
 
 log = logging.getLogger(__name__)
 
@@ -70,29 +68,6 @@ E = TypeVar("E")
 #: one cell; long sleeps would only leave the head idle.
 RETRY_BASE_S = 0.002
 RETRY_CAP_S = 0.05
-
-#: A checkpoint every this many versions of a generation bounds the rows that
-#: listing reads one by one (Delta checkpoints every 100 commits; a checkpoint here
-#: costs one transaction that rewrites the live set, so it can be rarer).
-CHECKPOINT_INTERVAL = 1000
-#: While a generation is young its live set is small and a checkpoint cheap, so it
-#: checkpoints every EARLY_CHECKPOINT_INTERVAL versions, as Delta does: listing a
-#: table of a few hundred commits then reads at most 99 rows one by one.
-EARLY_CHECKPOINT_INTERVAL = 100
-EARLY_VERSIONS = 10_000
-
-#: Files per checkpoint cell: ~100-200 KB of JSON, well inside what every store
-#: (Cassandra included) handles as one value.
-CHUNK_FILES = 2000
-
-
-def checkpoint_due(versions_into_gen: int) -> bool:
-    """Whether the version this many versions into its generation gets a checkpoint."""
-    if versions_into_gen <= 0:
-        return False
-    if versions_into_gen % CHECKPOINT_INTERVAL == 0:
-        return True
-    return versions_into_gen < EARLY_VERSIONS and versions_into_gen % EARLY_CHECKPOINT_INTERVAL == 0
 
 
 def now_ms() -> int:
@@ -121,35 +96,6 @@ class HistoryEntry:
     commit_ts: int | None
     added: list[FileEntry]
     removed: list[FileEntry]
-
-
-@dataclass(frozen=True, slots=True)
-class VacuumPlan:
-    meta: TableMeta
-    head: Head
-    #: Files of every generation from this one on are kept.
-    keep_from_gen: int
-    referenced: set[str]  # relative paths
-    min_readable_version: int
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause the cyclic GC while building many small acyclic objects.
-
-    A checkpoint decodes into one object per live file; with the collector on,
-    its generation-0 passes over the growing list cost as much as the decoding
-    (measured: 100,000 files, 170 ms against 88 ms). Only the thread that paused
-    it resumes it, and a collector the application switched off stays off.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _abort_quietly(tx: Transaction) -> None:
@@ -325,55 +271,7 @@ class Catalog:
                 version = head.version
             self._check_readable(name, head, version)
             gen = head.gen if version >= head.gen_start else self._gen_of(tx, name, version)
-            return meta, version, self._list_gen(tx, name, gen, version, make)
-
-    def _list_gen(
-        self, tx: Transaction, name: str, gen: int, version: int, make: EntryFactory[E]
-    ) -> list[E]:
-        """Files of generation ``gen`` as of ``version``: newest checkpoint, then rows after it."""
-        start, end = Layout.file_range(name, gen, below_version=version + 1)
-        latest: Checkpoint | None = None
-        for _, _, value in tx.scan(self.layout.checkpoints, start, end):
-            latest = Checkpoint.decode(value)
-        entries: list[E] = []
-        after = 0
-        if latest is not None:
-            row = Layout.checkpoint_row(name, gen, latest.version)
-            cells = [(row, Layout.chunk_column(i)) for i in range(latest.chunks)]
-            found = tx.get_many(self.layout.chunks, cells)
-            if len(found) != len(cells):
-                raise LakehouseError(
-                    f"checkpoint of {name!r} at version {latest.version} is missing chunks"
-                )
-            with _collector_paused():
-                for cell in cells:
-                    entries.extend(decode_chunk(found[cell], make))
-            after = latest.version + 1
-        start, end = Layout.file_range(name, gen, from_version=after, below_version=version + 1)
-        entries.extend(
-            decode_file(value, make) for _, _, value in tx.scan(self.layout.files, start, end)
-        )
-        return entries
-
-    def _checkpoint(self, name: str, gen: int, version: int) -> None:
-        """Pack generation ``gen``'s files as of ``version`` into chunk cells.
-
-        Follow-up work (see :meth:`_follow_up`): any other failure propagates to it.
-        """
-        try:
-            with self._tm.begin() as tx:
-                entries = self._list_gen(tx, name, gen, version, FileEntry)
-                row = Layout.checkpoint_row(name, gen, version)
-                chunks = [entries[i : i + CHUNK_FILES] for i in range(0, len(entries), CHUNK_FILES)]
-                for index, chunk in enumerate(chunks):
-                    tx.put(self.layout.chunks, row, Layout.chunk_column(index), encode_chunk(chunk))
-                marker = Checkpoint(gen, version, len(entries), len(chunks))
-                tx.put(self.layout.checkpoints, row, Layout.COL_CHECKPOINT, marker.encode())
-        except TransactionConflictError as exc:
-            # A concurrent writer of the same checkpoint won: it wrote the same cells.
-            log.info("no checkpoint of %s at version %d: %s", name, version, exc)
-            return
-        log.debug("checkpoint of %s at version %d: %d files", name, version, len(entries))
+            return meta, version, list_gen(tx, self.layout, name, gen, version, make)
 
     def _check_readable(self, name: str, head: Head, version: int) -> None:
         if version > head.version:
@@ -476,7 +374,7 @@ class Catalog:
                 fp.BEFORE_CHECKPOINT,
                 job_id,
                 f"the checkpoint of {where}",
-                lambda: self._checkpoint(name, gen, version),
+                lambda: write_checkpoint(self._tm, self.layout, name, gen, version),
             )
 
     def create(self, meta: TableMeta, job_id: str) -> int | None:
@@ -599,63 +497,28 @@ class Catalog:
         self._after_commit(name, job_id, version, commit_ts, gen, gen_start)
         return Committed(version, commit_ts, replayed=False)
 
-    # --- vacuum -----------------------------------------------------------------------
+    # --- vacuum (the work is in _vacuum_plan) -----------------------------------------
 
     def vacuum_plan(self, name: str, cutoff_ms: int) -> VacuumPlan:
         """Which files the versions inside the retention can read, at one snapshot.
 
-        A version is inside the retention while it is the latest or was replaced
-        at or after ``cutoff_ms``. Files leave the live set only when an
-        overwrite ends their generation, so the files of a generation are needed
-        until the overwrite that ended it is older than the cutoff.
+        See :func:`plan_vacuum`.
         """
         with self._tm.begin() as tx:
             head = self._read_head(tx, name)
             meta = self._read_meta(tx, name)
             gens = self._generations(tx, name)
-            keep_from = head.gen
-            for older, newer in itertools.pairwise(gens):
-                if newer.started_ms >= cutoff_ms:
-                    keep_from = older.gen
-                    break
-            referenced: set[str] = set()
-            for g, successor in itertools.zip_longest(gens, gens[1:]):
-                if g.gen < keep_from:
-                    continue
-                last = head.version if successor is None else successor.start_version - 1
-                referenced.update(e.path for e in self._list_gen(tx, name, g.gen, last, FileEntry))
-        start_version = next((g.start_version for g in gens if g.gen == keep_from), 0)
-        return VacuumPlan(meta, head, keep_from, referenced, start_version)
+            return plan_vacuum(tx, self.layout, name, meta, head, gens, cutoff_ms)
 
     def vacuum_fence(self, name: str, plan: VacuumPlan, cutoff_ms: int) -> set[str]:
         """Publish the cutoff in the head; returns files committed since the plan.
 
-        Conflicts on the head with every commit: a commit that wins first is
-        seen here and its files are kept; one that comes later sees the cutoff
-        and refuses to commit files that may be removed.
+        Retried like a commit; see :func:`fence_vacuum`.
         """
 
         def attempt(tx: Transaction) -> set[str]:
             head = self._read_head(tx, name)
-            since: set[str] = set()
-            if head.version > plan.head.version:
-                start, end = Layout.file_range(
-                    name, plan.head.gen, from_version=plan.head.version + 1
-                )
-                since.update(e.path for _, e in self._scan_files(tx, name, start, end))
-                if head.gen > plan.head.gen:
-                    start, end = Layout.files_from_gen(name, plan.head.gen + 1)
-                    since.update(e.path for _, e in self._scan_files(tx, name, start, end))
-            fenced = Head(
-                head.version,
-                head.gen,
-                head.gen_start,
-                head.last_ms,
-                max(head.vacuum_cutoff_ms, cutoff_ms),
-                max(head.min_readable_version, plan.min_readable_version),
-            )
-            tx.put(self.layout.head, Layout.name_row(name), Layout.COL_HEAD, fenced.encode())
-            return since
+            return fence_vacuum(tx, self.layout, name, head, plan, cutoff_ms)
 
         since, _ = self._transact(attempt, what=f"vacuum of table {name!r}")
         return since

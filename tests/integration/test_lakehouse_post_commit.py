@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
-import spark_integration._catalog as catalog_module
+import spark_integration._checkpoints as checkpoints_module
 from percolake.rpc import ServiceUnavailableError
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
 from spark_integration import failpoints as fp
@@ -281,7 +281,7 @@ def test_a_store_error_in_the_checkpoint_after_a_good_commit_keeps_the_version(
     from inside the embedded store, or as the gateway's ``ServiceUnavailableError``
     through a remote manager, whatever the transaction layer makes of it.
     """
-    monkeypatch.setattr(catalog_module, "EARLY_CHECKPOINT_INTERVAL", 1)  # every version
+    monkeypatch.setattr(checkpoints_module, "EARLY_CHECKPOINT_INTERVAL", 1)  # every version
     files = write_job(lh, [1, 2], [3])
     fired = faults.injected
     if where == "scan":
@@ -470,7 +470,7 @@ def test_spark_append_deletes_its_files_only_when_nothing_committed(
     ``stale-overwrite`` is the control: another commit lands while an overwrite's job
     runs, a definite abort (``ConcurrentModificationError``), so its files go at once.
     """
-    monkeypatch.setattr(catalog_module, "EARLY_CHECKPOINT_INTERVAL", 1)
+    monkeypatch.setattr(checkpoints_module, "EARLY_CHECKPOINT_INTERVAL", 1)
     df = spark.createDataFrame([(i,) for i in range(4)], SCHEMA)
     location = Path(lh.warehouse) / "t"
     if fault == "stale-overwrite":

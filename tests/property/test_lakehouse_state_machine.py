@@ -57,7 +57,7 @@ from hypothesis.stateful import (
 )
 from pyspark.sql.types import LongType, StructField, StructType
 
-import spark_integration._catalog as catalog_module
+import spark_integration._checkpoints as checkpoints_module
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse, VersionNotFoundError
 from spark_integration import failpoints as fp
 from spark_integration._hook import Job, new_job
@@ -353,8 +353,8 @@ SETTINGS = settings(
 @pytest.fixture(autouse=True)
 def frequent_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkpoint every other version, in chunks of two files: the follow-up runs often."""
-    monkeypatch.setattr(catalog_module, "EARLY_CHECKPOINT_INTERVAL", 2)
-    monkeypatch.setattr(catalog_module, "CHUNK_FILES", 2)
+    monkeypatch.setattr(checkpoints_module, "EARLY_CHECKPOINT_INTERVAL", 2)
+    monkeypatch.setattr(checkpoints_module, "CHUNK_FILES", 2)
 
 
 def _run(workdir: Path, make: Callable[[Path], Manager], run_settings: settings) -> None:

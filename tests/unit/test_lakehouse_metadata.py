@@ -22,7 +22,7 @@ pytest.importorskip("pyspark")
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import spark_integration
-import spark_integration._catalog as catalog_module
+import spark_integration._checkpoints as checkpoints_module
 from spark_integration import (
     Commit,
     ConcurrentModificationError,
@@ -214,8 +214,8 @@ def test_time_travel_matches_a_model(
 ) -> None:
     """Random appends and overwrites; every version lists exactly the model's files."""
     if checkpoint_every is not None:
-        monkeypatch.setattr(catalog_module, "CHECKPOINT_INTERVAL", checkpoint_every)
-        monkeypatch.setattr(catalog_module, "CHUNK_FILES", 3)
+        monkeypatch.setattr(checkpoints_module, "CHECKPOINT_INTERVAL", checkpoint_every)
+        monkeypatch.setattr(checkpoints_module, "CHUNK_FILES", 3)
     catalog = Catalog(lakehouse_tm, "lakehouse")
     rng = random.Random(7)
     model: list[list[str]] = [[]]
@@ -265,8 +265,8 @@ def test_time_travel_matches_a_model(
 def test_checkpoints_bound_the_rows_listing_reads(
     lakehouse_tm: TransactionManager, lh: Lakehouse, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(catalog_module, "CHECKPOINT_INTERVAL", 10)
-    monkeypatch.setattr(catalog_module, "CHUNK_FILES", 4)
+    monkeypatch.setattr(checkpoints_module, "CHECKPOINT_INTERVAL", 10)
+    monkeypatch.setattr(checkpoints_module, "CHUNK_FILES", 4)
     for k in range(25):
         lh.append_files("t", [data_file(lh, k), data_file(lh, 1000 + k)])
     scans: list[str] = []
@@ -442,10 +442,10 @@ def test_append_files_validates_paths(lh: Lakehouse) -> None:
 
 
 def test_young_tables_checkpoint_every_hundred_versions_then_every_thousand() -> None:
-    due = [n for n in range(1, 30_001) if catalog_module.checkpoint_due(n)]
+    due = [n for n in range(1, 30_001) if checkpoints_module.checkpoint_due(n)]
     assert due[:3] == [100, 200, 300]
     assert [n for n in due if 9_800 <= n <= 12_000] == [9_800, 9_900, 10_000, 11_000, 12_000]
-    assert not catalog_module.checkpoint_due(0) and not catalog_module.checkpoint_due(150)
+    assert not checkpoints_module.checkpoint_due(0) and not checkpoints_module.checkpoint_due(150)
 
 
 def test_a_table_of_a_few_hundred_commits_lists_from_a_checkpoint(

@@ -1,0 +1,123 @@
+"""Checkpoints: when a version gets one, writing it, and listing files from the newest one.
+
+A checkpoint packs a generation's files as of one version into a few chunk cells
+(see ``_model`` for the layout), so listing reads a handful of cells plus the rows
+added after it. Checkpoints are derived data, written after the commit as its
+follow-up work (see ``Catalog._after_commit``); a missing one only makes listing
+scan more rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from collections.abc import Iterator
+from typing import TypeVar
+
+from spark_integration._errors import LakehouseError
+from spark_integration._model import (
+    Checkpoint,
+    EntryFactory,
+    FileEntry,
+    Layout,
+    decode_chunk,
+    decode_file,
+    encode_chunk,
+)
+from txn import Manager, Transaction
+from txn.errors import TransactionConflictError
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E")
+
+#: A checkpoint every this many versions of a generation bounds the rows that
+#: listing reads one by one (Delta checkpoints every 100 commits; a checkpoint here
+#: costs one transaction that rewrites the live set, so it can be rarer).
+CHECKPOINT_INTERVAL = 1000
+#: While a generation is young its live set is small and a checkpoint cheap, so it
+#: checkpoints every EARLY_CHECKPOINT_INTERVAL versions, as Delta does: listing a
+#: table of a few hundred commits then reads at most 99 rows one by one.
+EARLY_CHECKPOINT_INTERVAL = 100
+EARLY_VERSIONS = 10_000
+
+#: Files per checkpoint cell: ~100-200 KB of JSON, well inside what every store
+#: (Cassandra included) handles as one value.
+CHUNK_FILES = 2000
+
+
+def checkpoint_due(versions_into_gen: int) -> bool:
+    """Whether the version this many versions into its generation gets a checkpoint."""
+    if versions_into_gen <= 0:
+        return False
+    if versions_into_gen % CHECKPOINT_INTERVAL == 0:
+        return True
+    return versions_into_gen < EARLY_VERSIONS and versions_into_gen % EARLY_CHECKPOINT_INTERVAL == 0
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic GC while building many small acyclic objects.
+
+    A checkpoint decodes into one object per live file; with the collector on,
+    its generation-0 passes over the growing list cost as much as the decoding
+    (measured: 100,000 files, 170 ms against 88 ms). Only the thread that paused
+    it resumes it, and a collector the application switched off stays off.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def list_gen(
+    tx: Transaction, layout: Layout, name: str, gen: int, version: int, make: EntryFactory[E]
+) -> list[E]:
+    """Files of generation ``gen`` as of ``version``: newest checkpoint, then rows after it."""
+    start, end = Layout.file_range(name, gen, below_version=version + 1)
+    latest: Checkpoint | None = None
+    for _, _, value in tx.scan(layout.checkpoints, start, end):
+        latest = Checkpoint.decode(value)
+    entries: list[E] = []
+    after = 0
+    if latest is not None:
+        row = Layout.checkpoint_row(name, gen, latest.version)
+        cells = [(row, Layout.chunk_column(i)) for i in range(latest.chunks)]
+        found = tx.get_many(layout.chunks, cells)
+        if len(found) != len(cells):
+            raise LakehouseError(
+                f"checkpoint of {name!r} at version {latest.version} is missing chunks"
+            )
+        with _collector_paused():
+            for cell in cells:
+                entries.extend(decode_chunk(found[cell], make))
+        after = latest.version + 1
+    start, end = Layout.file_range(name, gen, from_version=after, below_version=version + 1)
+    entries.extend(decode_file(value, make) for _, _, value in tx.scan(layout.files, start, end))
+    return entries
+
+
+def write_checkpoint(tm: Manager, layout: Layout, name: str, gen: int, version: int) -> None:
+    """Pack generation ``gen``'s files as of ``version`` into chunk cells.
+
+    Follow-up work (see ``Catalog._follow_up``): any other failure propagates to it.
+    """
+    try:
+        with tm.begin() as tx:
+            entries = list_gen(tx, layout, name, gen, version, FileEntry)
+            row = Layout.checkpoint_row(name, gen, version)
+            chunks = [entries[i : i + CHUNK_FILES] for i in range(0, len(entries), CHUNK_FILES)]
+            for index, chunk in enumerate(chunks):
+                tx.put(layout.chunks, row, Layout.chunk_column(index), encode_chunk(chunk))
+            marker = Checkpoint(gen, version, len(entries), len(chunks))
+            tx.put(layout.checkpoints, row, Layout.COL_CHECKPOINT, marker.encode())
+    except TransactionConflictError as exc:
+        # A concurrent writer of the same checkpoint won: it wrote the same cells.
+        log.info("no checkpoint of %s at version %d: %s", name, version, exc)
+        return
+    log.debug("checkpoint of %s at version %d: %d files", name, version, len(entries))
