@@ -98,15 +98,6 @@ class HistoryEntry:
     removed: list[FileEntry]
 
 
-def _abort_quietly(tx: Transaction) -> None:
-    # Already committed, aborted or failed: nothing to undo. Whatever the abort
-    # meets (an unreachable gateway), the error that made us abort is the one to report.
-    try:
-        tx.abort()
-    except Exception as exc:
-        log.debug("abort of %s not confirmed: %r", tx.id, exc)
-
-
 class Catalog:
     """Lakehouse metadata of one catalog, over one transaction manager. Thread-safe.
 

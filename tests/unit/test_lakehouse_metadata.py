@@ -132,7 +132,7 @@ def test_append_that_loses_the_head_retries_on_the_new_version(
     lakehouse_tm: TransactionManager, lh: Lakehouse, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A commits while B's transaction already read the head: B conflicts, retries, wins v2."""
-    caplog.set_level(logging.DEBUG, logger="spark_integration")
+    caplog.set_level(logging.DEBUG, logger="txn._retry")
     a, b = Lakehouse(lakehouse_tm, lh.warehouse), Lakehouse(lakehouse_tm, lh.warehouse)
     a_locked, release_a, b_read = threading.Event(), threading.Event(), threading.Event()
     lakehouse_tm.failpoints.enable(
@@ -159,7 +159,7 @@ def test_append_that_loses_the_head_retries_on_the_new_version(
         lambda: a.append_files("t", [data_file(lh, 1)]), commit_b, release_once_b_read
     )
     assert got[:2] == [1, 2]
-    assert "conflicted" in caplog.text
+    assert "attempt 1 did not commit" in caplog.text
     assert [f.record_count for f in lh.files("t")] == [1, 2]
 
 
@@ -309,7 +309,7 @@ def test_listing_reads_one_generation(lakehouse_tm: TransactionManager, lh: Lake
 def test_unknown_commit_outcome_is_settled_not_retried_blindly(
     lakehouse_tm: TransactionManager, lh: Lakehouse, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="spark_integration")
+    caplog.set_level(logging.INFO, logger="txn._retry")
     points = lakehouse_tm.failpoints
     attempts = lakehouse_tm.config.settle_attempts
 
@@ -342,7 +342,7 @@ def test_unsettleable_outcome_raises_commit_unknown(
     def store_down(*args: object, **kwargs: object) -> bool:
         raise TransactionError("read failed: store unreachable")
 
-    monkeypatch.setattr(Catalog, "_settle_by_log", store_down)
+    monkeypatch.setattr(lakehouse_tm, "outcome", store_down)
     with pytest.raises(CommitUnknownError) as info:
         lh.append_files("t", [data_file(lh, 1)])
     assert isinstance(info.value.__cause__, TransactionError)
