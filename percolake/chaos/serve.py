@@ -1,8 +1,9 @@
-"""``python -m percolake.chaos.serve ...``: ``percolake serve`` for chaos runs.
+"""``python -m percolake.chaos.serve ...``: ``percolake serve`` for chaos runs and tests.
 
 Exactly ``percolake serve`` with the same arguments, except that it honours the
 test-only switches of :mod:`percolake.chaos.unsafe` (a broken commit protocol,
-oracles that do not claim their store), which the installed command never looks at.
+oracles that do not claim their store) and the gateway fail points that tests steer
+(:mod:`percolake.chaos.failpoints_serve`), which the installed command never looks at.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from percolake.chaos.failpoints_serve import install_serve_failpoints_if_requested
 from percolake.chaos.unsafe import unsafe_build_from_env
 from percolake.server import add_serve_arguments, serve_from_args
 
@@ -21,6 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     build = unsafe_build_from_env()
+    install_serve_failpoints_if_requested()
     parser = argparse.ArgumentParser(
         prog="python -m percolake.chaos.serve",
         description="percolake serve with the test-only switches of percolake.chaos.unsafe",

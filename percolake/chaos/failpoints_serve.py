@@ -1,0 +1,259 @@
+"""Test-only fail points inside a gateway, steered in band by the test's own clients.
+
+A state machine that drives a real gateway process needs to make a few things
+happen at the gateway that timing alone makes rare: a Commit request that waits
+at the gateway while other calls go by, a Commit whose reply is lost after (or
+instead of) running, and a Scan stream whose next batch is computed only after
+the client did something between two pulls (an unpaced gateway reads a small
+scan to its end before the client has pulled its first row).
+
+The switch is the environment variable ``PERCOLAKE_TEST_SERVE_FAILPOINTS=1`` and
+nothing else; it is read only by :func:`install_serve_failpoints_if_requested`,
+which only ``python -m percolake.chaos.serve`` calls, never the installed
+``percolake serve``.
+
+Once installed, a client steers the fail points of one transaction by buffering
+writes to :data:`CONTROL_TABLE` in it: the gateway takes those writes out of every
+Write request before the transaction sees them, so they are never buffered,
+validated or committed. The row names the fail point, the value is its argument:
+
+====================  ==================================================================
+``commit.delay_ms``   the Commit of this transaction waits this long at the gateway
+                      before it is handled (it is queued: other calls go by meanwhile)
+``commit.reply``      ``lose``: the Commit runs, its reply is replaced by UNAVAILABLE;
+                      ``drop``: the Commit does not run, the reply is UNAVAILABLE
+``scan.batch_size``   scans of this transaction stream this many cells per batch
+                      unless the request names a size
+``scan.lockstep``     ``1``: after each full batch, the next batch of a scan is computed
+                      only once the client sent one ``scan.next`` (needs a batch size)
+``scan.next``         one permission for one more batch of the transaction's newest scan
+====================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import grpc
+
+from percolake.v1 import transaction_pb2 as pb
+from txn.server import TransactionServicer
+
+log = logging.getLogger(__name__)
+
+#: Environment variable that switches the fail points on (exactly ``"1"``).
+SERVE_FAILPOINTS_ENV: Final = "PERCOLAKE_TEST_SERVE_FAILPOINTS"
+#: Writes to this table steer fail points; they never reach a transaction.
+CONTROL_TABLE: Final = "__percolake_failpoint__"
+#: Control rows (fail point names), see the module docstring.
+COMMIT_DELAY_MS: Final = b"commit.delay_ms"
+COMMIT_REPLY: Final = b"commit.reply"
+SCAN_BATCH_SIZE: Final = b"scan.batch_size"
+SCAN_LOCKSTEP: Final = b"scan.lockstep"
+SCAN_NEXT: Final = b"scan.next"
+#: A lockstep scan whose client never sends the next permission stops waiting after
+#: this long (a safety valve: the stream then goes on as an unpaced one would).
+LOCKSTEP_MAX_WAIT_S: Final = 30.0
+_POLL_S: Final = 0.05
+
+
+@dataclass(slots=True)
+class _Steering:
+    """The fail points one transaction asked for."""
+
+    commit_delay_ms: int = 0
+    commit_reply: str = ""
+    scan_batch_size: int = 0
+    lockstep: bool = False
+    permits: int = 0
+    #: Scans started so far; a lockstep scan stops waiting once a newer one starts.
+    scans: int = 0
+    finished: bool = False
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_txn: dict[str, _Steering] = {}
+
+    def get(self, txn_id: str) -> _Steering | None:
+        with self._lock:
+            return self._by_txn.get(txn_id)
+
+    def setdefault(self, txn_id: str) -> _Steering:
+        with self._lock:
+            return self._by_txn.setdefault(txn_id, _Steering())
+
+    def finish(self, txn_id: str) -> None:
+        with self._lock:
+            steering = self._by_txn.pop(txn_id, None)
+        if steering is not None:
+            with steering.changed:
+                steering.finished = True
+                steering.changed.notify_all()
+
+
+_registry = _Registry()
+_state = {"installed": False}
+
+
+def serve_failpoints_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``PERCOLAKE_TEST_SERVE_FAILPOINTS`` is exactly ``"1"``."""
+    env = os.environ if environ is None else environ
+    return env.get(SERVE_FAILPOINTS_ENV) == "1"
+
+
+def install_serve_failpoints_if_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Wrap this process's gateway calls with the fail points if the variable is set.
+
+    Must run before the gateway is built. Returns whether they are in force. Idempotent.
+    """
+    if not serve_failpoints_requested(environ):
+        return _state["installed"]
+    if not _state["installed"]:
+        _install()
+        _state["installed"] = True
+        log.critical(
+            "%s=1: this gateway obeys test fail points written to table %s; "
+            "it exists only for tests",
+            SERVE_FAILPOINTS_ENV,
+            CONTROL_TABLE,
+        )
+    return True
+
+
+def _install() -> None:
+    write = TransactionServicer.Write
+    commit = TransactionServicer.Commit
+    abort = TransactionServicer.Abort
+    scan = TransactionServicer.Scan
+
+    def steered_write(
+        self: TransactionServicer, request: pb.WriteRequest, context: grpc.ServicerContext
+    ) -> pb.WriteResponse:
+        controls = [m for m in request.mutations if m.table == CONTROL_TABLE]
+        if not controls:
+            return write(self, request, context)
+        steering = _registry.setdefault(request.txn_id)
+        permits = 0
+        for m in controls:
+            if m.row == SCAN_NEXT:
+                permits += 1
+            else:
+                _configure(steering, m.row, m.put)
+        rest = [m for m in request.mutations if m.table != CONTROL_TABLE]
+        response = (
+            write(self, pb.WriteRequest(txn_id=request.txn_id, mutations=rest), context)
+            if rest
+            else pb.WriteResponse()
+        )
+        if permits:  # after the other writes are buffered: the next batch must see them
+            with steering.changed:
+                steering.permits += permits
+                steering.changed.notify_all()
+        return response
+
+    def steered_commit(
+        self: TransactionServicer, request: pb.CommitRequest, context: grpc.ServicerContext
+    ) -> pb.CommitResponse:
+        steering = _registry.get(request.txn_id)
+        if steering is None:
+            return commit(self, request, context)
+        if steering.commit_delay_ms:
+            time.sleep(steering.commit_delay_ms / 1000)
+        reply = steering.commit_reply
+        if reply == "drop":
+            _lose_reply(context, "dropped")
+        try:
+            response = commit(self, request, context)
+        except Exception:
+            if reply == "lose":
+                _lose_reply(context, "lost after the commit failed")
+            raise
+        finally:
+            _registry.finish(request.txn_id)
+        if reply == "lose":
+            _lose_reply(context, "lost after the commit ran")
+        return response
+
+    def steered_abort(
+        self: TransactionServicer, request: pb.AbortRequest, context: grpc.ServicerContext
+    ) -> pb.AbortResponse:
+        try:
+            return abort(self, request, context)
+        finally:
+            _registry.finish(request.txn_id)
+
+    def steered_scan(
+        self: TransactionServicer, request: pb.ScanRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.ScanResponse]:
+        steering = _registry.get(request.txn_id)
+        if steering is None:
+            yield from scan(self, request, context)
+            return
+        if not request.batch_size and steering.scan_batch_size:
+            request.batch_size = steering.scan_batch_size
+        with steering.changed:
+            steering.scans += 1
+            steering.permits = 0  # permits are for the newest scan only
+            this_scan = steering.scans
+            steering.changed.notify_all()
+        paced = steering.lockstep and request.batch_size > 0
+        batches = iter(scan(self, request, context))
+        batch = next(batches, None)
+        while batch is not None:
+            yield batch
+            # A short batch was the last one: the stream ends without computing another.
+            if paced and len(batch.cells) == request.batch_size:
+                _await_permit(steering, this_scan, context)
+            batch = next(batches, None)
+
+    _patch("Write", steered_write)
+    _patch("Commit", steered_commit)
+    _patch("Abort", steered_abort)
+    _patch("Scan", steered_scan)
+
+
+def _patch(name: str, fn: Callable[..., object]) -> None:
+    fn.__name__ = name
+    fn.__doc__ = f"TEST BUILD: {name} with fail points steered through {CONTROL_TABLE}."
+    setattr(TransactionServicer, name, fn)
+
+
+def _configure(steering: _Steering, name: bytes, value: bytes) -> None:
+    if name == COMMIT_DELAY_MS:
+        steering.commit_delay_ms = int(value)
+    elif name == COMMIT_REPLY:
+        if value not in (b"lose", b"drop", b""):
+            raise ValueError(f"commit.reply must be lose or drop, got {value!r}")
+        steering.commit_reply = value.decode()
+    elif name == SCAN_BATCH_SIZE:
+        steering.scan_batch_size = int(value)
+    elif name == SCAN_LOCKSTEP:
+        steering.lockstep = value == b"1"
+    else:
+        raise ValueError(f"unknown fail point {name!r}")
+
+
+def _await_permit(steering: _Steering, this_scan: int, context: grpc.ServicerContext) -> None:
+    deadline = time.monotonic() + LOCKSTEP_MAX_WAIT_S
+    with steering.changed:
+        while steering.permits == 0:
+            if steering.finished or steering.scans != this_scan or not context.is_active():
+                return
+            if time.monotonic() > deadline:
+                log.warning("lockstep scan got no permission in %.0f s", LOCKSTEP_MAX_WAIT_S)
+                return
+            steering.changed.wait(_POLL_S)
+        steering.permits -= 1
+
+
+def _lose_reply(context: grpc.ServicerContext, what: str) -> None:
+    context.abort(grpc.StatusCode.UNAVAILABLE, f"test fail point: commit reply {what}")
