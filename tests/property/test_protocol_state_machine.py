@@ -192,6 +192,23 @@ class ProtocolMachine(RuleBasedStateMachine):
         for o in sorted(self._committing(), key=lambda o: o.tx.start_ts, reverse=newest_first):
             self._step(o, "none")
 
+    @precondition(lambda self: len(self._writers()) > 1)
+    @rule(newest_first=st.booleans())
+    def commit_writers_in_lockstep(self, newest_first: bool) -> None:
+        """Every open writer starts its commit, then all step together until done.
+
+        Two writers of one key racing through the same steps side by side is the
+        interleaving most orderings of the steps must survive; reaching it one random
+        step at a time is rare, so this rule makes it common.
+        """
+        for o in self._writers():
+            o.commit = o.tx.committer(steps=type(self).steps)
+        while self._committing():
+            self.every_committer_steps(newest_first)
+
+    def _writers(self) -> list[Open]:
+        return [o for o in self._active() if any(op[0] == "append" for op in o.ops)]
+
     def _step(self, o: Open, ambiguity: str) -> None:
         assert o.commit is not None
         step = o.commit.next_step
