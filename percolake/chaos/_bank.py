@@ -14,9 +14,9 @@ import itertools
 import random
 from typing import Any
 
-from percolake.chaos._ops import FINAL_PROCESS, Completion, ManagerLike, TxLike, run_txn
+from percolake.chaos._ops import FINAL_PROCESS, Completion, run_txn
 from percolake.chaos._workload import CheckResult, ClientContext, Workload
-from txn import Isolation
+from txn import Isolation, Manager, Transaction
 
 TABLE = "chaos.bank"
 COLUMN = b"balance"
@@ -49,7 +49,7 @@ class Bank(Workload):
         if f == "read":
             return run_txn(ctx.manager, ctx.isolation, self._read_all, ctx.phase, value)
 
-        def transfer(tx: TxLike) -> dict[str, Any]:
+        def transfer(tx: Transaction) -> dict[str, Any]:
             cells = [(_row(value["from"]), COLUMN), (_row(value["to"]), COLUMN)]
             got = tx.get_many(TABLE, cells)
             balances = [int(got[c]) if c in got else None for c in cells]
@@ -63,14 +63,14 @@ class Bank(Workload):
 
         return run_txn(ctx.manager, ctx.isolation, transfer, ctx.phase, value)
 
-    def _read_all(self, tx: TxLike) -> list[int | None]:
+    def _read_all(self, tx: Transaction) -> list[int | None]:
         cells = [(_row(a), COLUMN) for a in range(self.config.accounts)]
         got = tx.get_many(TABLE, cells)
         return [int(got[c]) if c in got else None for c in cells]
 
     # --- harness side --------------------------------------------------------------
 
-    def setup(self, manager: ManagerLike, warehouse: str) -> None:
+    def setup(self, manager: Manager, warehouse: str) -> None:
         tx = manager.begin(Isolation.SNAPSHOT)
         balance = str(self.config.initial_balance).encode()
         for account in range(self.config.accounts):
@@ -78,7 +78,7 @@ class Bank(Workload):
         tx.commit()
 
     def final_read(
-        self, manager: ManagerLike, ops: list[dict[str, Any]], warehouse: str
+        self, manager: Manager, ops: list[dict[str, Any]], warehouse: str
     ) -> list[dict[str, Any]]:
         tx = manager.begin(Isolation.SNAPSHOT)
         balances = self._read_all(tx)

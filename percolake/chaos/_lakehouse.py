@@ -13,9 +13,10 @@ Spark job would. Readers take ``version`` then ``files(version)``. The checks:
   saw an older version than one acknowledged before it began (no stale reads);
 * commit timestamps increase with the version number.
 
-``Lakehouse`` only accepts an in-process ``TransactionManager``, so lakehouse clients
-run the commit protocol themselves (oracle and lock server remote, store shared);
-``Lakehouse`` has no metadata-only overwrite, so the workload appends only.
+Half the clients commit through the gateways (a remote manager that fails over
+between them, as Spark drivers do), half run the commit protocol in their own process
+(oracle and lock server remote, store shared). ``Lakehouse`` has no metadata-only
+overwrite, so the workload appends only.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from percolake.chaos._ops import FINAL_PROCESS, Completion, ManagerLike, describe
+from percolake.chaos._ops import FINAL_PROCESS, Completion, describe
 from percolake.chaos._workload import CheckResult, ClientContext, Workload
+from txn import Manager
 from txn.errors import TransactionAbortedError
 
 TABLE = "events"
@@ -76,7 +78,7 @@ class LakehouseAppends(Workload):
         self._replay: dict[str, Any] | None = None
 
     @staticmethod
-    def open_lakehouse(manager: ManagerLike, warehouse: str, timeout_s: float) -> Any:
+    def open_lakehouse(manager: Manager, warehouse: str, timeout_s: float) -> Any:
         lakehouse = _spark_integration().Lakehouse
         return lakehouse(manager, warehouse, catalog="chaos", commit_timeout_s=timeout_s)
 
@@ -145,13 +147,13 @@ class LakehouseAppends(Workload):
 
     # --- harness side --------------------------------------------------------------
 
-    def setup(self, manager: ManagerLike, warehouse: str) -> None:
+    def setup(self, manager: Manager, warehouse: str) -> None:
         types = importlib.import_module("pyspark.sql.types")
         lh = self.open_lakehouse(manager, warehouse, 60.0)
         lh.create_table(TABLE, types.StructType([types.StructField("id", types.LongType())]))
 
     def final_read(
-        self, manager: ManagerLike, ops: list[dict[str, Any]], warehouse: str
+        self, manager: Manager, ops: list[dict[str, Any]], warehouse: str
     ) -> list[dict[str, Any]]:
         lh = self.open_lakehouse(manager, warehouse, 60.0)
         location = os.path.join(warehouse, TABLE)

@@ -19,10 +19,10 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from percolake.chaos._ops import FINAL_PROCESS, Completion, ManagerLike, TxLike, run_txn
+from percolake.chaos._ops import FINAL_PROCESS, Completion, run_txn
 from percolake.chaos._workload import CheckResult, ClientContext, Workload
 from percolake.checker import check_history
-from txn import Isolation
+from txn import Isolation, Manager, Transaction
 
 TABLE = "chaos.la"
 COLUMN = b"v"
@@ -76,7 +76,7 @@ class ListAppend(Workload):
         return "txn", mops
 
     def execute(self, ctx: ClientContext, f: str, value: Any) -> Completion:
-        def body(tx: TxLike) -> list[list[Any]]:
+        def body(tx: Transaction) -> list[list[Any]]:
             done: list[list[Any]] = []
             for kind, key, arg in value:
                 current = _decode(tx.get(TABLE, _row(key), COLUMN))
@@ -93,7 +93,7 @@ class ListAppend(Workload):
     # --- harness side --------------------------------------------------------------
 
     def final_read(
-        self, manager: ManagerLike, ops: list[dict[str, Any]], warehouse: str
+        self, manager: Manager, ops: list[dict[str, Any]], warehouse: str
     ) -> list[dict[str, Any]]:
         keys = sorted({mop[1] for op in ops if op["type"] == "invoke" for mop in op["value"]})
         tx = manager.begin(Isolation.SNAPSHOT)

@@ -15,39 +15,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
-from txn import Isolation
+from txn import Isolation, Manager, Transaction
 from txn.errors import TransactionAbortedError
 
 OpType: TypeAlias = Literal["ok", "fail", "info"]
 
 #: Process number of the harness's own final read in the merged history.
 FINAL_PROCESS: Final = 999_999
-
-
-class TxLike(Protocol):
-    """What workloads use of a transaction (embedded and remote ones both have it)."""
-
-    start_ts: int
-
-    def get(self, table: str, row: bytes, column: bytes) -> bytes | None: ...
-
-    def get_many(
-        self, table: str, cells: list[tuple[bytes, bytes]]
-    ) -> dict[tuple[bytes, bytes], bytes]: ...
-
-    def put(self, table: str, row: bytes, column: bytes, value: bytes) -> None: ...
-
-    def commit(self) -> int: ...
-
-    def abort(self) -> None: ...
-
-
-class ManagerLike(Protocol):
-    def begin(self, isolation: Isolation = ...) -> Any: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +68,9 @@ def describe(exc: BaseException) -> str:
 
 
 def run_txn(
-    manager: ManagerLike,
+    manager: Manager,
     isolation: Isolation,
-    body: Callable[[TxLike], Any],
+    body: Callable[[Transaction], Any],
     phase: Phase | None,
     failed_value: Any,
 ) -> Completion:

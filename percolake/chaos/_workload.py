@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from percolake.chaos._config import RunConfig
-from percolake.chaos._ops import Completion, ManagerLike, Phase
-from txn import Isolation
+from percolake.chaos._ops import Completion, Phase
+from txn import Isolation, Manager
 
 
 @dataclass(slots=True)
 class ClientContext:
     """What a client process hands its workload: a manager and where it stands."""
 
-    manager: ManagerLike
+    manager: Manager
     isolation: Isolation
     process: int
     phase: Phase | None
@@ -67,12 +67,12 @@ class Workload(ABC):
 
     # --- harness side --------------------------------------------------------------
 
-    def setup(self, manager: ManagerLike, warehouse: str) -> None:  # noqa: B027 - optional hook
+    def setup(self, manager: Manager, warehouse: str) -> None:  # noqa: B027 - optional hook
         """Create what the clients expect before they start (default: nothing)."""
 
     @abstractmethod
     def final_read(
-        self, manager: ManagerLike, ops: list[dict[str, Any]], warehouse: str
+        self, manager: Manager, ops: list[dict[str, Any]], warehouse: str
     ) -> list[dict[str, Any]]:
         """After every fault healed: read the whole state; return it as an invoke and
         an ``ok`` completion of process ``FINAL_PROCESS`` (timestamps included)."""

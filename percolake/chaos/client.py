@@ -20,19 +20,30 @@ import logging
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from types import TracebackType
+from typing import IO, Any, TypeVar
 
 from percolake.chaos._config import RunConfig
-from percolake.chaos._ops import Completion, ManagerLike, Phase
+from percolake.chaos._ops import Completion, Phase
 from percolake.chaos._workload import ClientContext, make_workload
 from percolake.chaos.unsafe import unsafe_build_from_env
 from percolake.rpc import ServiceUnavailableError
-from txn import Isolation, TransactionConfig, TransactionManager
+from txn import (
+    Isolation,
+    Manager,
+    Transaction,
+    TransactionConfig,
+    TransactionManager,
+    TransactionStatus,
+)
 from txn._committer import STEPS
+from txn._retry import RetryPolicy, run_transaction
 
 log = logging.getLogger("percolake.chaos.client")
+
+T = TypeVar("T")
 
 #: Pause after an operation that did not commit, so a dead server is not hammered.
 BACKOFF_S = (0.005, 0.05)
@@ -47,7 +58,7 @@ class FailoverManager:
         self._managers = [RemoteTransactionManager(a, timeout_s=timeout_s) for a in addresses]
         self._current = first % len(self._managers)
 
-    def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> Any:
+    def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> Transaction:
         manager = self._managers[self._current]
         try:
             return manager.begin(isolation)
@@ -55,9 +66,36 @@ class FailoverManager:
             self._current = (self._current + 1) % len(self._managers)
             raise
 
+    def run(
+        self,
+        fn: Callable[[Transaction], T],
+        isolation: Isolation = Isolation.SNAPSHOT,
+        max_attempts: int = 10,
+    ) -> T:
+        policy = RetryPolicy(max_attempts=max_attempts)
+        return run_transaction(self.begin, self.outcome, fn, policy, isolation=isolation)[0]
+
+    def attach(self, txn_id: str) -> Transaction:
+        return self._managers[self._current].attach(txn_id)
+
+    def outcome(self, txn_id: str, *, settle: bool = False) -> TransactionStatus | None:
+        # Any gateway answers from the transactions table (and fences what it holds).
+        return self._managers[self._current].outcome(txn_id, settle=settle)
+
     def close(self) -> None:
         for manager in self._managers:
             manager.close()
+
+    def __enter__(self) -> FailoverManager:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def direct_manager(
@@ -132,7 +170,7 @@ def run_client(args: argparse.Namespace) -> int:
     build = unsafe_build_from_env()
     workload = make_workload(config)
     isolation = Isolation.SERIALIZABLE if config.isolation == "serializable" else Isolation.SNAPSHOT
-    manager: ManagerLike
+    manager: Manager
     if args.mode == "remote":
         gateways = [a for a in args.gateways.split(",") if a]
         manager = FailoverManager(gateways, args.process, config.client_timeout_s)
