@@ -71,10 +71,12 @@ class ServeConfig:
     grace_s: float = 30.0
     ready_file: str | None = None
     #: Test builds only (``python -m percolake.chaos.serve``), to show that the checks
-    #: catch what they break: commit steps other than ``STEPS``, and oracles that do
-    #: not claim their store (rule S7). The installed command never sets them.
+    #: catch what they break: commit steps other than ``STEPS``, oracles that do not
+    #: claim their store (rule S7), and a gateway with test fail points. The installed
+    #: command never sets them.
     commit_steps: tuple[str, ...] = STEPS
     oracle_claims: bool = True
+    gateway_class: type[TransactionServicer] = TransactionServicer
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -192,7 +194,7 @@ class RunningServer:
                     commit_steps=config.commit_steps,
                 )
             self._closers.insert(0, manager.close)
-            self._gateway = TransactionServicer(manager, config.limits)
+            self._gateway = config.gateway_class(manager, config.limits)
             transaction_pb2_grpc.add_TransactionServiceServicer_to_server(
                 self._gateway, self.server
             )
@@ -296,11 +298,12 @@ def serve_from_args(
     *,
     commit_steps: tuple[str, ...] = STEPS,
     oracle_claims: bool = True,
+    gateway_class: type[TransactionServicer] = TransactionServicer,
 ) -> int:
     """Validate the arguments (exit 2 naming the problem, before listening) and serve.
 
-    ``commit_steps`` and ``oracle_claims`` exist for the chaos test build only; see
-    :class:`ServeConfig`.
+    ``commit_steps``, ``oracle_claims`` and ``gateway_class`` exist for the chaos test
+    build only; see :class:`ServeConfig`.
     """
     try:
         tls = None
@@ -331,6 +334,7 @@ def serve_from_args(
             ready_file=args.ready_file,
             commit_steps=commit_steps,
             oracle_claims=oracle_claims,
+            gateway_class=gateway_class,
         )
         if args.role == "locks" and args.store:
             raise ValueError("the lock server keeps no data: --store does not apply to it")

@@ -32,6 +32,7 @@ from txn._status import ABORTED
 from txn._transaction import EmbeddedTransaction
 from txn.errors import (
     NotTransactionOwnerError,
+    TransactionAbortedError,
     TransactionClosedError,
     TransactionLimitError,
     TransactionNotFoundError,
@@ -127,6 +128,19 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                     self._finish(txn_id, entry)
                 finally:
                     entry.lock.release()
+
+    def _commit_entry(self, txn_id: str) -> _Open:
+        """The open transaction a Commit is for. One aborted before its Commit ran
+        (settled by another client, reaped as idle) answers "definitely not
+        committed", one of the three outcomes a commit has, not "closed"."""
+        try:
+            return self._entry(txn_id)
+        except TransactionClosedError:
+            with self._registry:
+                finished = self._finished.get(txn_id)
+            if finished is not None and finished[0] is TransactionStatus.ABORTED:
+                raise _aborted_before_commit(txn_id) from None
+            raise
 
     def _fence(self, txn_id: str, entry: _Open) -> tuple[TransactionStatus, int | None]:
         """Decide an open transaction for good: settling must fence (rule S6).
@@ -263,9 +277,11 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
 
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
         try:
-            entry = self._entry(request.txn_id)
+            entry = self._commit_entry(request.txn_id)
             _check_owner(entry, request.commit_secret, request.txn_id, "commit")
             with entry.lock:
+                if entry.tx.status is TransactionStatus.ABORTED:  # fenced while queued
+                    raise _aborted_before_commit(request.txn_id)
                 for progress in request.scans:
                     last = progress.last if progress.HasField("last") else None
                     entry.tx.limit_scan(
@@ -336,6 +352,13 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
         return pb.StatusResponse(
             state=pb.TRANSACTION_STATE_COMMITTED, start_ts=start_ts, commit_ts=outcome
         )
+
+
+def _aborted_before_commit(txn_id: str) -> TransactionAbortedError:
+    return TransactionAbortedError(
+        f"transaction {txn_id} was aborted before its commit ran (settled by another "
+        "client, or idle too long); nothing of it was committed"
+    )
 
 
 def _check_owner(entry: _Open, secret: str, txn_id: str, what: str) -> None:

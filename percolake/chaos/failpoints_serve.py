@@ -8,11 +8,11 @@ the client did something between two pulls (an unpaced gateway reads a small
 scan to its end before the client has pulled its first row).
 
 The switch is the environment variable ``PERCOLAKE_TEST_SERVE_FAILPOINTS=1`` and
-nothing else; it is read only by :func:`install_serve_failpoints_if_requested`,
-which only ``python -m percolake.chaos.serve`` calls, never the installed
-``percolake serve``.
+nothing else; only ``python -m percolake.chaos.serve`` reads it
+(:func:`serve_failpoints_requested`) and then builds its gateway from
+:class:`SteeredTransactionServicer`, never the installed ``percolake serve``.
 
-Once installed, a client steers the fail points of one transaction by buffering
+In such a gateway, a client steers the fail points of one transaction by buffering
 writes to :data:`CONTROL_TABLE` in it: the gateway takes those writes out of every
 Write request before the transaction sees them, so they are never buffered,
 validated or committed. The row names the fail point, the value is its argument:
@@ -36,9 +36,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import grpc
 
@@ -101,7 +101,6 @@ class _Registry:
 
 
 _registry = _Registry()
-_state = {"installed": False}
 
 
 def serve_failpoints_requested(environ: Mapping[str, str] | None = None) -> bool:
@@ -110,37 +109,26 @@ def serve_failpoints_requested(environ: Mapping[str, str] | None = None) -> bool
     return env.get(SERVE_FAILPOINTS_ENV) == "1"
 
 
-def install_serve_failpoints_if_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Wrap this process's gateway calls with the fail points if the variable is set.
+class SteeredTransactionServicer(TransactionServicer):
+    """TEST BUILD: the gateway with fail points steered through :data:`CONTROL_TABLE`.
 
-    Must run before the gateway is built. Returns whether they are in force. Idempotent.
+    Passed explicitly as the gateway class of a test server (``ServeConfig``'s
+    ``gateway_class``); nothing is patched.
     """
-    if not serve_failpoints_requested(environ):
-        return _state["installed"]
-    if not _state["installed"]:
-        _install()
-        _state["installed"] = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         log.critical(
             "%s=1: this gateway obeys test fail points written to table %s; "
             "it exists only for tests",
             SERVE_FAILPOINTS_ENV,
             CONTROL_TABLE,
         )
-    return True
 
-
-def _install() -> None:
-    write = TransactionServicer.Write
-    commit = TransactionServicer.Commit
-    abort = TransactionServicer.Abort
-    scan = TransactionServicer.Scan
-
-    def steered_write(
-        self: TransactionServicer, request: pb.WriteRequest, context: grpc.ServicerContext
-    ) -> pb.WriteResponse:
+    def Write(self, request: pb.WriteRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         controls = [m for m in request.mutations if m.table == CONTROL_TABLE]
         if not controls:
-            return write(self, request, context)
+            return super().Write(request, context)
         steering = _registry.setdefault(request.txn_id)
         permits = 0
         for m in controls:
@@ -150,7 +138,7 @@ def _install() -> None:
                 _configure(steering, m.row, m.put)
         rest = [m for m in request.mutations if m.table != CONTROL_TABLE]
         response = (
-            write(self, pb.WriteRequest(txn_id=request.txn_id, mutations=rest), context)
+            super().Write(pb.WriteRequest(txn_id=request.txn_id, mutations=rest), context)
             if rest
             else pb.WriteResponse()
         )
@@ -160,19 +148,17 @@ def _install() -> None:
                 steering.changed.notify_all()
         return response
 
-    def steered_commit(
-        self: TransactionServicer, request: pb.CommitRequest, context: grpc.ServicerContext
-    ) -> pb.CommitResponse:
+    def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
         steering = _registry.get(request.txn_id)
         if steering is None:
-            return commit(self, request, context)
+            return super().Commit(request, context)
         if steering.commit_delay_ms:
             time.sleep(steering.commit_delay_ms / 1000)
         reply = steering.commit_reply
         if reply == "drop":
             _lose_reply(context, "dropped")
         try:
-            response = commit(self, request, context)
+            response = super().Commit(request, context)
         except Exception:
             if reply == "lose":
                 _lose_reply(context, "lost after the commit failed")
@@ -183,20 +169,18 @@ def _install() -> None:
             _lose_reply(context, "lost after the commit ran")
         return response
 
-    def steered_abort(
-        self: TransactionServicer, request: pb.AbortRequest, context: grpc.ServicerContext
-    ) -> pb.AbortResponse:
+    def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortResponse:
         try:
-            return abort(self, request, context)
+            return super().Abort(request, context)
         finally:
             _registry.finish(request.txn_id)
 
-    def steered_scan(
-        self: TransactionServicer, request: pb.ScanRequest, context: grpc.ServicerContext
+    def Scan(
+        self, request: pb.ScanRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ScanResponse]:
         steering = _registry.get(request.txn_id)
         if steering is None:
-            yield from scan(self, request, context)
+            yield from super().Scan(request, context)
             return
         if not request.batch_size and steering.scan_batch_size:
             request.batch_size = steering.scan_batch_size
@@ -206,7 +190,7 @@ def _install() -> None:
             this_scan = steering.scans
             steering.changed.notify_all()
         paced = steering.lockstep and request.batch_size > 0
-        batches = iter(scan(self, request, context))
+        batches = iter(super().Scan(request, context))
         batch = next(batches, None)
         while batch is not None:
             yield batch
@@ -214,17 +198,6 @@ def _install() -> None:
             if paced and len(batch.cells) == request.batch_size:
                 _await_permit(steering, this_scan, context)
             batch = next(batches, None)
-
-    _patch("Write", steered_write)
-    _patch("Commit", steered_commit)
-    _patch("Abort", steered_abort)
-    _patch("Scan", steered_scan)
-
-
-def _patch(name: str, fn: Callable[..., object]) -> None:
-    fn.__name__ = name
-    fn.__doc__ = f"TEST BUILD: {name} with fail points steered through {CONTROL_TABLE}."
-    setattr(TransactionServicer, name, fn)
 
 
 def _configure(steering: _Steering, name: bytes, value: bytes) -> None:

@@ -13,9 +13,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from percolake.chaos.failpoints_serve import install_serve_failpoints_if_requested
+from percolake.chaos.failpoints_serve import (
+    SteeredTransactionServicer,
+    serve_failpoints_requested,
+)
 from percolake.chaos.unsafe import unsafe_build_from_env
 from percolake.server import add_serve_arguments, serve_from_args
+from txn.server import TransactionServicer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,15 +27,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     build = unsafe_build_from_env()
-    install_serve_failpoints_if_requested()
     parser = argparse.ArgumentParser(
         prog="python -m percolake.chaos.serve",
-        description="percolake serve with the test-only switches of percolake.chaos.unsafe",
+        description=(
+            "percolake serve with the test-only switches of percolake.chaos.unsafe "
+            "and the gateway fail points of percolake.chaos.failpoints_serve"
+        ),
     )
     add_serve_arguments(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    gateway_class = (
+        SteeredTransactionServicer if serve_failpoints_requested() else TransactionServicer
+    )
     return serve_from_args(
-        args, parser, commit_steps=build.commit_steps, oracle_claims=build.oracle_claims
+        args,
+        parser,
+        commit_steps=build.commit_steps,
+        oracle_claims=build.oracle_claims,
+        gateway_class=gateway_class,
     )
 
 
