@@ -16,6 +16,20 @@ Two kinds of data live in a store:
 Versioned tables and system tables share one namespace of table names but are
 stored apart; the transaction layer keeps its system tables under names that
 start with ``_`` so user tables can never collide with them.
+
+Limits. Every backend refuses, with ``ValueError`` naming the limit and the actual
+size and before any I/O, what the most restrictive backend (Cassandra) cannot store,
+so that an application tested on memory or SQLite runs unchanged on Cassandra:
+
+* a cell's ``row`` and ``column`` together hold at most :data:`MAX_CELL_KEY_BYTES`
+  (so a row at most :data:`MAX_ROW_BYTES`): reads, writes and deletes of cells;
+* a system row's table name and ``key`` together at most :data:`MAX_SYSTEM_KEY_BYTES`;
+* a cell value at most :data:`MAX_VALUE_BYTES`, a system value at most
+  :data:`MAX_SYSTEM_VALUE_BYTES`.
+
+Scan bounds (``start_row``, ``start_column``, ``end_row``) are bounds, not stored keys:
+any length is accepted, and ``page_size`` is any positive int (read as at most
+:data:`MAX_PAGE_SIZE`). The numbers were measured on a real node; see each constant.
 """
 
 from __future__ import annotations
@@ -31,6 +45,43 @@ from percolake.errors import StoreError, StoreTimeoutError, StoreUnavailableErro
 
 #: Timestamps are non-negative integers below this bound (they fit a signed 64-bit column).
 MAX_TIMESTAMP = (1 << 63) - 1
+
+#: The most bytes a cell's row and column hold together. Cassandra keeps a version's
+#: ``(row, column, ts)`` as one clustering key, and a clustering key may hold at most
+#: 65,535 bytes (an unsigned short) counting every component: row + column + 8 (``ts``,
+#: a bigint). Measured on Cassandra 5.0.9 through this schema, for columns of 1, 1,000,
+#: 30,000 and 65,000 bytes: row + column = 65,527 is stored and read back (also after a
+#: flush to an SSTable), 65,528 is refused with "Key length of 65536 is longer than
+#: maximum of 65535". Memory and SQLite enforce it too.
+MAX_CELL_KEY_BYTES = 65_535 - 8
+#: The longest row: a column holds at least one byte.
+MAX_ROW_BYTES = MAX_CELL_KEY_BYTES - 1
+#: The most bytes a system row's table name and key hold together. Cassandra's partition
+#: key ``(tbl, key)`` of ``system_rows`` is a composite of at most 65,535 bytes with
+#: 2 (length) + 1 (end of component) bytes around each component. Measured on Cassandra
+#: 5.0.9 with table names of 1, 4 and 128 characters: table + key = 65,529 bytes is
+#: stored, 65,530 refused ("Key length of 65536 ..."), by writes and reads alike.
+MAX_SYSTEM_KEY_BYTES = 65_535 - 6
+#: The largest cell value: 15 MiB. Cassandra refuses a request over its native
+#: transport's message limit (``native_transport_max_message_size``, 16 MiB by default:
+#: "CQL Message of size 16777217 bytes exceeds allowed maximum of 16777216 bytes") and a
+#: mutation over ``max_mutation_size`` (half of the 32 MiB commit log segment: 16 MiB).
+#: Measured: a version insert carries about 100 bytes besides its key and value, so
+#: with the largest key a value of 16 MiB - 65,625 bytes still fits. The 1 MiB margin
+#: covers the key, the table name and the protocol's own fields. A write batch never
+#: puts a value this large next to another write (``cassandra._batched``: only writes
+#: adding up to 4 KiB share a batch), so no request outgrows the single largest write.
+MAX_VALUE_BYTES = 15 * 1024 * 1024
+#: The largest system value: half of :data:`MAX_VALUE_BYTES`, because a compare-and-set
+#: sends the expected and the new value in one request. Measured: with two values of
+#: 8 MiB - 32,539 bytes the request reaches the 16 MiB message limit; a conditional
+#: write of one value above 16 MiB - 131,345 bytes (largest key) fails on the replica
+#: after it was sent (a ``WriteTimeout`` or ``WriteFailure``: an unknown outcome), so it
+#: must be refused before it is sent.
+MAX_SYSTEM_VALUE_BYTES = MAX_VALUE_BYTES // 2
+#: Scans read at most this many cells per request, whatever ``page_size`` asks for
+#: (CQL's ``LIMIT`` is a 32-bit int); paging is invisible to callers.
+MAX_PAGE_SIZE = (1 << 31) - 1
 
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _ROLE_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}")
@@ -155,7 +206,7 @@ def check_table(table: object) -> str:
 
 
 def check_key(kind: str, key: object, *, allow_empty: bool = False) -> bytes:
-    """Validate a row, column or system key: non-empty ``bytes``."""
+    """Validate a row, column or system key: non-empty ``bytes`` (sizes: see below)."""
     if not isinstance(key, bytes):
         raise TypeError(f"{kind} must be bytes, got {type(key).__name__}")
     if not key and not allow_empty:
@@ -163,10 +214,54 @@ def check_key(kind: str, key: object, *, allow_empty: bool = False) -> bytes:
     return key
 
 
+def check_cell(row: object, column: object) -> Cell:
+    """Validate a cell: non-empty ``bytes`` row and column of at most
+    :data:`MAX_CELL_KEY_BYTES` together."""
+    cell = Cell(check_key("row", row), check_key("column", column))
+    size = len(cell.row) + len(cell.column)
+    if size > MAX_CELL_KEY_BYTES:
+        raise ValueError(
+            f"row and column are {size} bytes together; a cell holds at most "
+            f"{MAX_CELL_KEY_BYTES} (MAX_CELL_KEY_BYTES: Cassandra's clustering key "
+            "(row, column, ts) holds at most 65535 bytes, 8 of them the timestamp)"
+        )
+    return cell
+
+
+def check_system_key(table: str, key: object) -> bytes:
+    """Validate a system row's key: non-empty ``bytes`` of at most
+    :data:`MAX_SYSTEM_KEY_BYTES` together with the (already checked) table name."""
+    check_key("key", key)
+    assert isinstance(key, bytes)
+    size = len(table) + len(key)
+    if size > MAX_SYSTEM_KEY_BYTES:
+        raise ValueError(
+            f"system table name and key are {size} bytes together ({len(key)} of them the "
+            f"key); a system row holds at most {MAX_SYSTEM_KEY_BYTES} (MAX_SYSTEM_KEY_BYTES: "
+            "Cassandra's partition key (table, key) holds at most 65535 bytes, 6 of them "
+            "framing)"
+        )
+    return key
+
+
 def check_value(value: object) -> bytes:
-    """Validate a cell value: ``bytes`` (possibly empty)."""
+    """Validate a cell value: ``bytes`` (possibly empty) of at most :data:`MAX_VALUE_BYTES`."""
+    return _check_value("value", value, MAX_VALUE_BYTES, "MAX_VALUE_BYTES")
+
+
+def check_system_value(name: str, value: object) -> bytes:
+    """Validate a system row's value: ``bytes`` of at most :data:`MAX_SYSTEM_VALUE_BYTES`."""
+    return _check_value(name, value, MAX_SYSTEM_VALUE_BYTES, "MAX_SYSTEM_VALUE_BYTES")
+
+
+def _check_value(name: str, value: object, limit: int, limit_name: str) -> bytes:
     if not isinstance(value, bytes):
-        raise TypeError(f"value must be bytes, got {type(value).__name__}")
+        raise TypeError(f"{name} must be bytes, got {type(value).__name__}")
+    if len(value) > limit:
+        raise ValueError(
+            f"{name} is {len(value)} bytes; at most {limit} ({limit_name}: a Cassandra "
+            "request holds at most 16 MiB)"
+        )
     return value
 
 
@@ -179,6 +274,15 @@ def check_ts(name: str, ts: object) -> int:
     return ts
 
 
+def check_count(name: str, count: object) -> int:
+    """Validate a page size or limit: a positive ``int`` (``bool`` is not a count)."""
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise TypeError(f"{name} must be int, got {type(count).__name__}")
+    if count < 1:
+        raise ValueError(f"{name} must be a positive int, got {count}")
+    return count
+
+
 def check_scan(
     table: object,
     start_row: object,
@@ -186,16 +290,24 @@ def check_scan(
     below_ts: object,
     start_column: object,
     page_size: object,
-) -> None:
-    """Validate the arguments of :meth:`KVStore.scan` before any I/O."""
+) -> int:
+    """Validate the arguments of :meth:`KVStore.scan` before any I/O.
+
+    The bounds may have any length: they are compared with stored keys, never stored.
+    Returns the page size to read with: ``page_size``, at most :data:`MAX_PAGE_SIZE`.
+    """
     check_table(table)
     check_key("start_row", start_row, allow_empty=True)
     if end_row is not None:
         check_key("end_row", end_row, allow_empty=True)
     check_key("start_column", start_column, allow_empty=True)
     check_ts("below_ts", below_ts)
-    if not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    return min(check_count("page_size", page_size), MAX_PAGE_SIZE)
+
+
+def check_limit(limit: object) -> int | None:
+    """Validate :meth:`KVStore.get_version_timestamps`' ``limit``: ``None`` or a positive int."""
+    return None if limit is None else check_count("limit", limit)
 
 
 def check_cells(cells: Iterable[tuple[bytes, bytes]]) -> list[Cell]:
@@ -204,7 +316,7 @@ def check_cells(cells: Iterable[tuple[bytes, bytes]]) -> list[Cell]:
     for cell in cells:
         if not isinstance(cell, tuple) or len(cell) != 2:
             raise TypeError(f"a cell must be a (row, column) tuple, got {cell!r}")
-        out.append(Cell(check_key("row", cell[0]), check_key("column", cell[1])))
+        out.append(check_cell(cell[0], cell[1]))
     return out
 
 
@@ -214,8 +326,7 @@ def check_writes(versions: Iterable[VersionWrite]) -> list[VersionWrite]:
     for v in versions:
         if not isinstance(v, VersionWrite):
             raise TypeError(f"expected VersionWrite, got {type(v).__name__}")
-        check_key("row", v.row)
-        check_key("column", v.column)
+        check_cell(v.row, v.column)
         check_ts("ts", v.ts)
         if v.value is not None:
             check_value(v.value)
@@ -223,12 +334,66 @@ def check_writes(versions: Iterable[VersionWrite]) -> list[VersionWrite]:
     return out
 
 
+def check_deletes(versions: Iterable[tuple[bytes, bytes, int]]) -> list[tuple[Cell, int]]:
+    """Validate a batch of ``(row, column, ts)`` versions to delete before any I/O."""
+    out = []
+    for entry in versions:
+        if not isinstance(entry, tuple) or len(entry) != 3:
+            raise TypeError(f"a version to delete must be (row, column, ts), got {entry!r}")
+        out.append((check_cell(entry[0], entry[1]), check_ts("ts", entry[2])))
+    return out
+
+
+def clamp_scan_bounds(
+    start_row: bytes,
+    start_column: bytes,
+    end_row: bytes | None,
+    *,
+    max_cell_key: int = MAX_CELL_KEY_BYTES,
+) -> tuple[bytes, bytes, bytes | None]:
+    """Scan bounds no longer than a stored key needs, selecting exactly the same cells.
+
+    For a backend whose requests must stay small (a Cassandra request holds at most
+    16 MiB, and a scan sends its bounds once per shard and page). A stored row has at
+    most ``L = max_cell_key - 1`` bytes, so it is never equal to a longer bound, and
+    comparing it with a bound looks at no more than the bound's first ``L + 1`` bytes:
+    ``row < end_row`` exactly when ``row < end_row[:L + 1]``. The same holds for the
+    ``(start_row, start_column)`` cursor: a start row longer than ``L`` admits exactly
+    the rows above it, so it becomes ``(start_row[:L + 1], b"")``; a start column
+    longer than its row leaves room for (``max_cell_key - len(start_row)`` bytes) is cut
+    to one byte more than that.
+    """
+    longest_row = max_cell_key - 1
+    if end_row is not None and len(end_row) > longest_row + 1:
+        end_row = end_row[: longest_row + 1]
+    if len(start_row) > longest_row:
+        start_row, start_column = start_row[: longest_row + 1], b""
+    else:
+        longest_column = max_cell_key - len(start_row)
+        if len(start_column) > longest_column + 1:
+            start_column = start_column[: longest_column + 1]
+    return start_row, start_column, end_row
+
+
 class KVStore(abc.ABC):
     """A multi-version key-value store, batched everywhere.
 
     Implementations are safe to share between threads. Every method validates
     its arguments before any I/O and raises ``TypeError``/``ValueError`` naming
-    the problem. Tables need no DDL: any valid table name can be used at any time.
+    the problem, sizes included (the limits of the module docstring, the same on
+    every backend). Tables need no DDL: any valid table name can be used at any time.
+
+    A version's life, which every backend supports and callers keep to: it is
+    written (possibly more than once, always with the same value), and then perhaps
+    deleted; once deleted it is never written again. The transaction layer keeps to
+    it: a version ``(table, row, column, start_ts)`` is written only by the
+    transaction that started at ``start_ts``, in one :meth:`put_versions` call before
+    its commit point, and deleted only after that transaction was settled ABORTED,
+    by a cleaner that found the version or by the transaction itself after its put
+    returned. Writing a version with another value, or again after a delete, is
+    outside the contract: backends differ (memory and SQLite apply calls in call
+    order; Cassandra orders writes of one version by the clients' clocks, which
+    nothing synchronises).
     """
 
     # --- versioned cells -------------------------------------------------------
@@ -237,10 +402,15 @@ class KVStore(abc.ABC):
     def put_versions(self, table: str, versions: Sequence[VersionWrite]) -> None:
         """Write versions of cells.
 
-        Idempotent: writing the same ``(row, column, ts)`` again replaces its value
-        (the transaction layer only ever rewrites a version with the same value).
-        Not atomic across versions: after a failure any subset may have been
-        written, which the transaction protocol tolerates (rule S2).
+        Idempotent: writing a version ``(row, column, ts)`` again with the value it
+        has changes nothing (a tombstone ``None`` is a value here), so a write whose
+        outcome is unknown may be re-issued. Rewriting a version with a different
+        value, or after :meth:`delete_versions` removed it, is outside the contract
+        (see the class docstring): callers never do it. Within one call, a version
+        listed twice keeps its last value. Not atomic across versions: after a
+        failure any subset may have been written, which the transaction protocol
+        tolerates (rule S2). Limits: row + column at most ``MAX_CELL_KEY_BYTES``,
+        value at most ``MAX_VALUE_BYTES``.
         """
 
     @abc.abstractmethod
@@ -250,7 +420,8 @@ class KVStore(abc.ABC):
         """For each cell, its newest version with ``ts < below_ts``.
 
         Cells with no such version are left out of the result. Tombstones are
-        returned (``value=None``): visibility is the transaction layer's call.
+        returned (``value=None``): visibility is the transaction layer's call. A
+        cell no backend can store (``MAX_CELL_KEY_BYTES``) is refused.
         """
 
     @abc.abstractmethod
@@ -269,8 +440,10 @@ class KVStore(abc.ABC):
         Each cell yields its newest version with ``ts < below_ts`` (tombstones
         included). ``end_row=None`` means no upper bound. ``start_column`` skips
         the columns of ``start_row`` that sort before it (a cursor to resume from).
-        Backends fetch ``page_size`` cells at a time; the iterator is lazy and not
-        a consistent snapshot of concurrent writes at or above ``below_ts``.
+        Backends fetch ``page_size`` cells at a time (any positive int; at most
+        ``MAX_PAGE_SIZE`` per request); the iterator is lazy and not a consistent
+        snapshot of concurrent writes at or above ``below_ts``. The bounds may be
+        of any length: they are compared with stored keys, never stored.
         """
 
     @abc.abstractmethod
@@ -291,7 +464,16 @@ class KVStore(abc.ABC):
 
     @abc.abstractmethod
     def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
-        """Remove versions ``(row, column, ts)``; missing ones are ignored (idempotent)."""
+        """Remove versions ``(row, column, ts)``; missing ones are ignored (idempotent).
+
+        A version deleted stays deleted, on every backend and whatever the clients'
+        clocks, against every write of it that completed or could be read before the
+        delete was called, and against a late copy of such a write (a resent
+        request, a replayed hint): Cassandra deletes above the version's write time,
+        not at the deleting client's clock. Callers never write a version again after
+        deleting it (class docstring); the transaction layer deletes only versions of
+        transactions settled ABORTED, which are invisible whatever the delete does.
+        """
 
     # --- system rows -----------------------------------------------------------
 
@@ -302,7 +484,9 @@ class KVStore(abc.ABC):
         Returns ``CasResult(True, value)`` when this call wrote it, else
         ``CasResult(False, existing)``. Re-issuing the same call after an unknown
         outcome is safe: finding ``existing == value`` means an earlier attempt won.
-        Raises :class:`StoreTimeoutError` when the outcome is unknown.
+        Raises :class:`StoreTimeoutError` when the outcome is unknown. Limits: table
+        name + key at most ``MAX_SYSTEM_KEY_BYTES``, value at most
+        ``MAX_SYSTEM_VALUE_BYTES`` (also for ``compare_and_set``'s ``expected``).
         """
 
     @abc.abstractmethod

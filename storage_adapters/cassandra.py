@@ -21,6 +21,22 @@ requested before the current one is consumed. A scan of one row
 fixed when the keyspace is created and stored in ``store_meta``: every client must
 agree on it.
 
+Limits (enforced before any I/O by the checks of :mod:`storage_adapters._base`, the
+same on every backend): the clustering key ``(row, col, ts)`` holds at most 65,535
+bytes, so row + column at most ``MAX_CELL_KEY_BYTES`` (65,527); the partition key
+``(tbl, key)`` of ``system_rows`` bounds table name + key by ``MAX_SYSTEM_KEY_BYTES``
+(65,529); a request holds at most 16 MiB, so values are at most ``MAX_VALUE_BYTES``
+(15 MiB) and system values ``MAX_SYSTEM_VALUE_BYTES`` (7.5 MiB). Scan bounds are cut
+to the longest prefix that still selects the same cells (``clamp_scan_bounds``) and
+page sizes to CQL's 32-bit ``LIMIT``.
+
+Write timestamps. Writes carry the driver's client timestamps, so two writes of one
+version are ordered by the clients' clocks, not by call order; the store contract
+leaves that case out (callers write a version again only with the same value, and
+never after deleting it). A delete is not left to the deleting client's clock: it
+carries a timestamp above the version's write time, read first, so it always removes
+the version (see :meth:`CassandraStore.delete_versions`).
+
 Consistency: versions at ``consistency`` (``QUORUM`` by default, or ``LOCAL_QUORUM``
 or ``ALL``); system rows through lightweight transactions (``IF NOT EXISTS``,
 ``IF value = ?``) at ``serial_consistency`` (``SERIAL`` or ``LOCAL_SERIAL``), and
@@ -82,12 +98,15 @@ from storage_adapters._base import (
     Version,
     VersionWrite,
     check_cells,
-    check_key,
+    check_deletes,
+    check_limit,
     check_scan,
+    check_system_key,
+    check_system_value,
     check_table,
     check_ts,
-    check_value,
     check_writes,
+    clamp_scan_bounds,
 )
 from storage_adapters._cassandra_errors import ConditionalWriteRetryPolicy, translate_error
 from storage_adapters._cassandra_url import (
@@ -123,10 +142,10 @@ _BATCH_BYTES = 4096
 _BATCH_ROWS = 100
 # Reads of many cells in one partition go as one query with an IN list of this size at most.
 _IN_LIMIT = 100
-# Cassandra limits each clustering or partition key value to 64 KiB - 1 (an unsigned short).
-_MAX_KEY_BYTES = 0xFFFF
-# CQL LIMIT takes a 32-bit int.
+# CQL LIMIT takes a 32-bit int. Key and value sizes are checked in _base (MAX_*_BYTES).
 _NO_LIMIT = (1 << 31) - 1
+# The largest write timestamp Cassandra takes (a signed 64-bit count of microseconds).
+_MAX_WRITE_TIME = (1 << 63) - 1
 # Table IDs derived from keyspace and table name: two clients creating the same table
 # at once agree on its ID instead of racing to a schema disagreement.
 _TABLE_ID_NAMESPACE = uuid.UUID("2f1f8c3e-6a43-5d7e-9a57-3c0fd6d4a1b2")
@@ -145,6 +164,7 @@ class _Statements:
     version_ts: Any
     version_ts_rows: Any
     version_ts_cols: Any
+    write_time: Any
     delete_version: Any
     scan_from: Any  # (row, col) >= cursor
     scan_after: Any  # (row, col) > cursor
@@ -339,7 +359,12 @@ class CassandraStore(KVStore):
                 "SELECT row, col, ts FROM {ks}.versions WHERE tbl = ? AND shard = ? "
                 "AND row = ? AND col IN ? AND ts > ? AND ts < ? LIMIT ?"
             ),
-            delete_version=prepare(f"DELETE FROM {{ks}}.versions WHERE {cell} AND ts = ?"),
+            write_time=prepare(
+                f"SELECT WRITETIME(deleted) FROM {{ks}}.versions WHERE {cell} AND ts = ?"
+            ),
+            delete_version=prepare(
+                f"DELETE FROM {{ks}}.versions USING TIMESTAMP ? WHERE {cell} AND ts = ?"
+            ),
             scan_from=prepare(_SCAN_SELECT.format(ks="{ks}", op=">=", until="")),
             scan_after=prepare(_SCAN_SELECT.format(ks="{ks}", op=">", until="")),
             scan_from_until=prepare(
@@ -380,9 +405,6 @@ class CassandraStore(KVStore):
     def put_versions(self, table: str, versions: Sequence[VersionWrite]) -> None:
         check_table(table)
         writes = check_writes(versions)
-        for v in writes:
-            _check_key_size("row", v.row)
-            _check_key_size("column", v.column)
         self._check_open()
         # The last write of a version wins, as in the reference backend; within one
         # batch Cassandra would instead keep the greater value.
@@ -424,12 +446,12 @@ class CassandraStore(KVStore):
         start_column: bytes = b"",
         page_size: int = 1000,
     ) -> Iterator[ScanEntry]:
-        check_scan(table, start_row, end_row, below_ts, start_column, page_size)
-        _check_key_size("start_row", start_row)
-        _check_key_size("start_column", start_column)
-        if end_row is not None:
-            _check_key_size("end_row", end_row)
+        # check_scan caps page_size at CQL's 32-bit LIMIT.
+        page_size = check_scan(table, start_row, end_row, below_ts, start_column, page_size)
         self._check_open()
+        # A bound longer than any stored key selects what its prefix selects (see
+        # clamp_scan_bounds): send the prefix, once per shard and page, not the bound.
+        start_row, start_column, end_row = clamp_scan_bounds(start_row, start_column, end_row)
         return self._scan(table, start_row, end_row, below_ts, start_column, page_size)
 
     def _scan(
@@ -482,8 +504,7 @@ class CassandraStore(KVStore):
         for name, bound in (("above_ts", above_ts), ("below_ts", below_ts)):
             if not isinstance(bound, int) or isinstance(bound, bool):
                 raise TypeError(f"{name} must be int, got {type(bound).__name__}")
-        if limit is not None and (not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"limit must be positive, got {limit}")
+        limit = check_limit(limit)
         self._check_open()
         wanted = list(dict.fromkeys(wanted))
         # Stored timestamps lie in [0, MAX_TIMESTAMP]: clamp the open bounds to what
@@ -520,7 +541,7 @@ class CassandraStore(KVStore):
                         c.column,
                         above_ts,
                         below_ts,
-                        limit,
+                        min(limit, _NO_LIMIT),
                     ),
                 )
                 for c in short
@@ -536,29 +557,39 @@ class CassandraStore(KVStore):
         return out
 
     def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
+        """Delete each version above its write time, not at this client's clock.
+
+        Cassandra keeps, of a write and a delete of the same version, the one with the
+        greater timestamp (the delete on a tie), and timestamps come from the clients'
+        clocks. A cleaner whose clock lags the writer's would otherwise leave the
+        version in place. So each version's write time is read first (at the data
+        consistency level, which sees every write that completed or was read) and the
+        delete carries ``max(this client's clock, write time + 1)``: it beats that
+        write and any late copy of it (a resent request, a replayed hint), and a write
+        this client makes afterwards still beats the delete, as on the other backends.
+        One read per version: deletes are the cleaner's, of aborted writers only.
+        """
         check_table(table)
-        items: list[tuple[int, tuple[Any, ...], int]] = []
-        for entry in versions:
-            if not isinstance(entry, tuple) or len(entry) != 3:
-                raise TypeError(f"a version to delete must be (row, column, ts), got {entry!r}")
-            row, column, ts = entry
-            check_key("row", row)
-            check_key("column", column)
-            check_ts("ts", ts)
-            _check_key_size("row", row)
-            _check_key_size("column", column)
-            shard = shard_of(row, self.shards)
-            items.append((shard, (table, shard, row, column, ts), len(row) + len(column) + 32))
+        doomed = list(dict.fromkeys(check_deletes(versions)))
         self._check_open()
+        if not doomed:
+            return
+        keys = [(table, shard_of(c.row, self.shards), c.row, c.column, ts) for c, ts in doomed]
+        written = self._execute_many(self._stmts.write_time, keys, write=False)
+        now = self._session.cluster.timestamp_generator()
+        items: list[tuple[int, tuple[Any, ...], int]] = []
+        for key, rows in zip(keys, written, strict=True):
+            write_time = max((r[0] for r in rows if r[0] is not None), default=None)
+            at = now if write_time is None else min(max(now, write_time + 1), _MAX_WRITE_TIME)
+            items.append((key[1], (at, *key), len(key[2]) + len(key[3]) + 40))
         self._execute_all(_batched(self._stmts.delete_version, items), write=True)
 
     # --- system rows ----------------------------------------------------------------
 
     def put_unless_exists(self, table: str, key: bytes, value: bytes) -> CasResult:
         check_table(table)
-        check_key("key", key)
-        check_value(value)
-        _check_key_size("key", key)
+        check_system_key(table, key)
+        check_system_value("value", value)
         self._check_open()
         applied, existing = self._execute_lwt(self._stmts.put_unless_exists, (table, key, value))
         if applied:
@@ -569,11 +600,10 @@ class CassandraStore(KVStore):
         self, table: str, key: bytes, expected: bytes | None, value: bytes
     ) -> CasResult:
         check_table(table)
-        check_key("key", key)
+        check_system_key(table, key)
         if expected is not None:
-            check_value(expected)
-        check_value(value)
-        _check_key_size("key", key)
+            check_system_value("expected", expected)
+        check_system_value("value", value)
         if expected is None:
             return self.put_unless_exists(table, key, value)
         self._check_open()
@@ -586,9 +616,7 @@ class CassandraStore(KVStore):
 
     def get_system(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         check_table(table)
-        wanted = [check_key("key", k) for k in keys]
-        for key in wanted:
-            _check_key_size("key", key)
+        wanted = [check_system_key(table, k) for k in keys]
         self._check_open()
         wanted = list(dict.fromkeys(wanted))
         results = self._execute_many(
@@ -790,7 +818,12 @@ class _CellGroup:
 def _batched(
     statement: Any, items: Sequence[tuple[int, tuple[Any, ...], int]]
 ) -> list[tuple[Any, tuple[Any, ...] | None]]:
-    """``(shard, params, approximate bytes)`` writes as unlogged batches, one partition each."""
+    """``(shard, params, approximate bytes)`` writes as unlogged batches, one partition each.
+
+    Only writes that add up to ``_BATCH_BYTES`` share a batch; a larger write goes alone.
+    So no request is bigger than the largest single write, which the value and key
+    limits keep under Cassandra's 16 MiB message limit.
+    """
     by_shard: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
     for shard, params, size in items:
         by_shard.setdefault(shard, []).append((params, size))
@@ -831,13 +864,6 @@ def _value(value: bytes | None, deleted: bool | None) -> bytes | None:
 
 def _bytes(value: Any) -> bytes:
     return bytes(value)
-
-
-def _check_key_size(kind: str, key: bytes) -> None:
-    if len(key) > _MAX_KEY_BYTES:
-        raise ValueError(
-            f"{kind} is {len(key)} bytes; the cassandra backend allows at most {_MAX_KEY_BYTES}"
-        )
 
 
 def _quote(identifier: str) -> str:

@@ -18,12 +18,14 @@ from storage_adapters._base import (
     Version,
     VersionWrite,
     check_cells,
-    check_key,
+    check_deletes,
+    check_limit,
     check_role,
     check_scan,
+    check_system_key,
+    check_system_value,
     check_table,
     check_ts,
-    check_value,
     check_writes,
 )
 
@@ -98,7 +100,7 @@ class MemoryStore(KVStore):
         start_column: bytes = b"",
         page_size: int = 1000,
     ) -> Iterator[ScanEntry]:
-        check_scan(table, start_row, end_row, below_ts, start_column, page_size)
+        page_size = check_scan(table, start_row, end_row, below_ts, start_column, page_size)
         return self._scan(table, start_row, end_row, below_ts, start_column, page_size)
 
     def _scan(
@@ -146,8 +148,7 @@ class MemoryStore(KVStore):
     ) -> dict[Cell, list[int]]:
         check_table(table)
         wanted = check_cells(cells)
-        if limit is not None and limit < 1:
-            raise ValueError(f"limit must be positive, got {limit}")
+        limit = check_limit(limit)
         out: dict[Cell, list[int]] = {}
         with self._lock:
             self._check_open()
@@ -167,10 +168,7 @@ class MemoryStore(KVStore):
 
     def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
         check_table(table)
-        doomed = [
-            (Cell(check_key("row", r), check_key("column", c)), check_ts("ts", ts))
-            for r, c, ts in versions
-        ]
+        doomed = check_deletes(versions)
         with self._lock:
             self._check_open()
             stored = self._tables.get(table)
@@ -186,8 +184,8 @@ class MemoryStore(KVStore):
 
     def put_unless_exists(self, table: str, key: bytes, value: bytes) -> CasResult:
         check_table(table)
-        check_key("key", key)
-        check_value(value)
+        check_system_key(table, key)
+        check_system_value("value", value)
         with self._lock:
             self._check_open()
             rows = self._system.setdefault(table, {})
@@ -201,10 +199,10 @@ class MemoryStore(KVStore):
         self, table: str, key: bytes, expected: bytes | None, value: bytes
     ) -> CasResult:
         check_table(table)
-        check_key("key", key)
+        check_system_key(table, key)
         if expected is not None:
-            check_value(expected)
-        check_value(value)
+            check_system_value("expected", expected)
+        check_system_value("value", value)
         with self._lock:
             self._check_open()
             rows = self._system.setdefault(table, {})
@@ -216,7 +214,7 @@ class MemoryStore(KVStore):
 
     def get_system(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         check_table(table)
-        wanted = [check_key("key", k) for k in keys]
+        wanted = [check_system_key(table, k) for k in keys]
         with self._lock:
             self._check_open()
             rows = self._system.get(table, {})

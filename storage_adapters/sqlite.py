@@ -39,12 +39,14 @@ from storage_adapters._base import (
     Version,
     VersionWrite,
     check_cells,
-    check_key,
+    check_deletes,
+    check_limit,
     check_role,
     check_scan,
+    check_system_key,
+    check_system_value,
     check_table,
     check_ts,
-    check_value,
     check_writes,
 )
 
@@ -62,6 +64,8 @@ CREATE TABLE IF NOT EXISTS system_rows (
 """
 
 _SYNC_MODES = {"full": "FULL", "normal": "NORMAL", "off": "OFF"}
+#: SQLite integers are signed 64-bit: a LIMIT above this is "no limit" anyway.
+_SQL_INT_MAX = (1 << 63) - 1
 #: How long a write waits for another connection's write lock before "database is locked".
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
 
@@ -230,7 +234,7 @@ class SQLiteStore(KVStore):
         start_column: bytes = b"",
         page_size: int = 1000,
     ) -> Iterator[ScanEntry]:
-        check_scan(table, start_row, end_row, below_ts, start_column, page_size)
+        page_size = check_scan(table, start_row, end_row, below_ts, start_column, page_size)
         return self._scan(table, start_row, end_row, below_ts, start_column, page_size)
 
     def _scan(
@@ -268,8 +272,7 @@ class SQLiteStore(KVStore):
     ) -> dict[Cell, list[int]]:
         check_table(table)
         wanted = check_cells(cells)
-        if limit is not None and limit < 1:
-            raise ValueError(f"limit must be positive, got {limit}")
+        limit = check_limit(limit)
         out: dict[Cell, list[int]] = {}
         with self._using(writes=False) as cur:
             for cell in wanted:
@@ -284,7 +287,7 @@ class SQLiteStore(KVStore):
                             cell.column,
                             above_ts,
                             below_ts,
-                            -1 if limit is None else limit,
+                            -1 if limit is None else min(limit, _SQL_INT_MAX),
                         ),
                     )
                 ]
@@ -294,10 +297,7 @@ class SQLiteStore(KVStore):
 
     def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
         check_table(table)
-        doomed = [
-            (table, check_key("row", r), check_key("column", c), check_ts("ts", ts))
-            for r, c, ts in versions
-        ]
+        doomed = [(table, cell.row, cell.column, ts) for cell, ts in check_deletes(versions)]
         if not doomed:
             return
         with self._using(writes=True) as cur:
@@ -309,8 +309,8 @@ class SQLiteStore(KVStore):
 
     def put_unless_exists(self, table: str, key: bytes, value: bytes) -> CasResult:
         check_table(table)
-        check_key("key", key)
-        check_value(value)
+        check_system_key(table, key)
+        check_system_value("value", value)
         with self._using(writes=True) as cur:
             cur.execute(
                 "INSERT INTO system_rows (tbl, key, value) VALUES (?, ?, ?) "
@@ -328,10 +328,10 @@ class SQLiteStore(KVStore):
         self, table: str, key: bytes, expected: bytes | None, value: bytes
     ) -> CasResult:
         check_table(table)
-        check_key("key", key)
+        check_system_key(table, key)
         if expected is not None:
-            check_value(expected)
-        check_value(value)
+            check_system_value("expected", expected)
+        check_system_value("value", value)
         if expected is None:
             return self.put_unless_exists(table, key, value)
         with self._using(writes=True) as cur:
@@ -348,7 +348,7 @@ class SQLiteStore(KVStore):
 
     def get_system(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         check_table(table)
-        wanted = [check_key("key", k) for k in keys]
+        wanted = [check_system_key(table, k) for k in keys]
         out: dict[bytes, bytes] = {}
         with self._using(writes=False) as cur:
             for key in wanted:
