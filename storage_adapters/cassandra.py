@@ -26,9 +26,9 @@ same on every backend): the clustering key ``(row, col, ts)`` holds at most 65,5
 bytes, so row + column at most ``MAX_CELL_KEY_BYTES`` (65,527); the partition key
 ``(tbl, key)`` of ``system_rows`` bounds table name + key by ``MAX_SYSTEM_KEY_BYTES``
 (65,529); a request holds at most 16 MiB, so values are at most ``MAX_VALUE_BYTES``
-(15 MiB) and system values ``MAX_SYSTEM_VALUE_BYTES`` (7.5 MiB). Scan bounds are cut
-to the longest prefix that still selects the same cells (``clamp_scan_bounds``) and
-page sizes to CQL's 32-bit ``LIMIT``.
+(15 MiB) and system values ``MAX_SYSTEM_VALUE_BYTES`` (7.5 MiB). A scan bound longer
+than any storable key is cut to a prefix one byte longer than that, which selects the
+same cells (``clamp_scan_bounds``), and page sizes to CQL's 32-bit ``LIMIT``.
 
 Write timestamps. Writes carry the driver's client timestamps, so two writes of one
 version are ordered by the clients' clocks, not by call order; the store contract

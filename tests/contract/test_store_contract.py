@@ -389,7 +389,8 @@ def test_scan_bounds_of_any_length_select_what_the_reference_store_selects(store
     around the longest storable rows and columns (prefixes of the bound, one byte
     above it, one below). Failed before on Cassandra: a bound over 65,535 bytes was
     refused with ``ValueError``, and one over 16 MiB cannot be sent to Cassandra at
-    all (the backend now sends the shortest prefix that selects the same cells)."""
+    all (the backend now sends a prefix one byte longer than any storable key,
+    which selects the same cells)."""
     huge = b"m" * (17 * 1024 * 1024)
     longest = MAX_ROW_BYTES
     rows = [
