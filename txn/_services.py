@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -30,10 +31,20 @@ class LockService(Protocol):
     def wait_until_released(self, descriptors: Iterable[bytes], timeout_ms: int) -> bool: ...
 
 
+#: Descriptors longer than this are replaced by a digest, so that every cell a store
+#: can hold (row + column up to 64 KiB) can be locked within the lock server's
+#: descriptor limit. Locks only serve liveness (S5): even a collision would only make
+#: two commits wait for each other, never an anomaly.
+_LONGEST_PLAIN_DESCRIPTOR = 256
+
+
 def cell_lock(table: str, row: bytes, column: bytes) -> bytes:
     """Lock descriptor of a cell; length prefixes keep distinct cells distinct."""
     t = table.encode()
-    return b"c" + len(t).to_bytes(1, "big") + t + len(row).to_bytes(4, "big") + row + column
+    plain = b"c" + len(t).to_bytes(1, "big") + t + len(row).to_bytes(4, "big") + row + column
+    if len(plain) <= _LONGEST_PLAIN_DESCRIPTOR:
+        return plain
+    return b"h" + hashlib.sha256(plain).digest()
 
 
 def commit_lock(start_ts: int) -> bytes:

@@ -23,8 +23,8 @@ import grpc
 from percolake.rpc import abort_with
 from percolake.v1 import transaction_pb2 as pb
 from percolake.v1 import transaction_pb2_grpc as pb_grpc
-from storage_adapters import Cell, check_table
-from storage_adapters._base import check_key, check_value
+from storage_adapters import Cell
+from txn._args import check_cell, check_put
 from txn._isolation import TransactionStatus
 from txn._lowering import isolation_from_pb, isolation_to_pb, state_to_pb
 from txn._manager import TransactionManager
@@ -249,14 +249,13 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
     def Write(self, request: pb.WriteRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         try:
             for m in request.mutations:  # all or nothing: validate before buffering any
-                check_table(m.table)
-                check_key("row", m.row)
-                check_key("column", m.column)
                 kind = m.WhichOneof("kind")
                 if kind is None:
                     raise ValueError("a mutation needs put or delete")
                 if kind == "put":
-                    check_value(m.put)
+                    check_put(m.table, m.row, m.column, m.put)  # the store's limits too
+                else:
+                    check_cell(m.table, m.row, m.column)
             entry = self._entry(request.txn_id)
             with entry.lock:
                 buffered = entry.tx.buffered_writes

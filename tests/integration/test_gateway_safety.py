@@ -14,6 +14,7 @@ import pytest
 
 from percolake.v1 import transaction_pb2 as pb
 from percolake.v1 import transaction_pb2_grpc as pb_grpc
+from storage_adapters._base import MAX_CELL_KEY_BYTES
 from tests.servers import ServerProcess
 from txn import Isolation, TransactionManager, TransactionStatus
 from txn.errors import (
@@ -230,3 +231,25 @@ def test_a_failed_task_drops_its_writes_without_hiding_its_error(
         raise RuntimeError("task failed")
     owner.commit()
     assert tm.begin().get(table, b"from-executor", C) is None
+
+
+def test_a_write_batch_with_one_cell_over_the_store_limit_buffers_nothing(
+    tm: RemoteTransactionManager, gateway: ServerProcess, table: str
+) -> None:
+    """The gateway's all-or-nothing check of a Write looked at row and column one by one,
+    not at the store's limit on the cell: a batch whose last cell no store can hold
+    buffered the cells before it, then failed. Now it is refused whole."""
+    tx = tm.begin()
+    channel = grpc.insecure_channel(gateway.address)
+    try:
+        stub = pb_grpc.TransactionServiceStub(channel)
+        good = pb.Mutation(table=table, row=b"good", column=C, put=b"v")
+        too_long = pb.Mutation(table=table, row=b"r" * MAX_CELL_KEY_BYTES, column=C, put=b"v")
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Write(pb.WriteRequest(txn_id=tx.id, mutations=[good, too_long]))
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "row and column" in (refused.value.details() or "")
+    finally:
+        channel.close()
+    assert tx.get(table, b"good", C) is None  # nothing of the batch was buffered
+    tx.abort()
