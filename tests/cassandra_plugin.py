@@ -67,20 +67,20 @@ def _distinct_free_ports(count: int) -> list[int]:
     return ports
 
 
-@pytest.fixture(scope="session")
-def cassandra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CassandraCluster]:
-    """One real Cassandra node on 127.0.0.1, free ports, for the whole session."""
+def _start_node(
+    tmp_path_factory: pytest.TempPathFactory, name: str, extra_yaml: dict[str, str]
+) -> Iterator[CassandraCluster]:
     if os.environ.get("PERCOLAKE_SKIP_CASSANDRA"):
         pytest.skip("PERCOLAKE_SKIP_CASSANDRA is set")
     native, storage, jmx = _distinct_free_ports(3)
     cluster = CassandraCluster(
         nodes=1,
-        base_dir=tmp_path_factory.mktemp("cassandra"),
-        cluster_name="percolake-test",
+        base_dir=tmp_path_factory.mktemp(name),
+        cluster_name=name,
         native_transport_port=native,
         storage_port=storage,
         jmx_port=jmx,
-        extra_yaml=TEST_NODE_YAML,
+        extra_yaml=extra_yaml,
     )
     try:
         cluster.start()
@@ -92,6 +92,27 @@ def cassandra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cass
     finally:
         close_sessions()
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cassandra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CassandraCluster]:
+    """One real Cassandra node on 127.0.0.1, free ports, for the whole session.
+
+    It runs Paxos v2 (the launcher's default: half the round trips of v1)."""
+    yield from _start_node(tmp_path_factory, "percolake-test", TEST_NODE_YAML)
+
+
+@pytest.fixture(scope="session")
+def cassandra_cluster_paxos_v1(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[CassandraCluster]:
+    """A second node running Paxos v1, the server's own default, which clusters in the
+    field run: its lightweight transactions fail differently (an ``Unavailable`` or
+    ``CAS_WRITE_UNKNOWN`` after a proposal was accepted), so the store contract and the
+    differential state machine run on it too (issue 18)."""
+    yield from _start_node(
+        tmp_path_factory, "percolake-test-paxos-v1", {**TEST_NODE_YAML, "paxos_variant": "v1"}
+    )
 
 
 class KeyspacePool:
@@ -121,6 +142,17 @@ def cassandra_keyspace_pool(cassandra_cluster: CassandraCluster) -> KeyspacePool
 def cassandra_store_url(cassandra_keyspace_pool: KeyspacePool) -> str:
     """``cassandra://127.0.0.1:PORT/KEYSPACE`` of an empty store."""
     return cassandra_keyspace_pool.next_empty_url()
+
+
+@pytest.fixture(scope="session")
+def cassandra_paxos_v1_keyspace_pool(cassandra_cluster_paxos_v1: CassandraCluster) -> KeyspacePool:
+    return KeyspacePool(cassandra_cluster_paxos_v1)
+
+
+@pytest.fixture
+def cassandra_paxos_v1_store_url(cassandra_paxos_v1_keyspace_pool: KeyspacePool) -> str:
+    """An empty store on the Paxos v1 node."""
+    return cassandra_paxos_v1_keyspace_pool.next_empty_url()
 
 
 def wipe_store(url: str) -> None:

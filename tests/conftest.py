@@ -27,6 +27,8 @@ _counter = itertools.count()
         "memory",
         "sqlite",
         pytest.param("cassandra", marks=pytest.mark.cassandra),
+        # The server's default Paxos, which clusters in the field run (issue 18).
+        pytest.param("cassandra-paxos-v1", marks=pytest.mark.cassandra),
     ]
 )
 def store_url_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], str]:
@@ -42,7 +44,8 @@ def store_url_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callabl
     if backend == "sqlite":
         url = f"sqlite:///{tmp_path}/store-{next(_counter)}.db"
         return lambda: url
-    url = request.getfixturevalue("cassandra_store_url")
+    fixture = "cassandra_store_url" if backend == "cassandra" else "cassandra_paxos_v1_store_url"
+    url = request.getfixturevalue(fixture)
     return lambda: str(url)
 
 

@@ -37,7 +37,7 @@ from storage_adapters import (
     VersionWrite,
     open_store,
 )
-from storage_adapters.cassandra import CassandraStore, shard_of
+from storage_adapters.cassandra import CassandraStore, parse_cassandra_url, shard_of
 from tests.cassandra_plugin import TEST_NODE_YAML, KeyspacePool, _distinct_free_ports
 
 # --- against the session's real node -------------------------------------------------------
@@ -369,3 +369,24 @@ def test_three_nodes_survive_one_loss_and_refuse_on_two(three_nodes: CassandraCl
             b"2": b"c:3",
             b"3": b"c:4",
         }
+
+
+@pytest.mark.cassandra
+def test_the_second_node_runs_paxos_v1_and_the_first_v2(
+    cassandra_cluster: CassandraCluster, cassandra_cluster_paxos_v1: CassandraCluster
+) -> None:
+    """The store suites run on both Paxos variants only if the nodes really differ."""
+    from cassandra.cluster import Cluster
+
+    for cluster, variant in ((cassandra_cluster, "v2"), (cassandra_cluster_paxos_v1, "v1")):
+        settings = parse_cassandra_url(cluster.store_url("percolake_test_0"))
+        driver = Cluster(list(settings.hosts), port=settings.port, protocol_version=5)
+        try:
+            row = (
+                driver.connect()
+                .execute("SELECT value FROM system_views.settings WHERE name = 'paxos_variant'")
+                .one()
+            )
+        finally:
+            driver.shutdown()
+        assert row is not None and row[0] == variant
