@@ -13,13 +13,26 @@ from pathlib import Path
 READY_TIMEOUT_S = 30.0
 
 
+#: ``percolake serve``, and the chaos test build of it (the same arguments, plus the
+#: test-only switches its environment variables turn on).
+SERVE = ("percolake", "serve")
+TEST_BUILD_SERVE = ("percolake.chaos.serve",)
+
+
 class ServerProcess:
     """One ``percolake serve`` subprocess; stopped by pid, never by name."""
 
     def __init__(
-        self, role: str, args: Sequence[str], workdir: Path, env: dict[str, str] | None = None
+        self,
+        role: str,
+        args: Sequence[str],
+        workdir: Path,
+        env: dict[str, str] | None = None,
+        *,
+        command: Sequence[str] = SERVE,
     ) -> None:
         self.role = role
+        self.command = list(command)
         self.args = list(args)
         self.workdir = workdir
         self.env = {**os.environ, **(env or {})}
@@ -34,8 +47,7 @@ class ServerProcess:
         command = [
             sys.executable,
             "-m",
-            "percolake",
-            "serve",
+            *self.command,
             self.role,
             "--listen",
             listen,
@@ -69,6 +81,9 @@ class ServerProcess:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -1,14 +1,8 @@
-"""One timestamp oracle per SQLite store (rule S7): a second one fails fast.
+"""One timestamp oracle per SQLite store (rule S7), across ``percolake serve`` processes.
 
-Before the fix, an oracle took the persisted bound with compare-and-set and then served
-from its in-memory window (up to 1,000,000 timestamps) until its next extension. A
-second oracle on the same store took the next window and served too, so two oracles
-handed out interleaved timestamps: the old one ``1, 2, 3, ...``, the new one
-``1000001, 1000002, ...``. A writer that takes its timestamps from the old oracle then
-commits *below* the snapshot of a reader that started earlier on the new one, so the
-reader sees half of that writer's transaction (read skew). Now the oracle holds an
-exclusive claim on the store (an OS file lock next to the SQLite file) for as long as
-it lives, and a second one refuses to start, naming the lock file and the pid holding it.
+Why the claim exists, and the same rule within one process, are in
+``tests/unit/test_oracle_claim.py``: this file shows a second server refused while the
+first serves, and a restart after a crash serving above everything served before.
 """
 
 from __future__ import annotations

@@ -70,7 +70,8 @@ from percolake.chaos.failpoints_serve import (
     SCAN_NEXT,
 )
 from percolake.checker import check_history
-from tests.property._remote_harness import FailpointGateway, control_handle, steer
+from tests.property._remote_harness import control_handle, failpoint_gateway, steer
+from tests.servers import ServerProcess
 from txn import Isolation, TransactionStatus
 from txn.errors import CommitUnknownError, TransactionAbortedError
 from txn.remote import RemoteTransaction, RemoteTransactionManager
@@ -753,18 +754,18 @@ MACHINE_SETTINGS = settings(
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FailpointGateway]:
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     workdir = tmp_path_factory.mktemp("remote-machine")
-    server = FailpointGateway(
+    server = failpoint_gateway(
         workdir, "memory://", ["--lock-wait-ms", "2000", "--resolve-wait-ms", "1000"]
-    ).start()
+    )
     try:
         yield server
     finally:
         server.stop()
 
 
-def _run(machine: type[RemoteMachine], gateway: FailpointGateway) -> None:
+def _run(machine: type[RemoteMachine], gateway: ServerProcess) -> None:
     clients = [
         RemoteTransactionManager(gateway.address, timeout_s=CLIENT_TIMEOUT_S)
         for _ in range(CLIENTS)
@@ -779,9 +780,9 @@ def _run(machine: type[RemoteMachine], gateway: FailpointGateway) -> None:
         assert gateway.alive(), gateway.output()[-3000:]
 
 
-def test_remote_protocol_mixed_isolation_is_snapshot_isolated(gateway: FailpointGateway) -> None:
+def test_remote_protocol_mixed_isolation_is_snapshot_isolated(gateway: ServerProcess) -> None:
     _run(RemoteMachine, gateway)
 
 
-def test_remote_protocol_serializable_is_serializable(gateway: FailpointGateway) -> None:
+def test_remote_protocol_serializable_is_serializable(gateway: ServerProcess) -> None:
     _run(SerializableRemoteMachine, gateway)
