@@ -231,8 +231,7 @@ def check_cell(row: object, column: object) -> Cell:
 def check_system_key(table: str, key: object) -> bytes:
     """Validate a system row's key: non-empty ``bytes`` of at most
     :data:`MAX_SYSTEM_KEY_BYTES` together with the (already checked) table name."""
-    check_key("key", key)
-    assert isinstance(key, bytes)
+    key = check_key("key", key)
     size = len(table) + len(key)
     if size > MAX_SYSTEM_KEY_BYTES:
         raise ValueError(
@@ -252,6 +251,17 @@ def check_value(value: object) -> bytes:
 def check_system_value(name: str, value: object) -> bytes:
     """Validate a system row's value: ``bytes`` of at most :data:`MAX_SYSTEM_VALUE_BYTES`."""
     return _check_value(name, value, MAX_SYSTEM_VALUE_BYTES, "MAX_SYSTEM_VALUE_BYTES")
+
+
+def check_system_write(
+    table: object, key: object, value: object, *, expected: object = None
+) -> None:
+    """Validate a conditional write of a system row (``put_unless_exists``,
+    ``compare_and_set`` with its ``expected`` value) before any I/O."""
+    check_system_key(check_table(table), key)
+    if expected is not None:
+        check_system_value("expected", expected)
+    check_system_value("value", value)
 
 
 def _check_value(name: str, value: object, limit: int, limit_name: str) -> bytes:
@@ -297,12 +307,17 @@ def check_scan(
     Returns the page size to read with: ``page_size``, at most :data:`MAX_PAGE_SIZE`.
     """
     check_table(table)
+    check_scan_bounds(start_row, end_row, start_column)
+    check_ts("below_ts", below_ts)
+    return min(check_count("page_size", page_size), MAX_PAGE_SIZE)
+
+
+def check_scan_bounds(start_row: object, end_row: object, start_column: object = b"") -> None:
+    """Validate a scan's bounds: ``bytes`` of any length (``end_row`` may be ``None``)."""
     check_key("start_row", start_row, allow_empty=True)
     if end_row is not None:
         check_key("end_row", end_row, allow_empty=True)
     check_key("start_column", start_column, allow_empty=True)
-    check_ts("below_ts", below_ts)
-    return min(check_count("page_size", page_size), MAX_PAGE_SIZE)
 
 
 def check_limit(limit: object) -> int | None:
@@ -312,6 +327,8 @@ def check_limit(limit: object) -> int | None:
 
 def check_cells(cells: Iterable[tuple[bytes, bytes]]) -> list[Cell]:
     """Validate and normalise a batch of ``(row, column)`` pairs."""
+    if isinstance(cells, tuple | bytes | str):
+        raise TypeError("cells must be an iterable of (row, column) tuples")
     out = []
     for cell in cells:
         if not isinstance(cell, tuple) or len(cell) != 2:

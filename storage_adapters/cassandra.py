@@ -89,6 +89,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, tuple_factory
 
 from storage_adapters._base import (
+    MAX_PAGE_SIZE,
     MAX_TIMESTAMP,
     CasResult,
     Cell,
@@ -102,7 +103,7 @@ from storage_adapters._base import (
     check_limit,
     check_scan,
     check_system_key,
-    check_system_value,
+    check_system_write,
     check_table,
     check_ts,
     check_writes,
@@ -142,8 +143,6 @@ _BATCH_BYTES = 4096
 _BATCH_ROWS = 100
 # Reads of many cells in one partition go as one query with an IN list of this size at most.
 _IN_LIMIT = 100
-# CQL LIMIT takes a 32-bit int. Key and value sizes are checked in _base (MAX_*_BYTES).
-_NO_LIMIT = (1 << 31) - 1
 # The largest write timestamp Cassandra takes (a signed 64-bit count of microseconds).
 _MAX_WRITE_TIME = (1 << 63) - 1
 # Table IDs derived from keyspace and table name: two clients creating the same table
@@ -517,7 +516,9 @@ class CassandraStore(KVStore):
         queries = []
         for group in groups:
             # One LIMIT for the whole group: enough when no cell has more than its share.
-            group_limit = _NO_LIMIT if limit is None else min(limit * len(group.cells), _NO_LIMIT)
+            group_limit = (
+                MAX_PAGE_SIZE if limit is None else min(limit * len(group.cells), MAX_PAGE_SIZE)
+            )
             params = (table, *group.key_params(), above_ts, below_ts, group_limit)
             queries.append((stmts[group.kind], params))
         found: dict[Cell, list[int]] = {}
@@ -541,7 +542,7 @@ class CassandraStore(KVStore):
                         c.column,
                         above_ts,
                         below_ts,
-                        min(limit, _NO_LIMIT),
+                        min(limit, MAX_PAGE_SIZE),
                     ),
                 )
                 for c in short
@@ -587,9 +588,7 @@ class CassandraStore(KVStore):
     # --- system rows ----------------------------------------------------------------
 
     def put_unless_exists(self, table: str, key: bytes, value: bytes) -> CasResult:
-        check_table(table)
-        check_system_key(table, key)
-        check_system_value("value", value)
+        check_system_write(table, key, value)
         self._check_open()
         applied, existing = self._execute_lwt(self._stmts.put_unless_exists, (table, key, value))
         if applied:
@@ -599,11 +598,7 @@ class CassandraStore(KVStore):
     def compare_and_set(
         self, table: str, key: bytes, expected: bytes | None, value: bytes
     ) -> CasResult:
-        check_table(table)
-        check_system_key(table, key)
-        if expected is not None:
-            check_system_value("expected", expected)
-        check_system_value("value", value)
+        check_system_write(table, key, value, expected=expected)
         if expected is None:
             return self.put_unless_exists(table, key, value)
         self._check_open()

@@ -23,7 +23,7 @@ from storage_adapters._base import (
     check_role,
     check_scan,
     check_system_key,
-    check_system_value,
+    check_system_write,
     check_table,
     check_ts,
     check_writes,
@@ -183,9 +183,7 @@ class MemoryStore(KVStore):
                     del stored[cell]
 
     def put_unless_exists(self, table: str, key: bytes, value: bytes) -> CasResult:
-        check_table(table)
-        check_system_key(table, key)
-        check_system_value("value", value)
+        check_system_write(table, key, value)
         with self._lock:
             self._check_open()
             rows = self._system.setdefault(table, {})
@@ -198,11 +196,7 @@ class MemoryStore(KVStore):
     def compare_and_set(
         self, table: str, key: bytes, expected: bytes | None, value: bytes
     ) -> CasResult:
-        check_table(table)
-        check_system_key(table, key)
-        if expected is not None:
-            check_system_value("expected", expected)
-        check_system_value("value", value)
+        check_system_write(table, key, value, expected=expected)
         with self._lock:
             self._check_open()
             rows = self._system.setdefault(table, {})

@@ -15,7 +15,6 @@ the connection's transaction rolled back and the adapter's lock released. Claims
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -44,7 +43,7 @@ from storage_adapters._base import (
     check_role,
     check_scan,
     check_system_key,
-    check_system_value,
+    check_system_write,
     check_table,
     check_ts,
     check_writes,
@@ -308,9 +307,7 @@ class SQLiteStore(KVStore):
             cur.execute("COMMIT")
 
     def put_unless_exists(self, table: str, key: bytes, value: bytes) -> CasResult:
-        check_table(table)
-        check_system_key(table, key)
-        check_system_value("value", value)
+        check_system_write(table, key, value)
         with self._using(writes=True) as cur:
             cur.execute(
                 "INSERT INTO system_rows (tbl, key, value) VALUES (?, ?, ?) "
@@ -327,11 +324,7 @@ class SQLiteStore(KVStore):
     def compare_and_set(
         self, table: str, key: bytes, expected: bytes | None, value: bytes
     ) -> CasResult:
-        check_table(table)
-        check_system_key(table, key)
-        if expected is not None:
-            check_system_value("expected", expected)
-        check_system_value("value", value)
+        check_system_write(table, key, value, expected=expected)
         if expected is None:
             return self.put_unless_exists(table, key, value)
         with self._using(writes=True) as cur:
@@ -383,13 +376,9 @@ class SQLiteStore(KVStore):
                 raise StoreError(f"cannot open lock file {path}: {exc}") from exc
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                holder = (
-                    _lock_holder(fd) if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
-                )
+            except BlockingIOError as exc:  # EWOULDBLOCK: another open file holds it
+                holder = _lock_holder(fd)
                 os.close(fd)
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise StoreError(f"cannot lock {path}: {exc}") from exc
                 if holder == f"pid {os.getpid()}":
                     holder += " (this process)"
                 raise StoreClaimedError(
@@ -399,6 +388,9 @@ class SQLiteStore(KVStore):
                     holder=holder,
                     where=path,
                 ) from exc
+            except OSError as exc:
+                os.close(fd)
+                raise StoreError(f"cannot lock {path}: {exc}") from exc
             with contextlib.suppress(OSError):  # the pid only helps the operator
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 
 from storage_adapters import Cell, check_table
 from storage_adapters._base import check_cell as check_store_cell
-from storage_adapters._base import check_key, check_value
+from storage_adapters._base import check_cells as check_store_cells
+from storage_adapters._base import check_scan_bounds, check_value
 from txn._isolation import Isolation
 
 
@@ -31,22 +32,13 @@ def check_put(table: object, row: object, column: object, value: object) -> Cell
 
 
 def check_cells(table: object, cells: Iterable[tuple[bytes, bytes]]) -> list[Cell]:
-    table = check_table(table)
-    if isinstance(cells, tuple | bytes | str):
-        raise TypeError("cells must be an iterable of (row, column) tuples")
-    wanted = []
-    for pair in cells:
-        if not isinstance(pair, tuple) or len(pair) != 2:
-            raise TypeError(f"a cell must be a (row, column) tuple, got {pair!r}")
-        wanted.append(check_store_cell(pair[0], pair[1]))
-    return wanted
+    check_table(table)
+    return check_store_cells(cells)
 
 
 def check_scan(table: object, start_row: object, end_row: object) -> None:
     check_table(table)
-    check_key("start_row", start_row, allow_empty=True)
-    if end_row is not None:
-        check_key("end_row", end_row, allow_empty=True)
+    check_scan_bounds(start_row, end_row)
 
 
 def check_isolation(isolation: object) -> Isolation:
