@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from txn import failpoints as _txn_failpoints
-from txn.failpoints import SimulatedCrash
+from txn.failpoints import SimulatedCrash, raise_error
 
 #: The staging folder's name is chosen and the job's start time taken; nothing written.
 BEFORE_WRITE = "before_write"
@@ -29,7 +29,7 @@ AFTER_WRITE = "after_write"
 #: Files and footers were collected; the commit transaction is about to begin.
 BEFORE_COMMIT = "before_commit"
 #: The commit transaction's outcome is unknown (rule S6); the catalog is about to
-#: settle it by reading the version's log record back.
+#: settle it through the manager's fencing ``outcome(txn_id, settle=True)``.
 SETTLE_COMMIT = "settle_commit"
 #: The commit transaction committed (or was settled as committed); nothing of the
 #: follow-up work has run. From here on nothing may delete the job's files or
@@ -62,15 +62,6 @@ Action = Callable[[str], None]
 def crash() -> Action:
     def act(job_id: str) -> None:
         raise SimulatedCrash(f"simulated crash of lakehouse job {job_id}")
-
-    return act
-
-
-def raise_error(error: Callable[[], BaseException]) -> Action:
-    """Make the step fail with ``error()``, for instance a store timeout."""
-
-    def act(job_id: str) -> None:
-        raise error()
 
     return act
 

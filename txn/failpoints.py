@@ -80,8 +80,10 @@ def pause(
     return act
 
 
-def raise_error(error: Callable[[], BaseException]) -> Action:
-    def act(start_ts: int) -> None:
+def raise_error(error: Callable[[], BaseException]) -> Callable[[object], None]:
+    """Make the step fail with ``error()``; works at any registry's points (any key)."""
+
+    def act(key: object) -> None:
         raise error()
 
     return act
