@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from percolake import __version__
-from percolake.server import add_serve_arguments, serve_from_args
+from percolake.serve_args import add_serve_arguments
 
 log = logging.getLogger("percolake")
 
@@ -104,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_cassandra_command(args)
     if args.command == "serve":
+        from percolake.server import serve_from_args
+
         return serve_from_args(args, parser)
     if args.command == "bench":
         return _bench(args, parser)

@@ -235,61 +235,10 @@ def serve(config: ServeConfig) -> int:
     return 0
 
 
-# --- the command line of ``percolake serve`` -----------------------------------------
+# --- the command line of ``percolake serve`` (its arguments: percolake.serve_args) ---
 
 #: ``percolake serve`` could not start: another oracle already serves the store (S7).
 EXIT_STORE_IN_USE = 3
-
-
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``percolake serve`` (also used by the chaos test build)."""
-    parser.add_argument("role", nargs="?", default="all", choices=["all", "tso", "locks", "txn"])
-    parser.add_argument(
-        "--store", default=None, help="store URL (default sqlite:///.percolake/store.db)"
-    )
-    parser.add_argument(
-        "--listen", default=None, help="HOST:PORT to listen on (default 127.0.0.1:7070)"
-    )
-    parser.add_argument("--tso", help="the oracle's HOST:PORT (serve txn)")
-    parser.add_argument("--locks", help="the lock server's HOST:PORT (serve txn)")
-    parser.add_argument(
-        "--token-file", help="require this bearer token on every call (default: $PERCOLAKE_TOKEN)"
-    )
-    parser.add_argument("--tls-cert", help="server certificate (PEM): enables TLS")
-    parser.add_argument("--tls-key", help="server private key (PEM)")
-    parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA")
-    parser.add_argument("--tls-ca", help="CA to trust when the gateway calls --tso and --locks")
-    parser.add_argument("--max-message-mb", type=int, default=64, help="message size limit")
-    parser.add_argument(
-        "--max-writes-per-txn", type=int, default=1_000_000, help="cap on buffered writes"
-    )
-    parser.add_argument(
-        "--max-open-txns", type=int, default=10_000, help="cap on open transactions"
-    )
-    parser.add_argument(
-        "--idle-timeout-s", type=float, default=300.0, help="abort transactions idle this long"
-    )
-    parser.add_argument("--grace-s", type=float, default=30.0, help="drain time on SIGTERM")
-    parser.add_argument("--ready-file", help="write the bound port here once serving")
-    protocol = TransactionConfig()
-    parser.add_argument(
-        "--lease-ms",
-        type=int,
-        default=protocol.lease_ms,
-        help="lease on a committer's locks (default %(default)s)",
-    )
-    parser.add_argument(
-        "--lock-wait-ms",
-        type=int,
-        default=protocol.lock_wait_ms,
-        help="how long a committer waits for another's locks (default %(default)s)",
-    )
-    parser.add_argument(
-        "--resolve-wait-ms",
-        type=int,
-        default=protocol.resolve_wait_ms,
-        help="how long a reader waits on a live committer (default %(default)s)",
-    )
 
 
 def serve_from_args(

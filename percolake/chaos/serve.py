@@ -18,7 +18,8 @@ from percolake.chaos.failpoints_serve import (
     serve_failpoints_requested,
 )
 from percolake.chaos.unsafe import unsafe_build_from_env
-from percolake.server import add_serve_arguments, serve_from_args
+from percolake.serve_args import add_serve_arguments
+from percolake.server import serve_from_args
 from txn.server import TransactionServicer
 
 
