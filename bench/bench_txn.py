@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from bench._load import run_threads
 from bench._results import Growth, Latency, Result, summarize
-from txn import TransactionManager
+from txn import Manager, TransactionManager
 
 ANCHOR = (
     "Percolator (OSDI'10): transactional writes at 23% of raw Bigtable throughput; "
@@ -26,7 +26,7 @@ THREADS = (1, 8)
 
 
 def commits_per_second(
-    tm: TransactionManager,
+    tm: Manager,
     cells: int,
     threads: int,
     seconds: float,

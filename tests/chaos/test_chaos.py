@@ -248,6 +248,13 @@ def test_a_broken_commit_protocol_is_caught(tmp_path: Path, workload: str) -> No
         assert not check_file(out / "history.jsonl", "snapshot-isolation").valid
 
 
+#: The oracle-overlap runs: the same workload, faults and seed, with and without the claim.
+ORACLE_OVERLAP = (
+    *("--workload", "list-append", "--isolation", "snapshot"),
+    *("--nemesis", "oracle-overlap", "--seed", "11", "--fault-gap-s", "1"),
+)
+
+
 def test_a_second_oracle_during_a_restart_fails_fast_and_the_history_stays_clean(
     tmp_path: Path,
 ) -> None:
@@ -258,20 +265,7 @@ def test_a_second_oracle_during_a_restart_fails_fast_and_the_history_stays_clean
     takes over. Before the file lock the newcomer served next to the old one, which
     the test below shows the checks catch.
     """
-    report = chaos_run(
-        tmp_path / "overlap",
-        "--workload",
-        "list-append",
-        "--isolation",
-        "snapshot",
-        "--nemesis",
-        "oracle-overlap",
-        "--seed",
-        "11",
-        "--fault-gap-s",
-        "1",
-        duration_s=20,
-    )
+    report = chaos_run(tmp_path / "overlap", *ORACLE_OVERLAP, duration_s=20)
     assert_clean(report, min_ok=200, min_faults=3)
     overlaps = report["faults"]
     assert {f["kind"] for f in overlaps} == {"oracle-overlap"}
@@ -291,16 +285,7 @@ def test_two_oracles_serving_one_store_are_caught(tmp_path: Path) -> None:
     """
     report = chaos_run(
         tmp_path / "overlap-broken",
-        "--workload",
-        "list-append",
-        "--isolation",
-        "snapshot",
-        "--nemesis",
-        "oracle-overlap",
-        "--seed",
-        "11",
-        "--fault-gap-s",
-        "1",
+        *ORACLE_OVERLAP,
         "--unsafe-no-oracle-claim",
         duration_s=12,
         expect_exit=1,
