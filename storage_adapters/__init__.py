@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from urllib.parse import urlsplit
 
+from percolake.errors import StoreError, StoreTimeoutError, StoreUnavailableError
 from storage_adapters._base import (
     MAX_TIMESTAMP,
     CasResult,
@@ -21,9 +22,6 @@ from storage_adapters._base import (
     KVStore,
     ScanEntry,
     StoreClaimedError,
-    StoreError,
-    StoreTimeoutError,
-    StoreUnavailableError,
     Version,
     VersionWrite,
     check_table,

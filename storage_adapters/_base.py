@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from percolake.errors import StoreError, StoreTimeoutError, StoreUnavailableError
+from percolake.errors import StoreError
 
 #: Timestamps are non-negative integers below this bound (they fit a signed 64-bit column).
 MAX_TIMESTAMP = (1 << 63) - 1
@@ -553,7 +553,3 @@ class KVStore(abc.ABC):
     def url(self) -> str:
         """The URL this store was opened with (for logs)."""
         return getattr(self, "_url", type(self).__name__)
-
-
-#: Re-exported: the store errors live in the one error root (percolake.errors).
-__all__ = ["StoreError", "StoreTimeoutError", "StoreUnavailableError"]

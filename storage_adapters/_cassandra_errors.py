@@ -28,7 +28,7 @@ from cassandra.protocol import (
     ServerError,
 )
 
-from storage_adapters._base import StoreTimeoutError, StoreUnavailableError
+from percolake.errors import StoreTimeoutError, StoreUnavailableError
 
 __all__ = ["CAS_WRITE_UNKNOWN", "ConditionalWriteRetryPolicy", "translate_error"]
 

@@ -88,6 +88,7 @@ from cassandra.concurrent import execute_concurrent, execute_concurrent_with_arg
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, tuple_factory
 
+from percolake.errors import StoreUnavailableError
 from storage_adapters._base import (
     MAX_PAGE_SIZE,
     MAX_TIMESTAMP,
@@ -95,7 +96,6 @@ from storage_adapters._base import (
     Cell,
     KVStore,
     ScanEntry,
-    StoreUnavailableError,
     Version,
     VersionWrite,
     check_cells,

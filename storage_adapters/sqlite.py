@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
+from percolake.errors import StoreError, StoreTimeoutError, StoreUnavailableError
 from storage_adapters._base import (
     MAX_TIMESTAMP,
     CasResult,
@@ -32,9 +33,6 @@ from storage_adapters._base import (
     KVStore,
     ScanEntry,
     StoreClaimedError,
-    StoreError,
-    StoreTimeoutError,
-    StoreUnavailableError,
     Version,
     VersionWrite,
     check_cells,

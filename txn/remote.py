@@ -217,7 +217,9 @@ class RemoteTransaction:
             if got.state == pb.TRANSACTION_STATE_ABORTED:
                 self.status = TransactionStatus.ABORTED
                 raise TransactionAbortedError(f"transaction {self.id} did not commit") from first
-            time.sleep(pause_s)  # still committing on the gateway
+            # Settling fences, so a gateway answers COMMITTED or ABORTED once it could
+            # reach the store; anything else (a gateway from before fencing) is asked again.
+            time.sleep(pause_s)
         self.status = TransactionStatus.UNKNOWN
         raise CommitUnknownError(
             f"commit of {self.id} has an unknown outcome: {last}", start_ts=self.start_ts
