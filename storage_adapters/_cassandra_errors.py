@@ -19,7 +19,7 @@ from cassandra import (
     WriteTimeout,
 )
 from cassandra.cluster import NoHostAvailable
-from cassandra.connection import ConnectionException
+from cassandra.connection import ConnectionBusy, ConnectionException
 from cassandra.policies import RetryPolicy
 from cassandra.protocol import (
     ErrorMessage,
@@ -30,7 +30,7 @@ from cassandra.protocol import (
 
 from percolake.errors import StoreTimeoutError, StoreUnavailableError
 
-__all__ = ["CAS_WRITE_UNKNOWN", "ConditionalWriteRetryPolicy", "translate_error"]
+__all__ = ["CAS_WRITE_UNKNOWN", "ConditionalWriteRetryPolicy", "never_sent", "translate_error"]
 
 #: Protocol v5 error code: a Paxos proposal reached some replicas but not a majority.
 CAS_WRITE_UNKNOWN = 0x1700
@@ -77,6 +77,18 @@ def translate_error(exc: BaseException, *, conditional_write: bool, write: bool)
             return StoreTimeoutError(f"Cassandra write outcome unknown (error {exc}): {exc}")
         return StoreUnavailableError(f"Cassandra read failed (error {exc}): {exc}")
     return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+def never_sent(exc: BaseException) -> bool:
+    """Whether the driver refused a request before sending it to any host.
+
+    It raises ``NoHostAvailable`` of ``ConnectionBusy`` errors when every connection's
+    socket buffer is full (a write of many megabytes still going out on it): the
+    request never left this process, so sending it again is safe, even a write.
+    """
+    if not isinstance(exc, NoHostAvailable) or not exc.errors:
+        return False
+    return all(isinstance(e, ConnectionBusy) for e in exc.errors.values())
 
 
 class ConditionalWriteRetryPolicy(RetryPolicy):  # type: ignore[misc]

@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -84,7 +85,7 @@ from typing import Any, ClassVar
 from cassandra import ConsistencyLevel
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
-from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
+from cassandra.concurrent import execute_concurrent
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, tuple_factory
 
@@ -109,7 +110,11 @@ from storage_adapters._base import (
     check_writes,
     clamp_scan_bounds,
 )
-from storage_adapters._cassandra_errors import ConditionalWriteRetryPolicy, translate_error
+from storage_adapters._cassandra_errors import (
+    ConditionalWriteRetryPolicy,
+    never_sent,
+    translate_error,
+)
 from storage_adapters._cassandra_url import (
     DEFAULT_PORT,
     DEFAULT_SHARDS,
@@ -132,6 +137,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: A request the driver could not send (every connection's socket buffer full: a
+#: write of megabytes going out) is sent again this many times, pausing 50 ms, 100 ms...
+_BUSY_RETRIES = 5
+_BUSY_PAUSE_S = 0.05
 
 #: Requests in flight at once for one batched call: enough to hide a round trip,
 #: few enough not to swamp a small cluster's native-transport queue.
@@ -646,42 +656,45 @@ class CassandraStore(KVStore):
         profile: object = None,
     ) -> list[list[tuple[Any, ...]]]:
         """Run one prepared statement per parameter tuple, ``CONCURRENCY`` at a time."""
-        if not params:
-            return []
-        try:
-            if len(params) == 1:
-                rows = self._session.execute(
-                    statement, params[0], execution_profile=profile or EXEC_PROFILE_DEFAULT
-                )
-                return [list(rows or ())]
-            results = execute_concurrent_with_args(
-                self._session,
-                statement,
-                params,
-                concurrency=CONCURRENCY,
-                raise_on_first_error=True,
-                execution_profile=profile or EXEC_PROFILE_DEFAULT,
-            )
-        except Exception as exc:
-            raise translate_error(exc, conditional_write=False, write=write) from exc
-        return [list(result or ()) for _, result in results]
+        return self._execute_all([(statement, p) for p in params], write=write, profile=profile)
 
     def _execute_all(
-        self, queries: Sequence[tuple[Any, tuple[Any, ...] | None]], *, write: bool
+        self,
+        queries: Sequence[tuple[Any, tuple[Any, ...] | None]],
+        *,
+        write: bool,
+        profile: object = None,
     ) -> list[list[tuple[Any, ...]]]:
-        """Run ``(statement, params)`` pairs, ``CONCURRENCY`` at a time; rows of each."""
+        """Run ``(statement, params)`` pairs, ``CONCURRENCY`` at a time; rows of each.
+
+        Reads, and writes of versions (idempotent by the store contract), so a run
+        that failed because the driver could not send a request (:func:`never_sent`)
+        is run again after a short pause, ``_BUSY_RETRIES`` times at most.
+        """
         if not queries:
             return []
-        try:
-            if len(queries) == 1:
-                statement, params = queries[0]
-                return [list(self._session.execute(statement, params) or ())]
-            results = execute_concurrent(
-                self._session, queries, concurrency=CONCURRENCY, raise_on_first_error=True
-            )
-            return [list(result or ()) for _, result in results]
-        except Exception as exc:
-            raise translate_error(exc, conditional_write=False, write=write) from exc
+        profile = profile or EXEC_PROFILE_DEFAULT
+        for attempt in range(_BUSY_RETRIES + 1):
+            try:
+                if len(queries) == 1:
+                    statement, params = queries[0]
+                    rows = self._session.execute(statement, params, execution_profile=profile)
+                    return [list(rows or ())]
+                results = execute_concurrent(
+                    self._session,
+                    queries,
+                    concurrency=CONCURRENCY,
+                    raise_on_first_error=True,
+                    execution_profile=profile,
+                )
+                return [list(result or ()) for _, result in results]
+            except Exception as exc:
+                if never_sent(exc) and attempt < _BUSY_RETRIES:
+                    log.debug("Cassandra connection busy; sending again: %s", exc)
+                    time.sleep(_BUSY_PAUSE_S * 2**attempt)
+                    continue
+                raise translate_error(exc, conditional_write=False, write=write) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _cell_groups(self, cells: Sequence[Cell]) -> list[_CellGroup]:
         """Cells grouped for one query per group: same partition, and same column or row.

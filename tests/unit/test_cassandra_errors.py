@@ -27,7 +27,7 @@ from cassandra import (
     WriteTimeout,
 )
 from cassandra.cluster import NoHostAvailable
-from cassandra.connection import ConnectionShutdown
+from cassandra.connection import ConnectionBusy, ConnectionShutdown
 from cassandra.policies import RetryPolicy, WriteType
 from cassandra.protocol import ErrorMessage
 
@@ -40,6 +40,7 @@ from storage_adapters import (
 from storage_adapters._cassandra_errors import (
     CAS_WRITE_UNKNOWN,
     ConditionalWriteRetryPolicy,
+    never_sent,
     translate_error,
 )
 from storage_adapters.cassandra import CassandraStore
@@ -211,3 +212,26 @@ def test_conditional_write_retry_policy_retries_only_unavailable() -> None:
     assert write_timeout[0] == RetryPolicy.RETHROW
     error = policy.on_request_error(None, None, ConnectionShutdown("x"), retry_num=0)
     assert error[0] == RetryPolicy.RETHROW
+
+
+class _BusyOnce(FakeSession):
+    """The driver finds every connection's send buffer full once (a large write going out)."""
+
+    def execute(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
+        if not self.executed:
+            self.executed.append((statement.query, params))
+            raise NoHostAvailable(
+                "busy", {"127.0.0.1:9042": ConnectionBusy("Connection 127.0.0.1 is overloaded")}
+            )
+        return super().execute(statement, params, **kwargs)
+
+
+def test_a_request_the_driver_could_not_send_is_sent_again() -> None:
+    """Failed in CI before the fix: a 15 MiB write still going out filled the socket
+    buffer, the driver refused the next request of the same put_versions with
+    ConnectionBusy (nothing sent) and the store reported the whole write unavailable."""
+    session = _BusyOnce(answer=[])
+    _fake_store(session).put_versions("t", [VersionWrite(b"r", b"c", 7, b"v")])
+    assert len(session.executed) == 2 and "INSERT" in session.executed[1][0]
+    assert never_sent(NoHostAvailable("x", {"h": ConnectionBusy("busy")}))
+    assert not never_sent(NoHostAvailable("x", {"h": ConnectionBusy("b"), "g": OSError("down")}))
