@@ -49,6 +49,11 @@ ORACLE_FENCED = "oracle-fenced"
 UNAUTHENTICATED = "unauthenticated"
 UNAVAILABLE = "unavailable"
 INTERNAL = "internal"
+# Reasons of the lakehouse service (see proto/percolake/v1/lakehouse.proto).
+TABLE_NOT_FOUND = "table-not-found"
+TABLE_EXISTS = "table-exists"
+VERSION_NOT_FOUND = "version-not-found"
+CONCURRENT_MODIFICATION = "concurrent-modification"
 
 
 class RpcError(TransactionError):
@@ -71,6 +76,10 @@ class ServiceUnavailableError(RpcError, root.ServiceUnavailableError):
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and reason that carry ``exc`` over the wire."""
     table: list[tuple[type[BaseException], grpc.StatusCode, str]] = [
+        (root.ConcurrentModificationError, grpc.StatusCode.ABORTED, CONCURRENT_MODIFICATION),
+        (root.TableNotFoundError, grpc.StatusCode.NOT_FOUND, TABLE_NOT_FOUND),
+        (root.TableExistsError, grpc.StatusCode.ALREADY_EXISTS, TABLE_EXISTS),
+        (root.VersionNotFoundError, grpc.StatusCode.OUT_OF_RANGE, VERSION_NOT_FOUND),
         (root.TransactionConflictError, grpc.StatusCode.ABORTED, CONFLICT),
         (root.TransactionAbortedError, grpc.StatusCode.ABORTED, ABORTED),
         (root.CommitUnknownError, grpc.StatusCode.UNKNOWN, COMMIT_UNKNOWN),
@@ -124,6 +133,10 @@ def error_from(err: grpc.RpcError) -> Exception:
         STALE_TOKEN: root.StaleTokenError,
         ORACLE_FENCED: root.OracleFencedError,
         INVALID_ARGUMENT: ValueError,
+        CONCURRENT_MODIFICATION: root.ConcurrentModificationError,
+        TABLE_NOT_FOUND: root.TableNotFoundError,
+        TABLE_EXISTS: root.TableExistsError,
+        VERSION_NOT_FOUND: root.VersionNotFoundError,
     }
     if reason in by_reason:
         return by_reason[reason](message)

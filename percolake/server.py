@@ -35,6 +35,8 @@ from percolake.v1 import (
     transaction_pb2,
     transaction_pb2_grpc,
 )
+from spark_integration.server import SERVICE_NAME as LAKEHOUSE_SERVICE
+from spark_integration.server import LakehouseLimits, LakehouseServicer, serve_lakehouse
 from storage_adapters import KVStore, open_store
 from tso import OracleAlreadyRunningError, TimestampBatcher, TimestampOracle
 from tso.server import RemoteTimestampSource, TimestampServicer
@@ -67,6 +69,7 @@ class ServeConfig:
     client_tls: TlsConfig | None = None  # for the gateway's calls to tso and locks
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     limits: GatewayLimits = field(default_factory=GatewayLimits)
+    lakehouse_limits: LakehouseLimits = field(default_factory=LakehouseLimits)
     txn_config: TransactionConfig = field(default_factory=TransactionConfig)
     grace_s: float = 30.0
     ready_file: str | None = None
@@ -98,6 +101,7 @@ class RunningServer:
         self.config = config
         self._closers: list[Callable[[], None]] = []
         self._gateway: TransactionServicer | None = None
+        self._lakehouse: LakehouseServicer | None = None
         self.stopped = threading.Event()
         options = [
             ("grpc.max_send_message_length", config.max_message_bytes),
@@ -199,6 +203,8 @@ class RunningServer:
                 self._gateway, self.server
             )
             names.append(_SERVICE_NAMES["txn"])
+            self._lakehouse = serve_lakehouse(manager, self.server, config.lakehouse_limits)
+            names.append(LAKEHOUSE_SERVICE)
         return names
 
     def _close_all(self) -> None:
@@ -214,6 +220,8 @@ class RunningServer:
         self.server.stop(self.config.grace_s).wait()
         if self._gateway is not None:
             self._gateway.shutdown()
+        if self._lakehouse is not None:
+            self._lakehouse.shutdown()
         self._close_all()
         log.info("percolake %s on %s stopped", self.config.role, self.address)
         self.stopped.set()

@@ -2,9 +2,17 @@
 
 See CONTRACT.md ("Lakehouse tables") for the API and DESIGN.md ("Spark") for what
 it guarantees; ``_model`` documents how the metadata is laid out in cells.
+
+The Spark side (``Lakehouse``, ``write_cells``) is imported on first use, so the
+gateway's lakehouse service (``spark_integration.server``), which needs only the
+metadata layer, starts without loading PySpark and pyarrow.
 """
 
-from spark_integration._cells import write_cells
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from spark_integration._errors import (
     ConcurrentModificationError,
     LakehouseError,
@@ -12,8 +20,23 @@ from spark_integration._errors import (
     TableNotFoundError,
     VersionNotFoundError,
 )
-from spark_integration._lakehouse import Lakehouse
 from spark_integration._model import Commit, DataFile
+
+if TYPE_CHECKING:
+    from spark_integration._cells import write_cells
+    from spark_integration._lakehouse import Lakehouse
+
+_LAZY = {"Lakehouse": "spark_integration._lakehouse", "write_cells": "spark_integration._cells"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Commit",

@@ -88,6 +88,145 @@ class Committed:
     version: int
     commit_ts: int | None
     replayed: bool  # the (app_id, batch_id) had committed before: nothing was added
+    group_size: int = 1  # how many commits shared the transaction
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    """One job's commit: ``files`` as the table's next version."""
+
+    operation: str  # APPEND or OVERWRITE
+    files: tuple[FileEntry, ...]
+    job_id: str  # unique per job: its idempotency key
+    job_started_ms: int
+    app_id: str | None = None
+    batch_id: int | str | None = None
+    base_version: int | None = None  # overwrites: the version replaced
+
+    def size_bytes(self) -> int:
+        """About what the request writes, to bound a group."""
+        return 256 + sum(64 + len(f.path) for f in self.files)
+
+
+#: What a request came to in a commit attempt (see ``_GroupAttempt``).
+_NEW, _OWN, _REPLAY = "new", "own", "replay"
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    kind: str  # _NEW: written now; _OWN: its job_id committed before; _REPLAY: its mark did
+    version: int
+    job_id: str
+    gen: int
+    gen_start: int
+
+
+class _GroupAttempt:
+    """One attempt at committing requests as consecutive versions, in ``tx``.
+
+    Pure per attempt (the retry loop runs it again on a fresh transaction): the
+    head is read once and advanced in memory from request to request.
+    """
+
+    def __init__(self, catalog: Catalog, name: str, tx: Transaction) -> None:
+        self.catalog = catalog
+        self.layout = catalog.layout
+        self.name = name
+        self.tx = tx
+
+    def _read_mark(self, row: bytes) -> int | None:
+        raw = self.tx.get(self.layout.marks, row, Layout.COL_MARK)
+        return None if raw is None else int(raw)
+
+    def run(self, requests: Sequence[CommitRequest]) -> list[_Staged | ConcurrentModificationError]:
+        name, layout, tx = self.name, self.layout, self.tx
+        head = start = self.catalog._read_head(tx, name)
+        jobs: dict[str, int] = {}  # job id -> version, within this group
+        batches: dict[bytes, int] = {}  # mark row -> version, within this group
+        out: list[_Staged | ConcurrentModificationError] = []
+        for r in requests:
+            job_row = Layout.job_mark_row(name, r.job_id)
+            done = jobs.get(r.job_id)
+            if done is None:
+                done = self._read_mark(job_row)
+            if done is not None:
+                out.append(_Staged(_OWN, done, r.job_id, head.gen, head.gen_start))
+                continue
+            mark_row = None
+            if r.app_id is not None and r.batch_id is not None:
+                mark_row = Layout.mark_row(name, r.app_id, r.batch_id)
+                done = batches.get(mark_row)
+                if done is None:
+                    done = self._read_mark(mark_row)
+                if done is not None:
+                    out.append(_Staged(_REPLAY, done, r.job_id, head.gen, head.gen_start))
+                    continue
+            if r.base_version is not None and head.version != r.base_version:
+                out.append(
+                    ConcurrentModificationError(
+                        f"{r.operation.lower()} of table {name!r} was based on version "
+                        f"{r.base_version}, but version {head.version} committed meanwhile; "
+                        "nothing was committed (retry the job on the new version)"
+                    )
+                )
+                continue
+            if r.job_started_ms < head.vacuum_cutoff_ms:
+                out.append(
+                    ConcurrentModificationError(
+                        f"a vacuum of table {name!r} with cutoff {head.vacuum_cutoff_ms} ms "
+                        f"ran while this job (started {r.job_started_ms} ms) was writing, and "
+                        "may have removed its files; nothing was committed (retry the job)"
+                    )
+                )
+                continue
+            head = self._write(head, r, job_row, mark_row)
+            jobs[r.job_id] = head.version
+            if mark_row is not None:
+                batches[mark_row] = head.version
+            out.append(_Staged(_NEW, head.version, r.job_id, head.gen, head.gen_start))
+        if head is not start:
+            tx.put(layout.head, Layout.name_row(name), Layout.COL_HEAD, head.encode())
+        return out
+
+    def _write(self, head: Head, r: CommitRequest, job_row: bytes, mark_row: bytes | None) -> Head:
+        """Write ``r`` as the version after ``head``; returns the head after it."""
+        name, layout, tx = self.name, self.layout, self.tx
+        version = head.version + 1
+        ms = max(now_ms(), head.last_ms)
+        if r.operation == OVERWRITE:
+            gen, gen_start = head.gen + 1, version
+            tx.put(
+                layout.gens,
+                Layout.gen_row(name, gen),
+                Layout.COL_GEN,
+                Generation(gen, version, ms).encode(),
+            )
+        else:
+            gen, gen_start = head.gen, head.gen_start
+        for index, entry in enumerate(r.files):
+            tx.put(
+                layout.files,
+                Layout.file_row(name, gen, version, index),
+                Layout.COL_FILE,
+                entry.encode(),
+            )
+        record = LogRecord(
+            version,
+            r.operation,
+            ms,
+            gen,
+            len(r.files),
+            r.job_id,
+            r.app_id,
+            r.batch_id,
+            tx.start_ts,
+        )
+        tx.put(layout.log, Layout.log_row(name, version), Layout.COL_RECORD, record.encode())
+        stamp = str(version).encode()
+        tx.put(layout.marks, job_row, Layout.COL_MARK, stamp)
+        if mark_row is not None:
+            tx.put(layout.marks, mark_row, Layout.COL_MARK, stamp)
+        return Head(version, gen, gen_start, ms, head.vacuum_cutoff_ms, head.min_readable_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +242,8 @@ class Catalog:
 
     ``failpoints`` (tests only) is shared with the :class:`Lakehouse` that owns the
     catalog; the catalog hits the points from ``fp.SETTLE_COMMIT`` on.
+    ``follow_ups`` and ``commit_ts_of`` are for the gateway's catalog (see
+    ``spark_integration.server``).
     """
 
     def __init__(
@@ -112,8 +253,16 @@ class Catalog:
         *,
         commit_timeout_s: float = 300.0,
         failpoints: fp.FailPoints | None = None,
+        follow_ups: Callable[[Callable[[], None]], object] | None = None,
+        commit_ts_of: Callable[[int], int | None] | None = None,
     ) -> None:
         self._tm = tm
+        #: Runs a commit's follow-up work later (a gateway's background executor);
+        #: ``None`` runs it before the commit returns.
+        self._follow_ups = follow_ups
+        #: The commit timestamp of the transaction that began at a start timestamp,
+        #: where the manager can look it up (a gateway's embedded manager).
+        self._commit_ts_of = commit_ts_of
         self.layout = Layout(catalog)
         self._commit_timeout_s = commit_timeout_s
         self.failpoints = fp.FailPoints() if failpoints is None else failpoints
@@ -303,6 +452,16 @@ class Catalog:
             for (gen, version, _), entry in self._scan_files(tx, name, start, end):
                 by_version.setdefault(version, []).append(entry)
                 by_gen.setdefault(gen, []).append(entry)
+        if self._commit_ts_of is not None:
+            looked_up: dict[int, int | None] = {}
+            for version, record in records.items():
+                if version not in commit_tss:
+                    ts = record.txn_start_ts
+                    if ts not in looked_up:
+                        looked_up[ts] = self._commit_ts_of(ts)
+                    found = looked_up[ts]
+                    if found is not None and found >= 0:
+                        commit_tss[version] = found
         return [
             HistoryEntry(
                 record,
@@ -315,18 +474,21 @@ class Catalog:
 
     # --- changes ----------------------------------------------------------------------
 
-    def _record_commit_ts(self, name: str, version: int, commit_ts: int) -> None:
+    def _record_commit_ts(self, name: str, versions: Sequence[int], commit_ts: int) -> None:
         """Record the commit timestamp, which the commit itself cannot know (history only).
 
-        Follow-up work (see :meth:`_follow_up`): only history's commit_ts depends on it.
+        Follow-up work (see :meth:`_follow_up`): only history's commit_ts depends on
+        it, and history finds it without the record where the manager can look up
+        the log record's transaction (``commit_ts_of``).
         """
         with self._tm.begin() as tx:
-            tx.put(
-                self.layout.log,
-                Layout.log_row(name, version),
-                Layout.COL_COMMIT_TS,
-                str(commit_ts).encode(),
-            )
+            for version in versions:
+                tx.put(
+                    self.layout.log,
+                    Layout.log_row(name, version),
+                    Layout.COL_COMMIT_TS,
+                    str(commit_ts).encode(),
+                )
 
     def _follow_up(
         self, point: str, job_id: str, what: str, work: Callable[[], None] | None = None
@@ -347,25 +509,36 @@ class Catalog:
         except Exception as exc:
             log.warning("%s failed after the commit, which stands: %r", what, exc)
 
-    def _after_commit(
-        self, name: str, job_id: str, version: int, commit_ts: int | None, gen: int, gen_start: int
-    ) -> None:
-        """The follow-up work of ``version``, committed for ``job_id``; never raises."""
-        where = f"table {name!r} version {version}"
-        self._follow_up(fp.AFTER_COMMIT_POINT, job_id, f"follow-up work of {where}")
+    def _after_commit(self, name: str, fresh: Sequence[_Staged], commit_ts: int | None) -> None:
+        """The follow-up work of versions that one transaction committed; never raises.
+
+        The commit timestamps of all of them are recorded in one transaction; a
+        checkpoint is written at the newest version due one, per generation.
+        """
+        where = f"table {name!r} version {fresh[0].version}" + (
+            f"-{fresh[-1].version}" if len(fresh) > 1 else ""
+        )
+        for staged in fresh:
+            self._follow_up(fp.AFTER_COMMIT_POINT, staged.job_id, f"follow-up work of {where}")
         if commit_ts is not None:  # unknown when an unknown outcome was settled
             self._follow_up(
                 fp.BEFORE_RECORD_COMMIT_TS,
-                job_id,
+                fresh[0].job_id,
                 f"recording the commit_ts of {where}",
-                lambda: self._record_commit_ts(name, version, commit_ts),
+                lambda: self._record_commit_ts(name, [s.version for s in fresh], commit_ts),
             )
-        if checkpoint_due(version - gen_start):
+        due: dict[int, _Staged] = {}
+        for staged in fresh:
+            if checkpoint_due(staged.version - staged.gen_start):
+                due[staged.gen] = staged
+        for staged in due.values():
             self._follow_up(
                 fp.BEFORE_CHECKPOINT,
-                job_id,
-                f"the checkpoint of {where}",
-                lambda: write_checkpoint(self._tm, self.layout, name, gen, version),
+                staged.job_id,
+                f"the checkpoint of table {name!r} version {staged.version}",
+                lambda s=staged: write_checkpoint(  # type: ignore[misc]
+                    self._tm, self.layout, name, s.gen, s.version
+                ),
             )
 
     def create(self, meta: TableMeta, job_id: str) -> int | None:
@@ -390,7 +563,7 @@ class Catalog:
             job_id=job_id,
         )
         # The commit point is behind us: nothing below may raise.
-        self._after_commit(name, job_id, 0, commit_ts, 0, 0)
+        self._after_commit(name, [_Staged(_NEW, 0, job_id, 0, 0)], commit_ts)
         return commit_ts
 
     def commit_files(
@@ -410,83 +583,71 @@ class Catalog:
         ``APPEND`` adds them; ``OVERWRITE`` makes them the only live files and
         requires the head to still be at ``base_version``.
         """
-        if operation not in (APPEND, OVERWRITE):
-            raise ValueError(f"unknown operation {operation!r}")
-        if operation == OVERWRITE and base_version is None:
-            raise ValueError("an overwrite needs the base_version it replaces")
-
-        def attempt(tx: Transaction) -> tuple[int, bool, int, int]:
-            head = self._read_head(tx, name)
-            if app_id is not None and batch_id is not None:
-                done = self._read_mark(tx, name, app_id, batch_id)
-                if done is not None:
-                    return done, False, head.gen, head.gen_start
-            if base_version is not None and head.version != base_version:
-                raise ConcurrentModificationError(
-                    f"{operation.lower()} of table {name!r} was based on version "
-                    f"{base_version}, but version {head.version} committed meanwhile; "
-                    "nothing was committed (retry the job on the new version)"
-                )
-            if job_started_ms < head.vacuum_cutoff_ms:
-                raise ConcurrentModificationError(
-                    f"a vacuum of table {name!r} with cutoff {head.vacuum_cutoff_ms} ms ran "
-                    f"while this job (started {job_started_ms} ms) was writing, and may have "
-                    "removed its files; nothing was committed (retry the job)"
-                )
-            version = head.version + 1
-            ms = max(now_ms(), head.last_ms)
-            if operation == OVERWRITE:
-                gen, gen_start = head.gen + 1, version
-                tx.put(
-                    self.layout.gens,
-                    Layout.gen_row(name, gen),
-                    Layout.COL_GEN,
-                    Generation(gen, version, ms).encode(),
-                )
-            else:
-                gen, gen_start = head.gen, head.gen_start
-            for index, entry in enumerate(files):
-                tx.put(
-                    self.layout.files,
-                    Layout.file_row(name, gen, version, index),
-                    Layout.COL_FILE,
-                    entry.encode(),
-                )
-            record = LogRecord(
-                version, operation, ms, gen, len(files), job_id, app_id, batch_id, tx.start_ts
-            )
-            tx.put(
-                self.layout.log, Layout.log_row(name, version), Layout.COL_RECORD, record.encode()
-            )
-            new_head = Head(
-                version,
-                gen,
-                gen_start,
-                ms,
-                head.vacuum_cutoff_ms,
-                head.min_readable_version,
-            )
-            tx.put(self.layout.head, Layout.name_row(name), Layout.COL_HEAD, new_head.encode())
-            if app_id is not None and batch_id is not None:
-                tx.put(
-                    self.layout.marks,
-                    Layout.mark_row(name, app_id, batch_id),
-                    Layout.COL_MARK,
-                    str(version).encode(),
-                )
-            return version, True, gen, gen_start
-
+        request = CommitRequest(
+            operation, tuple(files), job_id, job_started_ms, app_id, batch_id, base_version
+        )
         with self._head_turn(name):
-            (version, fresh, gen, gen_start), commit_ts = self._transact(
-                attempt,
-                what=f"{operation.lower()} to table {name!r}",
-                job_id=job_id,
-            )
-        if not fresh:
-            return Committed(version, None, replayed=True)
-        # The commit point is behind us: nothing below may raise.
-        self._after_commit(name, job_id, version, commit_ts, gen, gen_start)
-        return Committed(version, commit_ts, replayed=False)
+            (result,) = self.commit_group(name, [request])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def commit_group(
+        self, name: str, requests: Sequence[CommitRequest]
+    ) -> list[Committed | ConcurrentModificationError]:
+        """Commit every request as its own consecutive version, in one transaction.
+
+        Each request gets its own log record, file rows and marks, exactly as if it
+        had committed alone; the head is written once. A request whose own checks
+        fail (a stale overwrite base, a vacuum that may have removed its files) gets
+        its :class:`ConcurrentModificationError` in the returned list and writes
+        nothing; the others still commit. A failure of the transaction itself (an
+        unknown outcome, the head lost too often, an unreachable store) is raised
+        and concerns every request alike. A request whose ``job_id`` already
+        committed (it was sent again after a lost reply) gets that version back; one
+        whose ``(app_id, batch_id)`` did gets it back as a replay.
+
+        Follow-up work of the new versions runs on ``follow_ups`` when the catalog
+        has one (after this returns), else before this returns; it never raises.
+        """
+        for request in requests:
+            if request.operation not in (APPEND, OVERWRITE):
+                raise ValueError(f"unknown operation {request.operation!r}")
+            if request.operation == OVERWRITE and request.base_version is None:
+                raise ValueError("an overwrite needs the base_version it replaces")
+        if not requests:
+            return []
+        what = (
+            f"{requests[0].operation.lower()} to table {name!r}"
+            if len(requests) == 1
+            else f"group commit of {len(requests)} appends to table {name!r}"
+        )
+        staged, commit_ts = self._transact(
+            lambda tx: _GroupAttempt(self, name, tx).run(requests),
+            what=what,
+            job_id=requests[0].job_id,
+        )
+        out: list[Committed | ConcurrentModificationError] = []
+        fresh: list[_Staged] = []
+        for outcome in staged:
+            if isinstance(outcome, ConcurrentModificationError):
+                out.append(outcome)
+            elif outcome.kind == _NEW:
+                fresh.append(outcome)
+                out.append(Committed(outcome.version, commit_ts, False, len(requests)))
+            else:
+                replayed = outcome.kind == _REPLAY
+                out.append(Committed(outcome.version, None, replayed, len(requests)))
+        if fresh:
+            # The commit point is behind us: nothing below may raise.
+            if self._follow_ups is None:
+                self._after_commit(name, fresh, commit_ts)
+            else:
+                try:
+                    self._follow_ups(lambda: self._after_commit(name, fresh, commit_ts))
+                except Exception as exc:  # a closed executor, say: the commit stands
+                    log.warning("follow-up work of %s not queued: %r", what, exc)
+        return out
 
     # --- vacuum (the work is in _vacuum_plan) -----------------------------------------
 

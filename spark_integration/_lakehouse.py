@@ -36,10 +36,12 @@ from spark_integration._model import (
     TableMeta,
 )
 from spark_integration._reads import read_version
+from spark_integration._remote import RemoteCatalog
 from spark_integration._schema import check_dataframe_schema, check_table_schema, parse_schema
 from spark_integration._vacuum import sweep
 from txn import Manager
 from txn.errors import TransactionAbortedError
+from txn.remote import RemoteTransactionManager
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,12 @@ class Lakehouse:
 
     ``commit_timeout_s`` bounds how long a commit keeps retrying at a busy
     table's head before it gives up with ``ConcurrentModificationError``.
+
+    With a remote manager the catalog runs in the gateway (its ``LakehouseService``):
+    each commit is one call, group-committed there with the other appends to the
+    table. ``gateway_catalog=False`` runs it here instead, over the manager's
+    transactions (for a gateway without the service, and for tests that inject
+    faults into the catalog's own transactions).
     """
 
     def __init__(
@@ -112,6 +120,7 @@ class Lakehouse:
         *,
         catalog: str = "lakehouse",
         commit_timeout_s: float = 300.0,
+        gateway_catalog: bool = True,
     ) -> None:
         if not isinstance(tm, Manager):
             raise TypeError(
@@ -132,9 +141,15 @@ class Lakehouse:
         self._warehouse = os.path.normpath(path)
         #: Fault injection for tests, shared with the catalog's commit path.
         self.failpoints = fp.FailPoints()
-        self._catalog = Catalog(
-            tm, catalog, commit_timeout_s=float(commit_timeout_s), failpoints=self.failpoints
-        )
+        self._catalog: Catalog | RemoteCatalog
+        if isinstance(tm, RemoteTransactionManager) and gateway_catalog:
+            self._catalog = RemoteCatalog(
+                tm, catalog, commit_timeout_s=float(commit_timeout_s), failpoints=self.failpoints
+            )
+        else:
+            self._catalog = Catalog(
+                tm, catalog, commit_timeout_s=float(commit_timeout_s), failpoints=self.failpoints
+            )
 
     @property
     def warehouse(self) -> str:

@@ -14,7 +14,8 @@ kind       row                                      value (JSON)
                                                     its commit timestamp, column ``ts``
 ``files``  ``name NUL gen version index``           :class:`FileEntry`
 ``gens``   ``name NUL gen``                         :class:`Generation`
-``marks``  ``name NUL [app_id, batch_id]``          the version that batch committed
+``marks``  ``name NUL {a: app_id, b: batch_id}``   the version that batch committed;
+           ``name NUL {j: job_id}``                 the version that job committed
 ``checkpoints`` ``name NUL gen version``            :class:`Checkpoint` marker
 ``chunks`` ``name NUL gen version``, column ``i``   files ``i*K .. i*K+K-1`` of that
                                                     checkpoint, as one JSON array
@@ -443,3 +444,8 @@ class Layout:
     @classmethod
     def mark_row(cls, name: str, app_id: str, batch_id: int | str) -> bytes:
         return cls.prefix(name) + _dump({"a": app_id, "b": batch_id})
+
+    @classmethod
+    def job_mark_row(cls, name: str, job_id: str) -> bytes:
+        """The mark of a job's commit, so that sending it again cannot commit it twice."""
+        return cls.prefix(name) + _dump({"j": job_id})

@@ -297,6 +297,11 @@ class RemoteTransactionManager:
     def address(self) -> str:
         return self._conn.address
 
+    @property
+    def connection(self) -> Connection:
+        """The channel and credentials, for the gateway's other services (the lakehouse)."""
+        return self._conn
+
     def _call(self, fn: Callable[..., T], request: object) -> T:
         if self._closed:
             raise TransactionError("transaction manager is closed")

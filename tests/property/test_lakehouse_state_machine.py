@@ -123,6 +123,9 @@ class LakehouseMachine(RuleBasedStateMachine):
             self.dir / "warehouse",
             catalog=f"c{uuid.uuid4().hex[:12]}",
             commit_timeout_s=30,
+            # The faults are injected into the catalog's own transactions, so it runs
+            # here (over a gateway's transactions when the manager is remote).
+            gateway_catalog=False,
         )
         self.faults = ClientFaults(self.tm, self.lh.catalog)
         #: Files of every version, by absolute path; index = version.

@@ -1,0 +1,256 @@
+"""The catalog through a gateway's ``LakehouseService``: what ``Lakehouse`` uses on a
+remote manager.
+
+Same methods as :class:`~spark_integration._catalog.Catalog`, each one call (or one
+stream) to the gateway, which runs the catalog next to the store. Only commits need
+more than one call: a commit whose reply is lost (the gateway died, the network
+failed, the gateway could not settle its outcome) is sent again with the same
+``job_id`` until the gateway answers. The gateway keeps a mark per job id in the
+commit's own transaction, so the answer is the version the first send committed, or
+a commit made now if it never did; never two versions. Only when the gateway stays
+unreachable until the commit deadline does the caller get ``CommitUnknownError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import TypeVar
+
+from percolake.errors import OracleFencedError
+from percolake.rpc import COMMIT_UNKNOWN, RpcError, ServiceUnavailableError, call, stream
+from percolake.v1 import lakehouse_pb2 as pb
+from percolake.v1 import lakehouse_pb2_grpc as pb_grpc
+from spark_integration import failpoints as fp
+from spark_integration._catalog import (
+    RETRY_BASE_S,
+    Committed,
+    HistoryEntry,
+    Prepared,
+)
+from spark_integration._model import (
+    OVERWRITE,
+    EntryFactory,
+    FileEntry,
+    Layout,
+    LogRecord,
+    TableMeta,
+)
+from spark_integration._vacuum_plan import VacuumPlan
+from spark_integration._wire import (
+    OPERATIONS,
+    entries_to_pb,
+    entry_from_pb,
+    head_from_pb,
+    head_to_pb,
+    mark_from_pb,
+    mark_to_pb,
+    meta_from_pb,
+    meta_to_pb,
+    partition_from_pb,
+)
+from txn.errors import CommitUnknownError
+from txn.remote import RemoteTransactionManager
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E")
+
+#: Backoff between sends of a commit whose outcome is unknown: the gateway may be
+#: restarting, so wait longer than between conflicts at the head.
+RESEND_CAP_S = 1.0
+
+
+def _unknown(exc: BaseException) -> bool:
+    """Whether a commit that failed with ``exc`` may have committed (send it again)."""
+    if isinstance(exc, ServiceUnavailableError | OracleFencedError):
+        return True
+    return isinstance(exc, RpcError) and exc.reason == COMMIT_UNKNOWN
+
+
+class RemoteCatalog:
+    """Lakehouse metadata of one catalog, through a gateway. Thread-safe."""
+
+    def __init__(
+        self,
+        tm: RemoteTransactionManager,
+        catalog: str,
+        *,
+        commit_timeout_s: float = 300.0,
+        failpoints: fp.FailPoints | None = None,
+    ) -> None:
+        self._tm = tm
+        self._conn = tm.connection
+        self._stub = pb_grpc.LakehouseServiceStub(self._conn.channel)
+        self.layout = Layout(catalog)
+        self._commit_timeout_s = commit_timeout_s
+        self.failpoints = fp.FailPoints() if failpoints is None else failpoints
+        self._meta: dict[str, TableMeta] = {}
+
+    @property
+    def _catalog(self) -> str:
+        return self.layout.catalog
+
+    # --- reads ------------------------------------------------------------------------
+
+    def meta(self, name: str) -> TableMeta:
+        cached = self._meta.get(name)
+        if cached is not None:
+            return cached
+        return self.prepare(name).meta
+
+    def prepare(
+        self, name: str, app_id: str | None = None, batch_id: int | str | None = None
+    ) -> Prepared:
+        request = pb.GetTableRequest(
+            catalog=self._catalog, table=name, mark=mark_to_pb(app_id, batch_id)
+        )
+        got = call(self._stub.GetTable, request, self._conn, self._tm.timeout_s)
+        meta = meta_from_pb(got.meta)
+        self._meta[name] = meta
+        replayed = got.replayed_version if got.HasField("replayed_version") else None
+        return Prepared(meta, head_from_pb(got.head), replayed)
+
+    def list_tables(self) -> list[str]:
+        request = pb.ListTablesRequest(catalog=self._catalog)
+        return list(call(self._stub.ListTables, request, self._conn, self._tm.timeout_s).tables)
+
+    def files(
+        self, name: str, version: int | None, make: EntryFactory[E]
+    ) -> tuple[TableMeta, int, list[E]]:
+        request = pb.ListFilesRequest(catalog=self._catalog, table=name, version=version)
+        meta: TableMeta | None = None
+        at = -1
+        out: list[E] = []
+        for batch in stream(self._stub.ListFiles, request, self._conn, self._tm.timeout_s):
+            if meta is None:
+                meta = meta_from_pb(batch.meta)
+            at = batch.version
+            out += [
+                make(f.path, f.size_bytes, f.record_count, partition_from_pb(f.partition))
+                for f in batch.files
+            ]
+        assert meta is not None, "the gateway's first batch carries the table's metadata"
+        return meta, at, out
+
+    def history(self, name: str) -> list[HistoryEntry]:
+        request = pb.HistoryRequest(catalog=self._catalog, table=name)
+        out: list[HistoryEntry] = []
+        for batch in stream(self._stub.History, request, self._conn, self._tm.timeout_s):
+            for h in batch.entries:
+                app_id, batch_id = mark_from_pb(h.mark) if h.HasField("mark") else (None, None)
+                record = LogRecord(
+                    h.version,
+                    h.operation,
+                    h.timestamp_ms,
+                    h.gen,
+                    len(h.added),
+                    h.job_id if h.HasField("job_id") else None,
+                    app_id,
+                    batch_id,
+                    h.txn_start_ts,
+                )
+                out.append(
+                    HistoryEntry(
+                        record,
+                        h.commit_ts if h.HasField("commit_ts") else None,
+                        [entry_from_pb(e) for e in h.added],
+                        [entry_from_pb(e) for e in h.removed],
+                    )
+                )
+        return out
+
+    # --- changes ----------------------------------------------------------------------
+
+    def create(self, meta: TableMeta, job_id: str) -> int | None:
+        request = pb.CreateTableRequest(catalog=self._catalog, meta=meta_to_pb(meta), job_id=job_id)
+        got = call(self._stub.CreateTable, request, self._conn, self._commit_timeout_s)
+        return got.commit_ts if got.HasField("commit_ts") else None
+
+    def commit_files(
+        self,
+        name: str,
+        operation: str,
+        files: Sequence[FileEntry],
+        *,
+        job_id: str,
+        job_started_ms: int,
+        app_id: str | None = None,
+        batch_id: int | str | None = None,
+        base_version: int | None = None,
+    ) -> Committed:
+        """Commit ``files`` as the next version through the gateway (see the module doc)."""
+        if operation not in OPERATIONS:
+            raise ValueError(f"unknown operation {operation!r}")
+        if operation == OVERWRITE and base_version is None:
+            raise ValueError("an overwrite needs the base_version it replaces")
+        request = pb.CommitFilesRequest(
+            catalog=self._catalog,
+            table=name,
+            operation=OPERATIONS[operation],
+            files=entries_to_pb(files),
+            job_id=job_id,
+            job_started_ms=job_started_ms,
+            mark=mark_to_pb(app_id, batch_id),
+            base_version=base_version,
+        )
+        deadline = time.monotonic() + self._commit_timeout_s
+        sends = 0
+        while True:
+            sends += 1
+            left = max(deadline - time.monotonic(), 1.0)
+            try:
+                got = call(self._stub.CommitFiles, request, self._conn, left)
+            except Exception as exc:
+                if not _unknown(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise CommitUnknownError(
+                        f"{operation.lower()} to table {name!r} (job {job_id}): the gateway "
+                        f"did not answer within {self._commit_timeout_s:.0f} s ({sends} "
+                        f"sends); it may have committed: {exc}",
+                        start_ts=-1,
+                    ) from exc
+                log.info(
+                    "commit of job %s to %s: outcome unknown (%s); sending it again",
+                    job_id,
+                    name,
+                    exc,
+                )
+                self.failpoints.hit(fp.SETTLE_COMMIT, job_id)
+                time.sleep(random.uniform(0, min(RESEND_CAP_S, RETRY_BASE_S * 2**sends)))
+                continue
+            commit_ts = got.commit_ts if got.HasField("commit_ts") else None
+            return Committed(got.version, commit_ts, got.replayed, max(got.group_size, 1))
+
+    # --- vacuum -----------------------------------------------------------------------
+
+    def vacuum_plan(self, name: str, cutoff_ms: int) -> VacuumPlan:
+        request = pb.PlanVacuumRequest(catalog=self._catalog, table=name, cutoff_ms=cutoff_ms)
+        first: pb.PlanVacuumResponse | None = None
+        referenced: set[str] = set()
+        for batch in stream(self._stub.PlanVacuum, request, self._conn, self._tm.timeout_s):
+            if first is None:
+                first = batch
+            referenced.update(batch.referenced)
+        assert first is not None, "the gateway's first batch carries the plan"
+        return VacuumPlan(
+            meta_from_pb(first.meta),
+            head_from_pb(first.head),
+            first.keep_from_gen,
+            referenced,
+            first.min_readable_version,
+        )
+
+    def vacuum_fence(self, name: str, plan: VacuumPlan, cutoff_ms: int) -> set[str]:
+        request = pb.FenceVacuumRequest(
+            catalog=self._catalog,
+            table=name,
+            cutoff_ms=cutoff_ms,
+            plan_head=head_to_pb(plan.head),
+            min_readable_version=plan.min_readable_version,
+        )
+        got = call(self._stub.FenceVacuum, request, self._conn, self._commit_timeout_s)
+        return set(got.committed_since)

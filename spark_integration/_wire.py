@@ -1,0 +1,99 @@
+"""The lakehouse metadata on the wire: model objects to ``lakehouse.proto`` messages and back.
+
+Shared by the gateway's service (``spark_integration.server``) and its client
+(``spark_integration._remote``). Checks of what a client sends live in the service,
+at the edge; decoding what the gateway sends trusts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from percolake.v1 import lakehouse_pb2 as pb
+from spark_integration._model import APPEND, OVERWRITE, FileEntry, Head, TableMeta
+
+OPERATIONS = {APPEND: pb.COMMIT_OPERATION_APPEND, OVERWRITE: pb.COMMIT_OPERATION_OVERWRITE}
+OPERATION_NAMES = {v: k for k, v in OPERATIONS.items()}
+
+
+def meta_to_pb(meta: TableMeta) -> pb.TableMeta:
+    return pb.TableMeta(
+        name=meta.name,
+        schema_json=meta.schema_json,
+        partition_by=list(meta.partition_by),
+        location=meta.location,
+        created_ms=meta.created_ms,
+    )
+
+
+def meta_from_pb(msg: pb.TableMeta) -> TableMeta:
+    return TableMeta(
+        msg.name, msg.schema_json, tuple(msg.partition_by), msg.location, msg.created_ms
+    )
+
+
+def head_to_pb(head: Head) -> pb.Head:
+    return pb.Head(
+        version=head.version,
+        gen=head.gen,
+        gen_start=head.gen_start,
+        last_ms=head.last_ms,
+        vacuum_cutoff_ms=head.vacuum_cutoff_ms,
+        min_readable_version=head.min_readable_version,
+    )
+
+
+def head_from_pb(msg: pb.Head) -> Head:
+    return Head(
+        msg.version,
+        msg.gen,
+        msg.gen_start,
+        msg.last_ms,
+        msg.vacuum_cutoff_ms,
+        msg.min_readable_version,
+    )
+
+
+def file_to_pb(
+    path: str, size: int, records: int, partition: dict[str, str | None]
+) -> pb.FileEntry:
+    """A listed file (an ``EntryFactory``: listings build messages directly)."""
+    return pb.FileEntry(
+        path=path,
+        size_bytes=size,
+        record_count=records,
+        partition=[pb.PartitionValue(column=c, value=v) for c, v in partition.items()],
+    )
+
+
+def entry_to_pb(entry: FileEntry) -> pb.FileEntry:
+    return file_to_pb(entry.path, entry.size_bytes, entry.record_count, entry.partition)
+
+
+def entries_to_pb(entries: Iterable[FileEntry]) -> list[pb.FileEntry]:
+    return [entry_to_pb(e) for e in entries]
+
+
+def partition_from_pb(values: Iterable[pb.PartitionValue]) -> dict[str, str | None]:
+    return {v.column: v.value if v.HasField("value") else None for v in values}
+
+
+def entry_from_pb(msg: pb.FileEntry) -> FileEntry:
+    return FileEntry(msg.path, msg.size_bytes, msg.record_count, partition_from_pb(msg.partition))
+
+
+def mark_to_pb(app_id: str | None, batch_id: int | str | None) -> pb.BatchMark | None:
+    if app_id is None or batch_id is None:
+        return None
+    if isinstance(batch_id, int):
+        return pb.BatchMark(app_id=app_id, int_id=batch_id)
+    return pb.BatchMark(app_id=app_id, str_id=batch_id)
+
+
+def mark_from_pb(msg: pb.BatchMark) -> tuple[str, int | str]:
+    kind = msg.WhichOneof("batch_id")
+    if kind == "int_id":
+        return msg.app_id, msg.int_id
+    if kind == "str_id":
+        return msg.app_id, msg.str_id
+    raise ValueError("a batch mark needs its batch_id (an int or a string)")

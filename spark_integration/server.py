@@ -1,0 +1,474 @@
+"""The gateway's ``LakehouseService``: lakehouse commits next to the store, group-committed.
+
+A lakehouse commit is a read-modify-write of the table's head row. Driven from a
+client, every round trip of it (begin, read the head, read the marks, write, commit)
+sits inside the window where another commit of the table conflicts, and writers in
+different processes keep aborting each other. Here the catalog runs inside the
+gateway on its embedded manager, so the window holds no client round trip.
+
+Group commit. Appends to one table that arrive while a commit of that table is in
+flight queue up, and the next transaction commits all of them: one transaction
+writes N consecutive versions, each with its own log record, files and marks
+(``Catalog.commit_group``), so N writers pay for one commit point. A group is cut
+at ``max_group_commits`` requests or ``max_group_bytes``; an overwrite always
+commits alone (it depends on the version before it). Each caller gets its own
+version, its own check failure, or, when the transaction's outcome stays unknown,
+its own ``commit-unknown``; sending the same request again (same ``job_id``) then
+returns the version it committed, or commits it now if it did not. Several
+gateways on one store stay correct: grouping happens inside one gateway, and
+between gateways the head row's conflict still decides (first committer wins, the
+loser retries).
+
+The commit's follow-up work (recording the commit timestamp, checkpoints) runs on a
+background thread after the reply. History does not wait for it: a log record
+without its recorded commit timestamp gets it from the transactions table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+
+from percolake.rpc import abort_with
+from percolake.v1 import lakehouse_pb2 as pb
+from percolake.v1 import lakehouse_pb2_grpc as pb_grpc
+from spark_integration._catalog import Catalog, CommitRequest, Committed
+from spark_integration._model import (
+    CATALOG_NAME,
+    OVERWRITE,
+    TABLE_NAME,
+    FileEntry,
+    TableMeta,
+)
+from spark_integration._vacuum_plan import VacuumPlan
+from spark_integration._wire import (
+    OPERATION_NAMES,
+    entry_from_pb,
+    entry_to_pb,
+    file_to_pb,
+    head_from_pb,
+    head_to_pb,
+    mark_from_pb,
+    mark_to_pb,
+    meta_from_pb,
+    meta_to_pb,
+)
+from txn import TransactionManager
+
+log = logging.getLogger(__name__)
+
+#: Files per streamed batch of ListFiles and PlanVacuum; entries per History batch.
+STREAM_BATCH = 2_000
+MAX_JOB_ID = 256
+
+
+@dataclass(frozen=True)
+class LakehouseLimits:
+    """Bounds of one group commit."""
+
+    max_group_commits: int = 64
+    max_group_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.max_group_commits < 1:
+            raise ValueError("max_group_commits must be at least 1")
+        if self.max_group_bytes < 1:
+            raise ValueError("max_group_bytes must be at least 1")
+
+
+@dataclass(eq=False)
+class _Member:
+    request: CommitRequest
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Committed | None = None
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class _Queue:
+    pending: deque[_Member] = field(default_factory=deque)
+    running: bool = False
+
+
+class GroupCommitter:
+    """Commits of one table from this gateway, queued and committed in groups.
+
+    Each table with commits waiting has one worker thread; it takes the longest
+    group the limits allow from the head of the queue, commits it, hands every
+    member its result, and exits when the queue is empty.
+    """
+
+    def __init__(self, limits: LakehouseLimits) -> None:
+        self._limits = limits
+        self._lock = threading.Lock()
+        self._queues: dict[tuple[str, str], _Queue] = {}
+
+    def commit(self, catalog: Catalog, name: str, request: CommitRequest) -> Committed:
+        member = _Member(request)
+        key = (catalog.layout.catalog, name)
+        with self._lock:
+            queue = self._queues.setdefault(key, _Queue())
+            queue.pending.append(member)
+            start = not queue.running
+            queue.running = True
+        if start:
+            threading.Thread(
+                target=self._drain,
+                args=(catalog, name, queue),
+                name=f"percolake-lakehouse-commit-{name}",
+                daemon=True,
+            ).start()
+        member.done.wait()
+        if member.error is not None:
+            raise member.error
+        assert member.result is not None
+        return member.result
+
+    def _take(self, queue: _Queue) -> list[_Member]:
+        """The next group: overwrites alone, appends up to the limits (under the lock)."""
+        first = queue.pending.popleft()
+        group = [first]
+        if first.request.operation == OVERWRITE:
+            return group
+        size = first.request.size_bytes()
+        while queue.pending and len(group) < self._limits.max_group_commits:
+            nxt = queue.pending[0]
+            if nxt.request.operation == OVERWRITE:
+                break
+            size += nxt.request.size_bytes()
+            if size > self._limits.max_group_bytes:
+                break
+            group.append(queue.pending.popleft())
+        return group
+
+    def _drain(self, catalog: Catalog, name: str, queue: _Queue) -> None:
+        while True:
+            with self._lock:
+                if not queue.pending:
+                    queue.running = False
+                    return
+                group = self._take(queue)
+            try:
+                results = catalog.commit_group(name, [m.request for m in group])
+            except BaseException as exc:  # the transaction's failure is every member's
+                # BaseException too: a worker that died here would leave its callers
+                # waiting forever and the queue marked running.
+                for member in group:
+                    member.error = exc
+                    member.done.set()
+                continue
+            for member, result in zip(group, results, strict=True):
+                if isinstance(result, BaseException):
+                    member.error = result
+                else:
+                    member.result = result
+                member.done.set()
+
+
+class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
+    """``percolake.v1.LakehouseService`` on the gateway's embedded manager."""
+
+    def __init__(
+        self,
+        manager: TransactionManager,
+        limits: LakehouseLimits | None = None,
+        *,
+        commit_timeout_s: float = 300.0,
+    ) -> None:
+        self._manager = manager
+        self._commit_timeout_s = commit_timeout_s
+        self._groups = GroupCommitter(limits or LakehouseLimits())
+        self._follow_ups = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="percolake-lakehouse-follow-up"
+        )
+        self._catalogs: dict[str, Catalog] = {}
+        self._catalogs_lock = threading.Lock()
+
+    def shutdown(self) -> None:
+        """Finish queued follow-up work (commit timestamps, checkpoints)."""
+        self._follow_ups.shutdown(wait=True)
+
+    def _catalog(self, name: str) -> Catalog:
+        if not CATALOG_NAME.fullmatch(name):
+            raise ValueError(f"invalid catalog name {name!r}: expected [A-Za-z0-9_-]{{1,64}}")
+        with self._catalogs_lock:
+            catalog = self._catalogs.get(name)
+            if catalog is None:
+                catalog = Catalog(
+                    self._manager,
+                    name,
+                    commit_timeout_s=self._commit_timeout_s,
+                    follow_ups=self._follow_ups.submit,
+                    commit_ts_of=self._manager.outcome_of,
+                )
+                self._catalogs[name] = catalog
+            return catalog
+
+    # --- tables ----------------------------------------------------------------------
+
+    def CreateTable(
+        self, request: pb.CreateTableRequest, context: grpc.ServicerContext
+    ) -> pb.CreateTableResponse:
+        try:
+            catalog = self._catalog(request.catalog)
+            meta = _check_meta(request.meta)
+            commit_ts = catalog.create(meta, job_id=_check_job_id(request.job_id))
+            return pb.CreateTableResponse(commit_ts=commit_ts)
+        except Exception as exc:
+            abort_with(context, exc)
+
+    def GetTable(
+        self, request: pb.GetTableRequest, context: grpc.ServicerContext
+    ) -> pb.GetTableResponse:
+        try:
+            catalog = self._catalog(request.catalog)
+            name = _check_table(request.table)
+            app_id, batch_id = (
+                _check_mark(request.mark) if request.HasField("mark") else (None, None)
+            )
+            prepared = catalog.prepare(name, app_id, batch_id)
+            return pb.GetTableResponse(
+                meta=meta_to_pb(prepared.meta),
+                head=head_to_pb(prepared.head),
+                replayed_version=prepared.replayed_version,
+            )
+        except Exception as exc:
+            abort_with(context, exc)
+
+    def ListTables(
+        self, request: pb.ListTablesRequest, context: grpc.ServicerContext
+    ) -> pb.ListTablesResponse:
+        try:
+            return pb.ListTablesResponse(tables=self._catalog(request.catalog).list_tables())
+        except Exception as exc:
+            abort_with(context, exc)
+
+    # --- commits ---------------------------------------------------------------------
+
+    def CommitFiles(
+        self, request: pb.CommitFilesRequest, context: grpc.ServicerContext
+    ) -> pb.CommitFilesResponse:
+        try:
+            catalog = self._catalog(request.catalog)
+            name = _check_table(request.table)
+            commit = self._commit_request(catalog, name, request)
+            committed = self._groups.commit(catalog, name, commit)
+            return pb.CommitFilesResponse(
+                version=committed.version,
+                replayed=committed.replayed,
+                commit_ts=committed.commit_ts,
+                group_size=committed.group_size,
+            )
+        except Exception as exc:
+            abort_with(context, exc)
+
+    def _commit_request(
+        self, catalog: Catalog, name: str, request: pb.CommitFilesRequest
+    ) -> CommitRequest:
+        """Everything a commit request must satisfy, checked before it joins a group."""
+        operation = OPERATION_NAMES.get(request.operation)
+        if operation is None:
+            raise ValueError(f"unknown commit operation {request.operation}")
+        base_version = request.base_version if request.HasField("base_version") else None
+        if operation == OVERWRITE and base_version is None:
+            raise ValueError("an overwrite needs the base_version it replaces")
+        if operation != OVERWRITE and base_version is not None:
+            raise ValueError("only an overwrite takes a base_version")
+        if base_version is not None and base_version < 0:
+            raise ValueError(f"base_version must not be negative, got {base_version}")
+        app_id, batch_id = _check_mark(request.mark) if request.HasField("mark") else (None, None)
+        meta = catalog.meta(name)
+        files = tuple(_check_file(meta, f) for f in request.files)
+        return CommitRequest(
+            operation,
+            files,
+            _check_job_id(request.job_id),
+            request.job_started_ms,
+            app_id,
+            batch_id,
+            base_version,
+        )
+
+    # --- reads -----------------------------------------------------------------------
+
+    def ListFiles(
+        self, request: pb.ListFilesRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.ListFilesResponse]:
+        try:
+            catalog = self._catalog(request.catalog)
+            name = _check_table(request.table)
+            version = request.version if request.HasField("version") else None
+            if version is not None and version < 0:
+                raise ValueError(f"version must not be negative, got {version}")
+            meta, version, files = catalog.files(name, version, file_to_pb)
+        except Exception as exc:
+            abort_with(context, exc)
+        yield pb.ListFilesResponse(
+            meta=meta_to_pb(meta), version=version, files=files[:STREAM_BATCH]
+        )
+        for at in range(STREAM_BATCH, len(files), STREAM_BATCH):
+            yield pb.ListFilesResponse(version=version, files=files[at : at + STREAM_BATCH])
+
+    def History(
+        self, request: pb.HistoryRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.HistoryResponse]:
+        try:
+            catalog = self._catalog(request.catalog)
+            name = _check_table(request.table)
+            meta = catalog.meta(name)
+            entries = [
+                pb.HistoryEntry(
+                    version=h.record.version,
+                    operation=h.record.operation,
+                    timestamp_ms=h.record.timestamp_ms,
+                    commit_ts=h.commit_ts,
+                    job_id=h.record.job_id,
+                    mark=mark_to_pb(h.record.app_id, h.record.batch_id),
+                    added=[entry_to_pb(e) for e in h.added],
+                    removed=[entry_to_pb(e) for e in h.removed],
+                    gen=h.record.gen,
+                    txn_start_ts=h.record.txn_start_ts,
+                )
+                for h in catalog.history(name)
+            ]
+        except Exception as exc:
+            abort_with(context, exc)
+        yield pb.HistoryResponse(meta=meta_to_pb(meta), entries=entries[:STREAM_BATCH])
+        for at in range(STREAM_BATCH, len(entries), STREAM_BATCH):
+            yield pb.HistoryResponse(entries=entries[at : at + STREAM_BATCH])
+
+    # --- vacuum ----------------------------------------------------------------------
+
+    def PlanVacuum(
+        self, request: pb.PlanVacuumRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.PlanVacuumResponse]:
+        try:
+            catalog = self._catalog(request.catalog)
+            plan = catalog.vacuum_plan(_check_table(request.table), request.cutoff_ms)
+        except Exception as exc:
+            abort_with(context, exc)
+        referenced = sorted(plan.referenced)
+        yield pb.PlanVacuumResponse(
+            meta=meta_to_pb(plan.meta),
+            head=head_to_pb(plan.head),
+            keep_from_gen=plan.keep_from_gen,
+            min_readable_version=plan.min_readable_version,
+            referenced=referenced[:STREAM_BATCH],
+        )
+        for at in range(STREAM_BATCH, len(referenced), STREAM_BATCH):
+            yield pb.PlanVacuumResponse(referenced=referenced[at : at + STREAM_BATCH])
+
+    def FenceVacuum(
+        self, request: pb.FenceVacuumRequest, context: grpc.ServicerContext
+    ) -> pb.FenceVacuumResponse:
+        try:
+            catalog = self._catalog(request.catalog)
+            name = _check_table(request.table)
+            if not request.HasField("plan_head"):
+                raise ValueError("a vacuum fence needs the head its plan was made at")
+            # The fence reads only the plan's head and first readable version.
+            plan = VacuumPlan(
+                catalog.meta(name),
+                head_from_pb(request.plan_head),
+                0,
+                set(),
+                request.min_readable_version,
+            )
+            since = catalog.vacuum_fence(name, plan, request.cutoff_ms)
+            return pb.FenceVacuumResponse(committed_since=sorted(since))
+        except Exception as exc:
+            abort_with(context, exc)
+
+
+# --- checks at the edge ----------------------------------------------------------------
+
+
+def _check_table(name: str) -> str:
+    if not TABLE_NAME.fullmatch(name):
+        raise ValueError(
+            f"invalid table name {name!r}: expected 1-128 characters from [A-Za-z0-9_.-], "
+            "not starting with '.' or '-'"
+        )
+    return name
+
+
+def _check_job_id(job_id: str) -> str:
+    if not job_id or len(job_id) > MAX_JOB_ID or "\x00" in job_id:
+        raise ValueError(
+            f"job_id must be 1-{MAX_JOB_ID} characters without NUL, got {job_id[:80]!r}"
+        )
+    return job_id
+
+
+def _check_mark(mark: pb.BatchMark) -> tuple[str, int | str]:
+    app_id, batch_id = mark_from_pb(mark)
+    if not app_id:
+        raise ValueError("app_id must not be empty")
+    if isinstance(batch_id, int) and batch_id < 0:
+        raise ValueError(f"batch_id must not be negative, got {batch_id}")
+    if isinstance(batch_id, str) and not batch_id:
+        raise ValueError("batch_id must not be empty")
+    return app_id, batch_id
+
+
+def _check_meta(msg: pb.TableMeta) -> TableMeta:
+    meta = meta_from_pb(msg)
+    _check_table(meta.name)
+    if not meta.schema_json:
+        raise ValueError(f"table {meta.name!r}: the schema must not be empty")
+    if not os.path.isabs(meta.location):
+        raise ValueError(f"table {meta.name!r}: location must be absolute, got {meta.location!r}")
+    if len(set(meta.partition_by)) != len(meta.partition_by) or not all(meta.partition_by):
+        raise ValueError(f"table {meta.name!r}: partition columns must be distinct names")
+    return meta
+
+
+def _check_file(meta: TableMeta, msg: pb.FileEntry) -> FileEntry:
+    entry = entry_from_pb(msg)
+    path = entry.path
+    if (
+        not path
+        or "\x00" in path
+        or os.path.isabs(path)
+        or os.path.normpath(path) != path
+        or path.split(os.sep)[0] == ".."
+    ):
+        raise ValueError(
+            f"file path {path!r} must be relative to the location of table {meta.name!r}, "
+            "normalised, and inside it"
+        )
+    if entry.size_bytes < 0 or entry.record_count < 0:
+        raise ValueError(f"{path!r}: size_bytes and record_count must not be negative")
+    if set(entry.partition) != set(meta.partition_by):
+        raise ValueError(
+            f"{path!r}: partition values for {sorted(entry.partition)}, "
+            f"the table is partitioned by {list(meta.partition_by)}"
+        )
+    return entry
+
+
+def serve_lakehouse(
+    manager: TransactionManager, server: grpc.Server, limits: LakehouseLimits | None = None
+) -> LakehouseServicer:
+    """Add the service to ``server``; returns it (call ``shutdown`` after the server stops)."""
+    servicer = LakehouseServicer(manager, limits)
+    pb_grpc.add_LakehouseServiceServicer_to_server(servicer, server)
+    return servicer
+
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LakehouseService"].full_name
+
+__all__ = [
+    "SERVICE_NAME",
+    "GroupCommitter",
+    "LakehouseLimits",
+    "LakehouseServicer",
+    "serve_lakehouse",
+]
