@@ -80,6 +80,7 @@ class ServeConfig:
     commit_steps: tuple[str, ...] = STEPS
     oracle_claims: bool = True
     gateway_class: type[TransactionServicer] = TransactionServicer
+    lakehouse_class: type[LakehouseServicer] = LakehouseServicer
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -203,7 +204,9 @@ class RunningServer:
                 self._gateway, self.server
             )
             names.append(_SERVICE_NAMES["txn"])
-            self._lakehouse = serve_lakehouse(manager, self.server, config.lakehouse_limits)
+            self._lakehouse = serve_lakehouse(
+                manager, self.server, config.lakehouse_limits, config.lakehouse_class
+            )
             names.append(LAKEHOUSE_SERVICE)
         return names
 
@@ -256,11 +259,12 @@ def serve_from_args(
     commit_steps: tuple[str, ...] = STEPS,
     oracle_claims: bool = True,
     gateway_class: type[TransactionServicer] = TransactionServicer,
+    lakehouse_class: type[LakehouseServicer] = LakehouseServicer,
 ) -> int:
     """Validate the arguments (exit 2 naming the problem, before listening) and serve.
 
-    ``commit_steps``, ``oracle_claims`` and ``gateway_class`` exist for the chaos test
-    build only; see :class:`ServeConfig`.
+    ``commit_steps``, ``oracle_claims``, ``gateway_class`` and ``lakehouse_class``
+    exist for the chaos test build only; see :class:`ServeConfig`.
     """
     try:
         tls = None
@@ -292,6 +296,7 @@ def serve_from_args(
             commit_steps=commit_steps,
             oracle_claims=oracle_claims,
             gateway_class=gateway_class,
+            lakehouse_class=lakehouse_class,
         )
         if args.role == "locks" and args.store:
             raise ValueError("the lock server keeps no data: --store does not apply to it")

@@ -131,6 +131,15 @@ class GroupCommitter:
         assert member.result is not None
         return member.result
 
+    # Hooks for test builds of the gateway (``percolake.chaos.failpoints_serve``): a
+    # group about to be committed, and one committed whose members are not yet told.
+
+    def before_group(self, name: str, requests: list[CommitRequest]) -> None:
+        """Called with each group before its transaction begins."""
+
+    def after_group(self, name: str, requests: list[CommitRequest]) -> None:
+        """Called with each group after its transaction committed, before any reply."""
+
     def _take(self, queue: _Queue) -> list[_Member]:
         """The next group: overwrites alone, appends up to the limits (under the lock)."""
         first = queue.pending.popleft()
@@ -156,7 +165,9 @@ class GroupCommitter:
                     return
                 group = self._take(queue)
             try:
+                self.before_group(name, [m.request for m in group])
                 results = catalog.commit_group(name, [m.request for m in group])
+                self.after_group(name, [m.request for m in group])
             except BaseException as exc:  # the transaction's failure is every member's
                 # BaseException too: a worker that died here would leave its callers
                 # waiting forever and the queue marked running.
@@ -175,6 +186,9 @@ class GroupCommitter:
 class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
     """``percolake.v1.LakehouseService`` on the gateway's embedded manager."""
 
+    #: Test builds replace it (see :class:`GroupCommitter`'s hooks).
+    committer_class: type[GroupCommitter] = GroupCommitter
+
     def __init__(
         self,
         manager: TransactionManager,
@@ -184,7 +198,7 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
     ) -> None:
         self._manager = manager
         self._commit_timeout_s = commit_timeout_s
-        self._groups = GroupCommitter(limits or LakehouseLimits())
+        self._groups = self.committer_class(limits or LakehouseLimits())
         self._follow_ups = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="percolake-lakehouse-follow-up"
         )
@@ -455,10 +469,13 @@ def _check_file(meta: TableMeta, msg: pb.FileEntry) -> FileEntry:
 
 
 def serve_lakehouse(
-    manager: TransactionManager, server: grpc.Server, limits: LakehouseLimits | None = None
+    manager: TransactionManager,
+    server: grpc.Server,
+    limits: LakehouseLimits | None = None,
+    servicer_class: type[LakehouseServicer] = LakehouseServicer,
 ) -> LakehouseServicer:
     """Add the service to ``server``; returns it (call ``shutdown`` after the server stops)."""
-    servicer = LakehouseServicer(manager, limits)
+    servicer = servicer_class(manager, limits)
     pb_grpc.add_LakehouseServiceServicer_to_server(servicer, server)
     return servicer
 
