@@ -1,0 +1,210 @@
+"""Group commit in the catalog and the gateway's committer, in one process.
+
+``Catalog.commit_group`` writes several commits as consecutive versions of one
+transaction; :class:`GroupCommitter` decides which requests go together. The
+end-to-end tests through real gateway processes are in
+``tests/integration/test_lakehouse_service.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from spark_integration._catalog import Catalog, CommitRequest, Committed
+from spark_integration._errors import ConcurrentModificationError
+from spark_integration._model import APPEND, OVERWRITE, FileEntry, Layout, LogRecord, TableMeta
+from spark_integration.server import GroupCommitter, LakehouseLimits, _Member, _Queue
+from txn import TransactionConfig, TransactionManager
+
+pytestmark = pytest.mark.unit
+
+TEST_CONFIG = TransactionConfig(resolve_wait_ms=300, lock_wait_ms=2000, settle_backoff_ms=1)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def tm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TransactionManager]:
+    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/store.db"
+    manager = TransactionManager.embedded(url, config=TEST_CONFIG)
+    yield manager
+    manager.close()
+
+
+def make_catalog(
+    tm: TransactionManager, follow_ups: Callable[[Callable[[], None]], object] | None = None
+) -> Catalog:
+    catalog = Catalog(tm, "c", follow_ups=follow_ups, commit_ts_of=tm.outcome_of)
+    catalog.create(TableMeta("t", "{}", (), "/w/t", 0), job_id="create")
+    return catalog
+
+
+def append(job: str, n_files: int = 1, **kw: object) -> CommitRequest:
+    files = tuple(FileEntry(f"_lh_job={job}/f{i}.parquet", 10, 1) for i in range(n_files))
+    return CommitRequest(APPEND, files, job, 10**13, **kw)  # type: ignore[arg-type]
+
+
+def records(tm: TransactionManager, catalog: Catalog) -> list[LogRecord]:
+    with tm.begin() as tx:
+        return [
+            LogRecord.decode(value)
+            for _, column, value in tx.scan(
+                catalog.layout.log, Layout.prefix("t"), Layout.prefix_end("t")
+            )
+            if column == Layout.COL_RECORD
+        ]
+
+
+def test_a_group_writes_consecutive_versions_in_one_transaction(tm: TransactionManager) -> None:
+    catalog = make_catalog(tm)
+    got = catalog.commit_group("t", [append("a", 2), append("b"), append("c", 3)])
+    assert [g.version for g in got if isinstance(g, Committed)] == [1, 2, 3]
+    assert all(isinstance(g, Committed) and g.group_size == 3 and not g.replayed for g in got)
+    logs = records(tm, catalog)[1:]
+    assert [r.job_id for r in logs] == ["a", "b", "c"]
+    assert [r.added_count for r in logs] == [2, 1, 3]
+    assert len({r.txn_start_ts for r in logs}) == 1  # one transaction
+    _, version, files = catalog.files("t", None, FileEntry)
+    assert version == 3 and len(files) == 6
+    assert [len(catalog.files("t", v, FileEntry)[2]) for v in (1, 2, 3)] == [2, 3, 6]
+
+
+def test_a_member_that_fails_its_own_check_commits_nothing_and_the_others_commit(
+    tm: TransactionManager,
+) -> None:
+    catalog = make_catalog(tm)
+    catalog.commit_group("t", [append("first")])
+    stale = CommitRequest(OVERWRITE, (), "stale", 10**13, base_version=0)
+    got = catalog.commit_group("t", [append("a"), stale, append("b")])
+    assert isinstance(got[1], ConcurrentModificationError)
+    assert [g.version for g in got if isinstance(g, Committed)] == [2, 3]
+    assert [r.job_id for r in records(tm, catalog)] == ["create", "first", "a", "b"]
+
+
+def test_a_resent_job_and_a_repeated_batch_get_their_first_version(
+    tm: TransactionManager,
+) -> None:
+    catalog = make_catalog(tm)
+    (first,) = catalog.commit_group("t", [append("a", app_id="app", batch_id=7)])
+    assert isinstance(first, Committed) and first.version == 1
+    got = catalog.commit_group(
+        "t",
+        [
+            append("a", app_id="app", batch_id=7),  # the same job sent again: its own version
+            append("b", app_id="app", batch_id=7),  # another job, same batch: a replay
+            append("c", app_id="app", batch_id=8),
+            append("d", app_id="app", batch_id=8),  # a replay of a member of this group
+            append("c", app_id="app", batch_id=8),  # c again, inside the group
+        ],
+    )
+    assert [(g.version, g.replayed) for g in got if isinstance(g, Committed)] == [
+        (1, False),
+        (1, True),
+        (2, False),
+        (2, True),
+        (2, False),
+    ]
+    assert [r.job_id for r in records(tm, catalog)] == ["create", "a", "c"]
+
+
+def test_history_has_every_commit_ts_before_the_follow_up_work_ran(
+    tm: TransactionManager,
+) -> None:
+    held: list[Callable[[], None]] = []
+    catalog = make_catalog(tm, follow_ups=held.append)  # follow-ups never run
+    got = catalog.commit_group("t", [append("a"), append("b")])
+    assert held  # the recording of commit_ts was queued, not done
+    commit_ts = {g.commit_ts for g in got if isinstance(g, Committed)}
+    assert len(commit_ts) == 1 and None not in commit_ts
+    history = catalog.history("t")
+    assert [h.commit_ts for h in history[1:]] == [commit_ts.pop()] * 2
+    held[0]()  # running it later records the same value
+    assert [h.commit_ts for h in catalog.history("t")[1:]] == [h.commit_ts for h in history[1:]]
+
+
+class HeldCommitter(GroupCommitter):
+    """Holds the first group until ``release`` is set, recording every group's jobs."""
+
+    def __init__(self, limits: LakehouseLimits) -> None:
+        super().__init__(limits)
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.groups: list[list[str]] = []
+
+    def before_group(self, name: str, requests: list[CommitRequest]) -> None:
+        self.groups.append([r.job_id for r in requests])
+        self.entered.set()
+        assert self.release.wait(30)
+
+
+def test_requests_queued_behind_a_commit_go_together_within_the_limits(
+    tm: TransactionManager,
+) -> None:
+    catalog = make_catalog(tm)
+    committer = HeldCommitter(LakehouseLimits(max_group_commits=4))
+    results: dict[str, Committed] = {}
+
+    def submit(request: CommitRequest) -> None:
+        results[request.job_id] = committer.commit(catalog, "t", request)
+
+    first = threading.Thread(target=submit, args=(append("first"),))
+    first.start()
+    assert committer.entered.wait(30)
+    queued = [append(f"q{i}") for i in range(5)]
+    overwrite = CommitRequest(OVERWRITE, (), "ow", 10**13, base_version=6)
+    threads = []
+    for request in [*queued, overwrite]:
+        thread = threading.Thread(target=submit, args=(request,))
+        thread.start()
+        threads.append(thread)
+        while sum(len(q.pending) for q in committer._queues.values()) < len(threads):
+            threading.Event().wait(0.001)
+    committer.release.set()
+    for thread in [first, *threads]:
+        thread.join(30)
+    assert committer.groups == [["first"], ["q0", "q1", "q2", "q3"], ["q4"], ["ow"]]
+    assert [results[j].version for j in ["first", "q0", "q1", "q2", "q3", "q4", "ow"]] == list(
+        range(1, 8)
+    )
+    assert results["q2"].group_size == 4 and results["ow"].group_size == 1
+
+
+def test_a_group_is_cut_at_its_byte_bound() -> None:
+    big = append("b0", 40).size_bytes()
+    committer = HeldCommitter(LakehouseLimits(max_group_bytes=2 * big))
+    committer.release.set()
+    queue_requests = [append(f"b{i}", 40) for i in range(3)]
+    queue = _Queue()
+    queue.pending.extend(_Member(r) for r in queue_requests)
+    assert [m.request.job_id for m in committer._take(queue)] == ["b0", "b1"]
+    assert [m.request.job_id for m in committer._take(queue)] == ["b2"]
+
+
+def test_a_failed_group_transaction_reaches_every_member(tm: TransactionManager) -> None:
+    catalog = make_catalog(tm)
+    committer = HeldCommitter(LakehouseLimits())
+    errors: list[BaseException] = []
+
+    def boom(name: str, requests: list[CommitRequest]) -> None:
+        raise RuntimeError("store gone (injected)")
+
+    committer.after_group = boom  # type: ignore[method-assign]
+    committer.release.set()
+
+    def submit(job: str) -> None:
+        try:
+            committer.commit(catalog, "t", append(job))
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit, args=(f"j{i}",)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(errors) == 3
+    # The worker survived: the next commit goes through.
+    committer.after_group = lambda name, requests: None  # type: ignore[method-assign]
+    assert committer.commit(catalog, "t", append("after")).version == 4
