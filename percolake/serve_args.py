@@ -40,6 +40,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--idle-timeout-s", type=float, default=300.0, help="abort transactions idle this long"
     )
+    parser.add_argument(
+        "--max-group-commits",
+        type=int,
+        default=64,
+        help="lakehouse appends to one table committed together in one transaction, at most",
+    )
+    parser.add_argument(
+        "--max-group-kb",
+        type=int,
+        default=4096,
+        help="size bound of one lakehouse group commit (its file entries), in KiB",
+    )
     parser.add_argument("--grace-s", type=float, default=30.0, help="drain time on SIGTERM")
     parser.add_argument("--ready-file", help="write the bound port here once serving")
     protocol = TransactionConfig()

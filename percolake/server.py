@@ -286,6 +286,10 @@ def serve_from_args(
                 max_open_transactions=args.max_open_txns,
                 idle_timeout_s=args.idle_timeout_s,
             ),
+            lakehouse_limits=LakehouseLimits(
+                max_group_commits=args.max_group_commits,
+                max_group_bytes=args.max_group_kb * 1024,
+            ),
             txn_config=TransactionConfig(
                 lease_ms=args.lease_ms,
                 lock_wait_ms=args.lock_wait_ms,
