@@ -134,30 +134,32 @@ class _GroupAttempt:
         self.name = name
         self.tx = tx
 
-    def _read_mark(self, row: bytes) -> int | None:
-        raw = self.tx.get(self.layout.marks, row, Layout.COL_MARK)
-        return None if raw is None else int(raw)
+    def _read_marks(self, requests: Sequence[CommitRequest]) -> dict[bytes, int]:
+        """Every job and batch mark the requests could find, in one round trip."""
+        rows: list[bytes] = []
+        for r in requests:
+            rows.append(Layout.job_mark_row(self.name, r.job_id))
+            if r.app_id is not None and r.batch_id is not None:
+                rows.append(Layout.mark_row(self.name, r.app_id, r.batch_id))
+        found = self.tx.get_many(self.layout.marks, [(row, Layout.COL_MARK) for row in rows])
+        return {row: int(raw) for (row, _), raw in found.items()}
 
     def run(self, requests: Sequence[CommitRequest]) -> list[_Staged | ConcurrentModificationError]:
         name, layout, tx = self.name, self.layout, self.tx
         head = start = self.catalog._read_head(tx, name)
-        jobs: dict[str, int] = {}  # job id -> version, within this group
-        batches: dict[bytes, int] = {}  # mark row -> version, within this group
+        # Mark row -> version: those committed before, then those of this group.
+        marks = self._read_marks(requests)
         out: list[_Staged | ConcurrentModificationError] = []
         for r in requests:
             job_row = Layout.job_mark_row(name, r.job_id)
-            done = jobs.get(r.job_id)
-            if done is None:
-                done = self._read_mark(job_row)
+            done = marks.get(job_row)
             if done is not None:
                 out.append(_Staged(_OWN, done, r.job_id, head.gen, head.gen_start))
                 continue
             mark_row = None
             if r.app_id is not None and r.batch_id is not None:
                 mark_row = Layout.mark_row(name, r.app_id, r.batch_id)
-                done = batches.get(mark_row)
-                if done is None:
-                    done = self._read_mark(mark_row)
+                done = marks.get(mark_row)
                 if done is not None:
                     out.append(_Staged(_REPLAY, done, r.job_id, head.gen, head.gen_start))
                     continue
@@ -180,9 +182,9 @@ class _GroupAttempt:
                 )
                 continue
             head = self._write(head, r, job_row, mark_row)
-            jobs[r.job_id] = head.version
+            marks[job_row] = head.version
             if mark_row is not None:
-                batches[mark_row] = head.version
+                marks[mark_row] = head.version
             out.append(_Staged(_NEW, head.version, r.job_id, head.gen, head.gen_start))
         if head is not start:
             tx.put(layout.head, Layout.name_row(name), Layout.COL_HEAD, head.encode())
