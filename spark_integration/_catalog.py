@@ -263,7 +263,9 @@ class Catalog:
         #: ``None`` runs it before the commit returns.
         self._follow_ups = follow_ups
         #: The commit timestamp of the transaction that began at a start timestamp,
-        #: where the manager can look it up (a gateway's embedded manager).
+        #: where the manager can look it up (a gateway's embedded manager). A catalog
+        #: that has it records no commit timestamps: history looks each one up by
+        #: its log record's ``txn_start_ts``.
         self._commit_ts_of = commit_ts_of
         self.layout = Layout(catalog)
         self._commit_timeout_s = commit_timeout_s
@@ -522,7 +524,9 @@ class Catalog:
         )
         for staged in fresh:
             self._follow_up(fp.AFTER_COMMIT_POINT, staged.job_id, f"follow-up work of {where}")
-        if commit_ts is not None:  # unknown when an unknown outcome was settled
+        # Unknown when an unknown outcome was settled. Not needed where history can
+        # look it up in the transactions table: one transaction less per commit.
+        if commit_ts is not None and self._commit_ts_of is None:
             self._follow_up(
                 fp.BEFORE_RECORD_COMMIT_TS,
                 fresh[0].job_id,

@@ -39,7 +39,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from percolake.errors import StoreError
 
@@ -412,6 +412,11 @@ class KVStore(abc.ABC):
     order; Cassandra orders writes of one version by the clients' clocks, which
     nothing synchronises).
     """
+
+    #: Whether requests made from several threads at once overlap (a networked
+    #: store): the transaction layer then sends its requests for different tables
+    #: together instead of one table after another.
+    concurrent_requests: ClassVar[bool] = False
 
     # --- versioned cells -------------------------------------------------------
 

@@ -211,6 +211,8 @@ _SCAN_SELECT = (
 class CassandraStore(KVStore):
     """:class:`KVStore` on Apache Cassandra (see the module docstring for the layout)."""
 
+    concurrent_requests = True
+
     def __init__(self, url: str) -> None:
         self.settings = parse_cassandra_url(url)
         self._url = redact_url(url)
