@@ -74,13 +74,14 @@ Modules: URL parsing and :func:`shard_of` live in :mod:`storage_adapters._cassan
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from cassandra import ConsistencyLevel
 from cassandra.auth import PlainTextAuthProvider
@@ -158,38 +159,61 @@ _MAX_WRITE_TIME = (1 << 63) - 1
 # Table IDs derived from keyspace and table name: two clients creating the same table
 # at once agree on its ID instead of racing to a schema disagreement.
 _TABLE_ID_NAMESPACE = uuid.UUID("2f1f8c3e-6a43-5d7e-9a57-3c0fd6d4a1b2")
-_FORMAT_VERSION = "1"
+#: The physical layout: "1" was one ``versions`` table read with GROUP BY; "2" is this one.
+_FORMAT_VERSION = "2"
+_FORMAT_1_TABLE = "versions"
 
 
 # --- the store ------------------------------------------------------------------------
+
+#: How long a deleted version's tombstone must outlive the delete before compaction may
+#: drop it. Short on purpose (the default is 10 days): every delete removes a version no
+#: reader uses, so a version that comes back (a replica that missed the delete and was
+#: not repaired in time) changes no read. See the module docstring.
+VERSIONS_GC_GRACE_S = 3600
+#: An SSTable of ``cell_versions`` older than this, whose droppable tombstones exceed
+#: Cassandra's ``tombstone_threshold`` (20%), is compacted alone to drop them, without
+#: waiting for its level to fill (the default interval is a day).
+TOMBSTONE_COMPACTION_INTERVAL_S = 3600
+#: Scans read a shard's index at most this many cells per request, and resolve them in
+#: chunks of ``_IN_LIMIT``: with two pages in flight per shard, a 32-shard scan keeps
+#: at most ~640 requests outstanding, well under the driver's per-connection limit.
+SCAN_PAGE_CELLS = 1000
 
 
 @dataclass(frozen=True, slots=True)
 class _Statements:
     insert_version: Any
-    latest: Any
-    latest_rows: Any  # row IN ?, col = ?
-    latest_cols: Any  # row = ?, col IN ?
+    index_cell: Any
+    latest_one: Any  # cell = ?
+    latest: Any  # cell IN ?
+    version_ts_one: Any
     version_ts: Any
-    version_ts_rows: Any
-    version_ts_cols: Any
-    write_time: Any
+    write_time: Any  # cell IN ?, ts = ?
     delete_version: Any
-    scan_from: Any  # (row, col) >= cursor
-    scan_after: Any  # (row, col) > cursor
-    scan_from_until: Any
-    scan_after_until: Any
+    index_from: Any  # (row, col) >= cursor
+    index_after: Any  # (row, col) > cursor
+    index_from_until: Any
+    index_after_until: Any
     put_unless_exists: Any
     compare_and_set: Any
     get_system: Any
 
 
 _DDL = {
-    "versions": """
-        CREATE TABLE IF NOT EXISTS {ks}.versions (
-            tbl text, shard int, row blob, col blob, ts bigint, value blob, deleted boolean,
-            PRIMARY KEY ((tbl, shard), row, col, ts)
-        ) WITH CLUSTERING ORDER BY (row ASC, col ASC, ts DESC) AND ID = {id}""",
+    "cell_versions": f"""
+        CREATE TABLE IF NOT EXISTS {{ks}}.cell_versions (
+            tbl text, cell blob, ts bigint, value blob, deleted boolean,
+            PRIMARY KEY ((tbl, cell), ts)
+        ) WITH CLUSTERING ORDER BY (ts DESC) AND ID = {{id}}
+        AND gc_grace_seconds = {VERSIONS_GC_GRACE_S}
+        AND compaction = {{{{'class': 'LeveledCompactionStrategy',
+            'unchecked_tombstone_compaction': 'true',
+            'tombstone_compaction_interval': '{TOMBSTONE_COMPACTION_INTERVAL_S}'}}}}""",
+    "cells": """
+        CREATE TABLE IF NOT EXISTS {ks}.cells (
+            tbl text, shard int, row blob, col blob, PRIMARY KEY ((tbl, shard), row, col)
+        ) WITH ID = {id} AND compaction = {{'class': 'LeveledCompactionStrategy'}}""",
     "system_rows": """
         CREATE TABLE IF NOT EXISTS {ks}.system_rows (
             tbl text, key blob, value blob, PRIMARY KEY ((tbl, key))
@@ -200,12 +224,37 @@ _DDL = {
         ) WITH ID = {id}""",
 }
 
-_SCAN_SELECT = (
-    "SELECT row, col, ts, value, deleted FROM {ks}.versions "
-    "WHERE tbl = ? AND shard = ? AND (row, col) {op} (?, ?) {until}AND ts < ? "
-    # GROUP BY returns each cell's first row, its newest version below ts (ts DESC).
-    "GROUP BY row, col LIMIT ? ALLOW FILTERING"
+_INDEX_SELECT = (
+    "SELECT row, col FROM {ks}.cells "
+    "WHERE tbl = ? AND shard = ? AND (row, col) {op} (?, ?) {until}LIMIT ?"
 )
+
+
+def cell_key(row: bytes, column: bytes) -> bytes:
+    """A cell's partition key in ``cell_versions``: 32 bytes whatever the cell's size.
+
+    BLAKE2b-256 of the row's length (4 bytes), the row and the column: the length keeps
+    ``(b"ab", b"c")`` and ``(b"a", b"bc")`` apart. A collision would need 2**128 cells.
+    """
+    return hashlib.blake2b(
+        len(row).to_bytes(4, "big") + row + column, digest_size=32, person=b"percolake.cell"
+    ).digest()
+
+
+def _format_error(keyspace: str, found: str) -> ValueError:
+    if found == "1":
+        what = (
+            "percolake's format 1 Cassandra layout (one table 'versions' read with GROUP BY, "
+            "which crosses every older version and every clean-up tombstone: issue 18)"
+        )
+    else:
+        what = f"percolake Cassandra layout format {found!r}"
+    return ValueError(
+        f"keyspace {keyspace!r} holds {what}; this percolake reads format {_FORMAT_VERSION} "
+        "only (tables 'cell_versions' and 'cells') and converts nothing. Open a new "
+        "keyspace, or copy the cells over (scan with the old version, put_versions with "
+        "this one)."
+    )
 
 
 class CassandraStore(KVStore):
@@ -307,6 +356,8 @@ class CassandraStore(KVStore):
             )
             metadata = self._cluster.metadata.keyspaces.get(s.keyspace)
         existing = set(metadata.tables) if metadata is not None else set()
+        if _FORMAT_1_TABLE in existing:  # checked before anything is created in it
+            raise _format_error(s.keyspace, "1")
         for table, ddl in _DDL.items():
             if table not in existing:
                 table_id = uuid.uuid5(_TABLE_ID_NAMESPACE, f"{s.keyspace}.{table}")
@@ -339,51 +390,32 @@ class CassandraStore(KVStore):
             statement.is_idempotent = idempotent
             return statement
 
-        cell = "tbl = ? AND shard = ? AND row = ? AND col = ?"
+        versions = "SELECT cell, ts, value, deleted FROM {ks}.cell_versions WHERE tbl = ? AND "
+        stamps = "SELECT cell, ts FROM {ks}.cell_versions WHERE tbl = ? AND "
+        until = "AND (row) < (?) "
         return _Statements(
             insert_version=prepare(
-                "INSERT INTO {ks}.versions (tbl, shard, row, col, ts, value, deleted) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO {ks}.cell_versions (tbl, cell, ts, value, deleted) "
+                "VALUES (?, ?, ?, ?, ?)"
             ),
-            latest=prepare(
-                f"SELECT row, col, ts, value, deleted FROM {{ks}}.versions WHERE {cell} "
-                "AND ts < ? LIMIT 1"
-            ),
-            # GROUP BY returns each cell's first row: its newest version below ts.
-            latest_rows=prepare(
-                "SELECT row, col, ts, value, deleted FROM {ks}.versions WHERE tbl = ? "
-                "AND shard = ? AND row IN ? AND col = ? AND ts < ? GROUP BY row, col"
-            ),
-            latest_cols=prepare(
-                "SELECT row, col, ts, value, deleted FROM {ks}.versions WHERE tbl = ? "
-                "AND shard = ? AND row = ? AND col IN ? AND ts < ? GROUP BY row, col"
-            ),
-            version_ts=prepare(
-                f"SELECT row, col, ts FROM {{ks}}.versions WHERE {cell} AND ts > ? AND ts < ? "
-                "LIMIT ?"
-            ),
-            version_ts_rows=prepare(
-                "SELECT row, col, ts FROM {ks}.versions WHERE tbl = ? AND shard = ? "
-                "AND row IN ? AND col = ? AND ts > ? AND ts < ? LIMIT ?"
-            ),
-            version_ts_cols=prepare(
-                "SELECT row, col, ts FROM {ks}.versions WHERE tbl = ? AND shard = ? "
-                "AND row = ? AND col IN ? AND ts > ? AND ts < ? LIMIT ?"
-            ),
+            index_cell=prepare("INSERT INTO {ks}.cells (tbl, shard, row, col) VALUES (?, ?, ?, ?)"),
+            # The newest version below ts: the first row of the partition (ts DESC).
+            latest_one=prepare(versions + "cell = ? AND ts < ? LIMIT 1"),
+            latest=prepare(versions + "cell IN ? AND ts < ? PER PARTITION LIMIT 1"),
+            version_ts_one=prepare(stamps + "cell = ? AND ts > ? AND ts < ? LIMIT ?"),
+            version_ts=prepare(stamps + "cell IN ? AND ts > ? AND ts < ? PER PARTITION LIMIT ?"),
             write_time=prepare(
-                f"SELECT WRITETIME(deleted) FROM {{ks}}.versions WHERE {cell} AND ts = ?"
+                "SELECT cell, WRITETIME(deleted) FROM {ks}.cell_versions "
+                "WHERE tbl = ? AND cell IN ? AND ts = ?"
             ),
             delete_version=prepare(
-                f"DELETE FROM {{ks}}.versions USING TIMESTAMP ? WHERE {cell} AND ts = ?"
+                "DELETE FROM {ks}.cell_versions USING TIMESTAMP ? "
+                "WHERE tbl = ? AND cell = ? AND ts = ?"
             ),
-            scan_from=prepare(_SCAN_SELECT.format(ks="{ks}", op=">=", until="")),
-            scan_after=prepare(_SCAN_SELECT.format(ks="{ks}", op=">", until="")),
-            scan_from_until=prepare(
-                _SCAN_SELECT.format(ks="{ks}", op=">=", until="AND (row) < (?) ")
-            ),
-            scan_after_until=prepare(
-                _SCAN_SELECT.format(ks="{ks}", op=">", until="AND (row) < (?) ")
-            ),
+            index_from=prepare(_INDEX_SELECT.format(ks="{ks}", op=">=", until="")),
+            index_after=prepare(_INDEX_SELECT.format(ks="{ks}", op=">", until="")),
+            index_from_until=prepare(_INDEX_SELECT.format(ks="{ks}", op=">=", until=until)),
+            index_after_until=prepare(_INDEX_SELECT.format(ks="{ks}", op=">", until=until)),
             put_unless_exists=prepare(
                 "INSERT INTO {ks}.system_rows (tbl, key, value) VALUES (?, ?, ?) IF NOT EXISTS",
                 idempotent=False,
@@ -401,7 +433,9 @@ class CassandraStore(KVStore):
         insert = self._session.prepare(
             f"INSERT INTO {ks}.store_meta (name, value) VALUES (?, ?) IF NOT EXISTS"
         )
-        self._execute_lwt(insert, ("format", _FORMAT_VERSION))
+        applied, stored = self._execute_lwt(insert, ("format", _FORMAT_VERSION))
+        if not applied and stored != _FORMAT_VERSION:
+            raise _format_error(self.settings.keyspace, str(stored))
         applied, stored = self._execute_lwt(insert, ("shards", str(self.settings.shards)))
         shards = self.settings.shards if applied else int(stored or DEFAULT_SHARDS)
         if self.settings.shards_given and shards != self.settings.shards:
@@ -414,21 +448,35 @@ class CassandraStore(KVStore):
     # --- versioned cells ------------------------------------------------------------
 
     def put_versions(self, table: str, versions: Sequence[VersionWrite]) -> None:
+        """Write each version into its cell's partition and the cell into the index.
+
+        Both land before this returns, or it raises: the committer never reaches its
+        commit point after a failed ``put_versions`` (it aborts), so a committed version
+        always has its index row and scans find it.
+        """
         check_table(table)
         writes = check_writes(versions)
         self._check_open()
         # The last write of a version wins, as in the reference backend; within one
         # batch Cassandra would instead keep the greater value.
         latest = {(v.row, v.column, v.ts): v.value for v in writes}
-        items = [
-            (
-                shard_of(row, self.shards),
-                (table, shard_of(row, self.shards), row, column, ts, value or b"", value is None),
-                len(row) + len(column) + len(value or b"") + 32,
+        version_items: list[tuple[Hashable, tuple[Any, ...], int]] = []
+        index_items: dict[tuple[bytes, bytes], tuple[Hashable, tuple[Any, ...], int]] = {}
+        for (row, column, ts), value in latest.items():
+            key = cell_key(row, column)
+            version_items.append(
+                (key, (table, key, ts, value or b"", value is None), len(value or b"") + 80)
             )
-            for (row, column, ts), value in latest.items()
-        ]
-        self._execute_all(_batched(self._stmts.insert_version, items), write=True)
+            if (row, column) not in index_items:
+                shard = shard_of(row, self.shards)
+                index_items[row, column] = (
+                    shard,
+                    (table, shard, row, column),
+                    len(row) + len(column) + 24,
+                )
+        queries = _batched(self._stmts.insert_version, version_items)
+        queries += _batched(self._stmts.index_cell, list(index_items.values()))
+        self._execute_all(queries, write=True)
 
     def get_latest(
         self, table: str, cells: Sequence[tuple[bytes, bytes]], below_ts: int
@@ -437,14 +485,14 @@ class CassandraStore(KVStore):
         wanted = check_cells(cells)
         check_ts("below_ts", below_ts)
         self._check_open()
-        queries = []
-        for group in self._cell_groups(wanted):
-            stmt = (self._stmts.latest, self._stmts.latest_rows, self._stmts.latest_cols)
-            queries.append((stmt[group.kind], (table, *group.key_params(), below_ts)))
+        keys = {cell_key(c.row, c.column): c for c in wanted}
+        queries = self._per_cell(
+            self._stmts.latest_one, self._stmts.latest, table, list(keys), (below_ts,)
+        )
         out: dict[Cell, Version] = {}
         for rows in self._execute_all(queries, write=False):
-            for row, column, ts, value, deleted in rows:
-                out[Cell(row, column)] = Version(ts, _value(value, deleted))
+            for key, ts, value, deleted in rows:
+                out[keys[_bytes(key)]] = Version(ts, _value(value, deleted))
         return out
 
     def scan(
@@ -480,9 +528,10 @@ class CassandraStore(KVStore):
             shards: Sequence[int] = [shard_of(start_row, self.shards)]
         else:
             shards = range(self.shards)
+        max_limit = min(page_size, SCAN_PAGE_CELLS)
         # Rows spread evenly over shards, so a first page of 2 * page_size / shards per
         # shard usually fills the caller's first page without reading far ahead.
-        first_limit = min(page_size, max(16, 2 * -(-page_size // len(shards))))
+        first_limit = min(max_limit, max(16, 2 * -(-page_size // len(shards))))
         streams = [
             _ShardScan(
                 self,
@@ -493,7 +542,7 @@ class CassandraStore(KVStore):
                 end_row,
                 below_ts,
                 first_limit,
-                page_size,
+                max_limit,
             )
             for shard in shards
         ]
@@ -517,56 +566,26 @@ class CassandraStore(KVStore):
                 raise TypeError(f"{name} must be int, got {type(bound).__name__}")
         limit = check_limit(limit)
         self._check_open()
-        wanted = list(dict.fromkeys(wanted))
         # Stored timestamps lie in [0, MAX_TIMESTAMP]: clamp the open bounds to what
         # a bigint can carry without changing which versions match.
         above_ts, below_ts = max(above_ts, -1), min(below_ts, MAX_TIMESTAMP)
         if below_ts <= above_ts + 1:
             return {}
-        stmts = (self._stmts.version_ts, self._stmts.version_ts_rows, self._stmts.version_ts_cols)
-        groups = self._cell_groups(wanted)
-        queries = []
-        for group in groups:
-            # One LIMIT for the whole group: enough when no cell has more than its share.
-            group_limit = (
-                MAX_PAGE_SIZE if limit is None else min(limit * len(group.cells), MAX_PAGE_SIZE)
-            )
-            params = (table, *group.key_params(), above_ts, below_ts, group_limit)
-            queries.append((stmts[group.kind], params))
-        found: dict[Cell, list[int]] = {}
-        short: list[Cell] = []  # cells a group's LIMIT may have cut off
-        for group, (_, params), rows in zip(
-            groups, queries, self._execute_all(queries, write=False), strict=True
-        ):
-            for row, column, ts in rows:
-                found.setdefault(Cell(row, column), []).append(ts)
-            if limit is not None and len(rows) == params[-1]:
-                short += [c for c in group.cells if len(found.get(c, ())) < limit]
-        if short:
-            assert limit is not None
-            retry = [
-                (
-                    stmts[0],
-                    (
-                        table,
-                        shard_of(c.row, self.shards),
-                        c.row,
-                        c.column,
-                        above_ts,
-                        below_ts,
-                        min(limit, MAX_PAGE_SIZE),
-                    ),
-                )
-                for c in short
-            ]
-            for cell, rows in zip(short, self._execute_all(retry, write=False), strict=True):
-                found.pop(cell, None)
-                if rows:
-                    found[cell] = [ts for _, _, ts in rows]
+        keys = {cell_key(c.row, c.column): c for c in wanted}
+        per_cell = MAX_PAGE_SIZE if limit is None else min(limit, MAX_PAGE_SIZE)
+        queries = self._per_cell(
+            self._stmts.version_ts_one,
+            self._stmts.version_ts,
+            table,
+            list(keys),
+            (above_ts, below_ts, per_cell),
+        )
         out: dict[Cell, list[int]] = {}
-        for cell, tss in found.items():
-            tss.sort(reverse=True)
-            out[cell] = tss if limit is None else tss[:limit]
+        for rows in self._execute_all(queries, write=False):
+            for key, ts in rows:
+                out.setdefault(keys[_bytes(key)], []).append(ts)
+        for tss in out.values():
+            tss.sort(reverse=True)  # one partition's rows come newest first; this is cheap
         return out
 
     def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
@@ -578,24 +597,57 @@ class CassandraStore(KVStore):
         version in place. So each version's write time is read first (at the data
         consistency level, which sees every write that completed or was read) and the
         delete carries ``max(this client's clock, write time + 1)``: it beats that
-        write and any late copy of it (a resent request, a replayed hint), and a write
-        this client makes afterwards still beats the delete, as on the other backends.
-        One read per version: deletes are the cleaner's, of aborted writers only.
+        write and any late copy of it (a resent request, a replayed hint, for
+        ``VERSIONS_GC_GRACE_S``), and a write this client makes afterwards still beats
+        the delete, as on the other backends. The write times of one timestamp's
+        versions are read together (a cleaner deletes one aborted writer's versions:
+        one timestamp, many cells), ``_IN_LIMIT`` cells a request.
+
+        Each delete is one row tombstone in the version's own cell partition, never a
+        range: a range tombstone stamped above the doomed versions' write times would
+        also cover a version another writer puts inside the range later with a lagging
+        clock (a committed one, perhaps), and nothing orders those clocks.
         """
         check_table(table)
         doomed = list(dict.fromkeys(check_deletes(versions)))
         self._check_open()
         if not doomed:
             return
-        keys = [(table, shard_of(c.row, self.shards), c.row, c.column, ts) for c, ts in doomed]
-        written = self._execute_many(self._stmts.write_time, keys, write=False)
+        by_ts: dict[int, list[bytes]] = {}
+        for cell, ts in doomed:
+            by_ts.setdefault(ts, []).append(cell_key(cell.row, cell.column))
+        reads = [
+            (self._stmts.write_time, (table, keys[i : i + _IN_LIMIT], ts))
+            for ts, keys in by_ts.items()
+            for i in range(0, len(keys), _IN_LIMIT)
+        ]
+        written: dict[tuple[bytes, int], int] = {}
+        for (_, (_, _, ts)), rows in zip(reads, self._execute_all(reads, write=False), strict=True):
+            for key, write_time in rows:
+                if write_time is not None:
+                    written[_bytes(key), ts] = write_time
         now = self._session.cluster.timestamp_generator()
-        items: list[tuple[int, tuple[Any, ...], int]] = []
-        for key, rows in zip(keys, written, strict=True):
-            write_time = max((r[0] for r in rows if r[0] is not None), default=None)
-            at = now if write_time is None else min(max(now, write_time + 1), _MAX_WRITE_TIME)
-            items.append((key[1], (at, *key), len(key[2]) + len(key[3]) + 40))
-        self._execute_all(_batched(self._stmts.delete_version, items), write=True)
+        deletes: list[tuple[Any, tuple[Any, ...] | None]] = []
+        for ts, keys in by_ts.items():
+            for key in keys:
+                write_time = written.get((key, ts))
+                at = now if write_time is None else min(max(now, write_time + 1), _MAX_WRITE_TIME)
+                deletes.append((self._stmts.delete_version, (at, table, key, ts)))
+        self._execute_all(deletes, write=True)
+
+    def _per_cell(
+        self, one: Any, many: Any, table: str, keys: list[bytes], rest: tuple[Any, ...]
+    ) -> list[tuple[Any, tuple[Any, ...] | None]]:
+        """Reads of cell partitions: ``_IN_LIMIT`` cells a request (``cell IN ?``), and a
+        lone cell by ``cell = ?``, which the driver routes to a replica (token aware)."""
+        queries: list[tuple[Any, tuple[Any, ...] | None]] = []
+        for i in range(0, len(keys), _IN_LIMIT):
+            chunk = keys[i : i + _IN_LIMIT]
+            if len(chunk) == 1:
+                queries.append((one, (table, chunk[0], *rest)))
+            else:
+                queries.append((many, (table, chunk, *rest)))
+        return queries
 
     # --- system rows ----------------------------------------------------------------
 
@@ -698,36 +750,6 @@ class CassandraStore(KVStore):
                 raise translate_error(exc, conditional_write=False, write=write) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _cell_groups(self, cells: Sequence[Cell]) -> list[_CellGroup]:
-        """Cells grouped for one query per group: same partition, and same column or row.
-
-        Per partition, by column (``row IN ?``) or by row (``col IN ?``), whichever
-        makes fewer queries. A query per group rather than per cell: a 100-cell
-        transaction costs about ``shards`` requests instead of 100.
-        """
-        by_shard: dict[int, list[Cell]] = {}
-        for cell in dict.fromkeys(cells):
-            by_shard.setdefault(shard_of(cell.row, self.shards), []).append(cell)
-        groups: list[_CellGroup] = []
-        for shard, members in by_shard.items():
-            by_column: dict[bytes, list[Cell]] = {}
-            by_row: dict[bytes, list[Cell]] = {}
-            for cell in members:
-                by_column.setdefault(cell.column, []).append(cell)
-                by_row.setdefault(cell.row, []).append(cell)
-            kind, split = (
-                (_CellGroup.ROWS, by_column)
-                if len(by_column) <= len(by_row)
-                else (_CellGroup.COLUMNS, by_row)
-            )
-            for same in split.values():
-                for i in range(0, len(same), _IN_LIMIT):
-                    chunk = same[i : i + _IN_LIMIT]
-                    groups.append(
-                        _CellGroup(_CellGroup.ONE if len(chunk) == 1 else kind, shard, chunk)
-                    )
-        return groups
-
     def _execute_lwt(self, statement: Any, params: tuple[Any, ...]) -> tuple[bool, Any]:
         """Run one conditional write: ``(applied, value found when not applied)``."""
         try:
@@ -746,7 +768,13 @@ class CassandraStore(KVStore):
 
 
 class _ShardScan:
-    """One shard's part of a scan: sorted pages, each requested before the last is read."""
+    """One shard's part of a scan: index pages resolved to each cell's newest version.
+
+    A page of the shard's ``cells`` index (sorted by row, column) is resolved through
+    ``cell_versions`` (``PER PARTITION LIMIT 1`` below the scan timestamp), and cells
+    without such a version are skipped. While a page is consumed the next one is
+    already read and being resolved: two pages in flight per shard.
+    """
 
     def __init__(
         self,
@@ -769,74 +797,81 @@ class _ShardScan:
         self._below_ts = below_ts
         self._limit = first_limit
         self._max_limit = max_limit
-        self._pending: Any = None
+        self._pending: Any = None  # the index page being read, if any
 
     def request(self) -> None:
-        """Start fetching the next page, asynchronously."""
+        """Start reading the next index page, asynchronously."""
         stmts = self._store._stmts
         row, column = self._cursor
         params: list[Any] = [self._table, self._shard, row, column]
         if self._end_row is None:
-            statement = stmts.scan_from if self._inclusive else stmts.scan_after
+            statement = stmts.index_from if self._inclusive else stmts.index_after
         else:
-            statement = stmts.scan_from_until if self._inclusive else stmts.scan_after_until
+            statement = stmts.index_from_until if self._inclusive else stmts.index_after_until
             params.append(self._end_row)
-        params += [self._below_ts, self._limit]
+        params.append(self._limit)
+        self._pending = self._send(statement, params)
+
+    def entries(self) -> Iterator[ScanEntry]:
+        page = self._next_page()
+        while page is not None:
+            cells, resolving = page
+            page = self._next_page()  # read and resolve the next page meanwhile
+            found: dict[bytes, tuple[int, bytes | None]] = {}
+            for future in resolving:
+                for key, ts, value, deleted in self._result(future):
+                    found[_bytes(key)] = (ts, _value(value, deleted))
+            for row, column, key in cells:
+                version = found.get(key)
+                if version is not None:
+                    yield ScanEntry(row, column, version[0], version[1])
+
+    def _next_page(self) -> tuple[list[tuple[bytes, bytes, bytes]], list[Any]] | None:
+        """The next index page and the requests resolving it; ``None`` at the end."""
+        if self._pending is None:
+            return None
+        rows = self._result(self._pending)
+        self._pending = None
+        if len(rows) == self._limit:  # maybe more: ask now, read while it travels
+            last = rows[-1]
+            self._cursor, self._inclusive = (_bytes(last[0]), _bytes(last[1])), False
+            self._limit = min(self._max_limit, self._limit * 2)
+            self.request()
+        cells = [(_bytes(r), _bytes(c), cell_key(_bytes(r), _bytes(c))) for r, c in rows]
+        keys = [key for _, _, key in cells]
+        store = self._store
+        queries = store._per_cell(
+            store._stmts.latest_one, store._stmts.latest, self._table, keys, (self._below_ts,)
+        )
+        return cells, [self._send(statement, params) for statement, params in queries]
+
+    def _send(self, statement: Any, params: Any) -> Any:
         try:
-            self._pending = self._store._session.execute_async(statement, params)
+            return self._store._session.execute_async(statement, params)
         except Exception as exc:
             raise translate_error(exc, conditional_write=False, write=False) from exc
 
-    def entries(self) -> Iterator[ScanEntry]:
-        while self._pending is not None:
-            try:
-                rows = list(self._pending.result())
-            except Exception as exc:
-                raise translate_error(exc, conditional_write=False, write=False) from exc
-            self._pending = None
-            if len(rows) == self._limit:  # maybe more: ask now, read while it travels
-                last = rows[-1]
-                self._cursor, self._inclusive = (last[0], last[1]), False
-                self._limit = min(self._max_limit, self._limit * 2)
-                self.request()
-            for row, column, ts, value, deleted in rows:
-                yield ScanEntry(row, column, ts, _value(value, deleted))
-
-
-@dataclass(frozen=True, slots=True)
-class _CellGroup:
-    """Cells read by one query: one cell, or many sharing a partition and a column or row."""
-
-    ONE: ClassVar[int] = 0  # row = ?, col = ?
-    ROWS: ClassVar[int] = 1  # row IN ?, col = ?
-    COLUMNS: ClassVar[int] = 2  # row = ?, col IN ?
-
-    kind: int
-    shard: int
-    cells: list[Cell]
-
-    def key_params(self) -> tuple[Any, ...]:
-        """``shard`` and the row and column restrictions, in statement order."""
-        first = self.cells[0]
-        if self.kind == self.ONE:
-            return (self.shard, first.row, first.column)
-        if self.kind == self.ROWS:
-            return (self.shard, [c.row for c in self.cells], first.column)
-        return (self.shard, first.row, [c.column for c in self.cells])
+    @staticmethod
+    def _result(future: Any) -> list[Any]:
+        try:
+            return list(future.result())
+        except Exception as exc:
+            raise translate_error(exc, conditional_write=False, write=False) from exc
 
 
 def _batched(
-    statement: Any, items: Sequence[tuple[int, tuple[Any, ...], int]]
+    statement: Any, items: Sequence[tuple[Hashable, tuple[Any, ...], int]]
 ) -> list[tuple[Any, tuple[Any, ...] | None]]:
-    """``(shard, params, approximate bytes)`` writes as unlogged batches, one partition each.
+    """``(partition, params, approximate bytes)`` writes as unlogged batches, one
+    partition each.
 
     Only writes that add up to ``_BATCH_BYTES`` share a batch; a larger write goes alone.
     So no request is bigger than the largest single write, which the value and key
     limits keep under Cassandra's 16 MiB message limit.
     """
-    by_shard: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
-    for shard, params, size in items:
-        by_shard.setdefault(shard, []).append((params, size))
+    by_partition: dict[Hashable, list[tuple[tuple[Any, ...], int]]] = {}
+    for partition, params, size in items:
+        by_partition.setdefault(partition, []).append((params, size))
     out: list[tuple[Any, tuple[Any, ...] | None]] = []
 
     def flush(chunk: list[tuple[Any, ...]]) -> None:
@@ -849,7 +884,7 @@ def _batched(
             batch.add(statement, params)
         out.append((batch, None))
 
-    for entries in by_shard.values():
+    for entries in by_partition.values():
         chunk: list[tuple[Any, ...]] = []
         chunk_bytes = 0
         for params, size in entries:

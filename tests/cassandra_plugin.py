@@ -45,7 +45,15 @@ TEST_NODE_YAML = {
     "truncate_request_timeout": "60000ms",
 }
 
-_PHYSICAL_TABLES = ("versions", "system_rows")
+#: A node whose reads fail past 1,000 tombstones (Cassandra's default: 100,000), so a
+#: test cleaning tens of thousands of versions meets the failure mode a production table
+#: meets after millions (issue 18 item 1).
+LOW_TOMBSTONE_YAML = {
+    **TEST_NODE_YAML,
+    "tombstone_warn_threshold": 500,
+    "tombstone_failure_threshold": 1000,
+}
+LOW_TOMBSTONE_FAILURE_THRESHOLD = 1000
 
 _sessions: dict[tuple[tuple[str, ...], int], Any] = {}
 _sessions_lock = threading.Lock()
@@ -115,6 +123,16 @@ def cassandra_cluster_paxos_v1(
     )
 
 
+@pytest.fixture(scope="session")
+def cassandra_cluster_low_tombstones(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[CassandraCluster]:
+    """A third node whose reads fail after ``LOW_TOMBSTONE_FAILURE_THRESHOLD`` tombstones
+    (``READ_TOO_MANY_TOMBSTONES``): the clean-up tests prove at a small scale what the
+    benchmark shows at a million cleaned versions."""
+    yield from _start_node(tmp_path_factory, "percolake-test-tombstones", LOW_TOMBSTONE_YAML)
+
+
 class KeyspacePool:
     """Keyspaces handed out in turn, each wiped just before it is handed out."""
 
@@ -156,18 +174,26 @@ def cassandra_paxos_v1_store_url(cassandra_paxos_v1_keyspace_pool: KeyspacePool)
 
 
 def wipe_store(url: str) -> None:
-    """Empty the store at ``url``: truncate its versions and system rows.
+    """Empty the store at ``url``: truncate every table but ``store_meta``.
 
-    The shard count (``store_meta``) is kept: it is the keyspace's, not the data's.
+    The shard count and layout format (``store_meta``) are kept: they are the
+    keyspace's, not the data's. Every other table is data, whatever the layout.
     """
     from storage_adapters.cassandra import parse_cassandra_url
 
     settings = parse_cassandra_url(url)
     session = _session(settings.hosts, settings.port)
     keyspace = '"' + settings.keyspace + '"'
+    tables = [
+        row[0]
+        for row in session.execute(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s",
+            (settings.keyspace,),
+        )
+        if row[0] != "store_meta"
+    ]
     futures = [
-        session.execute_async(f"TRUNCATE {keyspace}.{table}", timeout=120)
-        for table in _PHYSICAL_TABLES
+        session.execute_async(f'TRUNCATE {keyspace}."{table}"', timeout=120) for table in tables
     ]
     for future in futures:
         future.result()
