@@ -109,3 +109,20 @@ class ServerProcess:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def steered_server(
+    role: str,
+    args: Sequence[str],
+    workdir: Path,
+    lakehouse_control: Path | None = None,
+) -> ServerProcess:
+    """A server of the test build with its gateway fail points on
+    (``percolake.chaos.failpoints_serve``); ``lakehouse_control`` names the control
+    file that steers the lakehouse service's group commits."""
+    from percolake.chaos.failpoints_serve import LAKEHOUSE_CONTROL_ENV, SERVE_FAILPOINTS_ENV
+
+    env = {SERVE_FAILPOINTS_ENV: "1"}
+    if lakehouse_control is not None:
+        env[LAKEHOUSE_CONTROL_ENV] = str(lakehouse_control)
+    return ServerProcess(role, args, workdir, env, command=TEST_BUILD_SERVE)

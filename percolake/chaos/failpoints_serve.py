@@ -28,10 +28,38 @@ validated or committed. The row names the fail point, the value is its argument:
                       only once the client sent one ``scan.next`` (needs a batch size)
 ``scan.next``         one permission for one more batch of the transaction's newest scan
 ====================  ==================================================================
+
+The same switch builds the gateway's ``LakehouseService`` from
+:class:`SteeredLakehouseServicer`, whose group committer (:class:`SteeredGroupCommitter`)
+obeys a control file. Lakehouse requests carry no table a test could write steering
+to, so the file is named out of band, by ``PERCOLAKE_TEST_LAKEHOUSE_CONTROL=<path>`` in
+the gateway's environment (unset: the committer only counts). The gateway reads the
+file at every group, so a test changes the steering by rewriting it (atomically: write
+a temporary file and rename it). It holds one JSON object:
+
+``hold_first_group_until``  an int K: the first group this gateway commits waits before
+                            its transaction until K commit requests have reached the
+                            gateway, so the K - 1 behind it queue up and commit as one
+                            group (deterministic group commit; waits at most
+                            :data:`HOLD_MAX_WAIT_S`)
+``rules``                   a list of ``{"id", "at", "min_size", "action"}``: each fires once
+                            per gateway process, at the first group of at least
+                            ``min_size`` (default 1) requests that reaches ``at``:
+                            ``before`` (the group's transaction has not begun) or
+                            ``after`` (it committed, no member was answered yet)
+
+A rule's ``action`` is ``block`` (the group waits there until the rule is gone from the
+file, at most :data:`BLOCK_MAX_WAIT_S`: a test kills the gateway meanwhile) or
+``unknown`` (every member of the group is answered ``commit-unknown``: after the commit
+point that is a reply lost after the commit, before it one lost with nothing done).
+When a rule fires, the gateway writes ``<control file>.<id>.fired``, a JSON object with
+its ``pid`` and the group's ``job_ids``, before it acts (renamed into place, so a test
+that sees the file can read it whole).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -42,7 +70,10 @@ from typing import Any, Final
 
 import grpc
 
+from percolake.errors import CommitUnknownError
 from percolake.v1 import transaction_pb2 as pb
+from spark_integration._catalog import Catalog, CommitRequest, Committed
+from spark_integration.server import GroupCommitter, LakehouseLimits, LakehouseServicer
 from txn.server import TransactionServicer
 
 log = logging.getLogger(__name__)
@@ -61,6 +92,12 @@ SCAN_NEXT: Final = b"scan.next"
 #: this long (a safety valve: the stream then goes on as an unpaced one would).
 LOCKSTEP_MAX_WAIT_S: Final = 30.0
 _POLL_S: Final = 0.05
+#: Names the lakehouse control file (see the module docstring).
+LAKEHOUSE_CONTROL_ENV: Final = "PERCOLAKE_TEST_LAKEHOUSE_CONTROL"
+#: Safety valves: a held first group, or a blocked one, goes on after this long (a test
+#: that forgot to release it must not leave a gateway stuck for good).
+HOLD_MAX_WAIT_S: Final = 60.0
+BLOCK_MAX_WAIT_S: Final = 300.0
 
 
 @dataclass(slots=True)
@@ -230,3 +267,144 @@ def _await_permit(steering: _Steering, this_scan: int, context: grpc.ServicerCon
 
 def _lose_reply(context: grpc.ServicerContext, what: str) -> None:
     context.abort(grpc.StatusCode.UNAVAILABLE, f"test fail point: commit reply {what}")
+
+
+# --- the lakehouse service's group commits ------------------------------------------------
+
+
+def read_lakehouse_control(path: str | None) -> dict[str, Any]:
+    """The control file's object; ``{}`` when there is none (or no file yet)."""
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            control = json.load(f)
+    except FileNotFoundError:
+        return {}
+    if not isinstance(control, dict):
+        raise ValueError(f"{path}: the lakehouse control must be a JSON object")
+    return control
+
+
+def write_lakehouse_control(path: str, control: Mapping[str, Any]) -> None:
+    """Replace the control file atomically (for tests: the gateway may be reading it)."""
+    _write_atomically(path, control)
+
+
+def fired_path(control_path: str, rule_id: str) -> str:
+    """Where the gateway reports that rule ``rule_id`` fired."""
+    return f"{control_path}.{rule_id}.fired"
+
+
+def _write_atomically(path: str, value: Mapping[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)
+
+
+class SteeredGroupCommitter(GroupCommitter):
+    """TEST BUILD: group commits that hold, block or lose replies as a control file says.
+
+    See the module docstring for the file's format.
+    """
+
+    def __init__(self, limits: LakehouseLimits) -> None:
+        super().__init__(limits)
+        self._control_path = os.environ.get(LAKEHOUSE_CONTROL_ENV)
+        self._arrived = 0
+        self._groups = 0
+        self._fired: set[str] = set()
+        self._changed = threading.Condition()
+
+    def commit(self, catalog: Catalog, name: str, request: CommitRequest) -> Committed:
+        with self._changed:
+            self._arrived += 1
+            self._changed.notify_all()
+        return super().commit(catalog, name, request)
+
+    def before_group(self, name: str, requests: list[CommitRequest]) -> None:
+        control = read_lakehouse_control(self._control_path)
+        with self._changed:
+            self._groups += 1
+            first = self._groups == 1
+        hold_until = control.get("hold_first_group_until")
+        if first and isinstance(hold_until, int):
+            self._hold(hold_until)
+        self._apply_rules(control, "before", requests)
+
+    def after_group(self, name: str, requests: list[CommitRequest]) -> None:
+        self._apply_rules(read_lakehouse_control(self._control_path), "after", requests)
+
+    def _hold(self, until: int) -> None:
+        deadline = time.monotonic() + HOLD_MAX_WAIT_S
+        with self._changed:
+            while self._arrived < until:
+                if time.monotonic() > deadline:
+                    log.warning(
+                        "first group held %.0f s; %d of %d requests came",
+                        HOLD_MAX_WAIT_S,
+                        self._arrived,
+                        until,
+                    )
+                    return
+                self._changed.wait(_POLL_S)
+
+    def _apply_rules(
+        self, control: Mapping[str, Any], at: str, requests: list[CommitRequest]
+    ) -> None:
+        for rule in control.get("rules", []):
+            rule_id = str(rule["id"])
+            if rule.get("at") != at or len(requests) < int(rule.get("min_size", 1)):
+                continue
+            with self._changed:
+                if rule_id in self._fired:
+                    continue
+                self._fired.add(rule_id)
+            assert self._control_path is not None
+            _write_atomically(
+                fired_path(self._control_path, rule_id),
+                {"pid": os.getpid(), "at": at, "job_ids": [r.job_id for r in requests]},
+            )
+            action = rule.get("action")
+            log.warning(
+                "test rule %s fires %s a group of %d: %s", rule_id, at, len(requests), action
+            )
+            if action == "block":
+                self._block(rule_id)
+            elif action == "unknown":
+                raise CommitUnknownError(
+                    f"test fail point {rule_id}: the reply of a group is lost {at} its commit",
+                    start_ts=-1,
+                )
+            else:
+                raise ValueError(f"unknown action {action!r} of test rule {rule_id}")
+
+    def _block(self, rule_id: str) -> None:
+        deadline = time.monotonic() + BLOCK_MAX_WAIT_S
+        while time.monotonic() < deadline:
+            rules = read_lakehouse_control(self._control_path).get("rules", [])
+            if all(str(r["id"]) != rule_id for r in rules):
+                return
+            time.sleep(_POLL_S)
+        log.warning("test rule %s blocked %.0f s; going on", rule_id, BLOCK_MAX_WAIT_S)
+
+
+class SteeredLakehouseServicer(LakehouseServicer):
+    """TEST BUILD: the ``LakehouseService`` whose group commits a control file steers.
+
+    Passed explicitly as the lakehouse class of a test server (``ServeConfig``'s
+    ``lakehouse_class``); nothing is patched.
+    """
+
+    committer_class = SteeredGroupCommitter
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        log.critical(
+            "%s=1: this gateway's lakehouse commits obey the test control file %s=%s; "
+            "it exists only for tests",
+            SERVE_FAILPOINTS_ENV,
+            LAKEHOUSE_CONTROL_ENV,
+            os.environ.get(LAKEHOUSE_CONTROL_ENV, ""),
+        )

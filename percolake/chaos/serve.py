@@ -3,7 +3,9 @@
 Exactly ``percolake serve`` with the same arguments, except that it honours the
 test-only switches of :mod:`percolake.chaos.unsafe` (a broken commit protocol,
 oracles that do not claim their store) and the gateway fail points that tests steer
-(:mod:`percolake.chaos.failpoints_serve`), which the installed command never looks at.
+(:mod:`percolake.chaos.failpoints_serve`: the transaction service's, and the lakehouse
+service's group commits steered by a control file), which the installed command never
+looks at.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import sys
 from collections.abc import Sequence
 
 from percolake.chaos.failpoints_serve import (
+    SteeredLakehouseServicer,
     SteeredTransactionServicer,
     serve_failpoints_requested,
 )
 from percolake.chaos.unsafe import unsafe_build_from_env
 from percolake.serve_args import add_serve_arguments
 from percolake.server import serve_from_args
+from spark_integration.server import LakehouseServicer
 from txn.server import TransactionServicer
 
 
@@ -37,15 +41,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_serve_arguments(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    gateway_class = (
-        SteeredTransactionServicer if serve_failpoints_requested() else TransactionServicer
-    )
+    steered = serve_failpoints_requested()
     return serve_from_args(
         args,
         parser,
         commit_steps=build.commit_steps,
         oracle_claims=build.oracle_claims,
-        gateway_class=gateway_class,
+        gateway_class=SteeredTransactionServicer if steered else TransactionServicer,
+        lakehouse_class=SteeredLakehouseServicer if steered else LakehouseServicer,
     )
 
 
