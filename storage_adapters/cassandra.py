@@ -1,29 +1,83 @@
 """The production backend: ``cassandra://HOST[:PORT][,HOST[:PORT]...]/KEYSPACE[?OPTIONS]``.
 
-Physical layout (fixed; logical tables need no DDL at run time)::
+Physical layout (format 2; fixed, logical tables need no DDL at run time)::
 
-    versions    ((tbl, shard), row, col, ts DESC) -> value, deleted
-    system_rows ((tbl, key))                      -> value
-    store_meta  (name)                            -> value     -- the shard count
+    cell_versions ((tbl, cell), ts DESC)    -> value, deleted   -- cell = cell_key(row, col)
+    cells         ((tbl, shard), row, col)                      -- the index scans page
+    system_rows   ((tbl, key))              -> value
+    store_meta    (name)                    -> value   -- the layout format, the shard count
 
-Ordered scans over a hashing partitioner. Every row of a logical table lives in one
-of ``shards`` partitions, ``shard = blake2b(row) mod shards``: a row's cells stay
-together, and a partition holds about ``1/shards`` of its table (32 by default, so
-ten million cells of ~150 bytes make partitions of ~45 MB; pass ``shards=`` at
-creation for bigger tables). Within a partition Cassandra keeps rows sorted by the
-clustering key ``(row, col, ts DESC)``, so a scan reads every shard of the table from
-the cursor on and merges the sorted streams (a k-way heap merge). The server picks
-each cell's newest version below the scan timestamp (``GROUP BY row, col`` returns a
-group's first row, and ``ts DESC`` makes that the newest). Each shard is read a page
-at a time, small pages first and doubling up to ``page_size``, with the next page
-requested before the current one is consumed. A scan of one row
-(``end_row == start_row + b"\\x00"``) reads only that row's shard. The shard count is
-fixed when the keyspace is created and stored in ``store_meta``: every client must
-agree on it.
+Versions. Each cell's versions are one partition of ``cell_versions``, newest first;
+the partition key is ``cell_key``, a 32-byte BLAKE2b digest of the length-prefixed row
+and column, so a key of any storable size makes the same small partition key. The
+newest version below ``ts`` is the partition's first row below ``ts``: ``LIMIT 1``
+for one cell, ``cell IN ? ... PER PARTITION LIMIT 1`` for up to ``_IN_LIMIT`` cells a
+request. A read costs one row per cell returned, whatever the history (format 1's
+``GROUP BY row, col`` read every version of each cell it touched: 60,000 versions of
+a lakehouse head row cost 420 ms a read). Conflict checks read ``PER PARTITION LIMIT
+n`` the same way. A partition grows with its cell's history only (100,000 versions of
+~100 bytes: ~10 MB).
+
+Scans. Cassandra hashes partition keys, yet scans come back in key order. Every cell
+ever written has one row in ``cells``, in one of ``shards`` partitions of its table
+(``shard = blake2b(row) mod shards``, 32 by default: ten million cells of ~50-byte keys
+make index partitions of ~20 MB; pass ``shards=`` at creation for more). A scan pages
+every shard's index from the cursor on (small pages first, doubling up to
+``SCAN_PAGE_CELLS``), resolves each page's cells through ``cell_versions`` (newest
+below the scan timestamp; cells without one are skipped) and merges the sorted
+streams (a k-way heap merge); each shard reads and resolves its next page while the
+current one is consumed. A scan of one row (``end_row == start_row + b"\\x00"``) reads
+only that row's shard. The shard count and the format are fixed when the keyspace is
+created and stored in ``store_meta``: every client must agree on them.
+
+Writes. :meth:`CassandraStore.put_versions` writes each version into its cell's
+partition and upserts the cell's index row (one unlogged batch per index partition);
+it returns only when both landed, and the committer never reaches its commit point
+after a failed ``put_versions`` (a store error in the write step aborts), so a
+committed version always has its index row. The index row is never deleted.
+
+Tombstones (issue 18 item 1). Clean-up deletes versions of aborted writers, and
+Cassandra keeps each delete as a tombstone until ``gc_grace_seconds`` passed *and* a
+compaction dropped it; a read crossing more than ``tombstone_failure_threshold``
+(100,000) of them fails with ``READ_TOO_MANY_TOMBSTONES``. Format 1 kept every cell
+of a shard in one partition and scanned it with ``GROUP BY``, crossing every tombstone
+of the shard: 101,000 cleaned cells made every scan of the table fail. Now:
+
+* a delete lands in its cell's own partition, so a read meets only tombstones of that
+  cell, and only those between its snapshot and the newest live version below it (the
+  versions of writers that aborted since the cell's last committed write);
+* clean-up never touches the ``cells`` index, so a scan crosses no tombstone at all
+  outside the cells it resolves: a cleaned cell costs it one index row and one
+  tombstone, read in a request of its own page (at most ``_IN_LIMIT`` cells);
+* deletes are row deletes, never ranges: a range tombstone stamped above the doomed
+  versions' write times would also cover a version written inside the range later by
+  a client whose clock lags (see :meth:`CassandraStore.delete_versions`);
+* ``cell_versions`` has ``gc_grace_seconds`` = ``VERSIONS_GC_GRACE_S`` (1 hour, not
+  10 days). gc_grace exists so that a replica which missed a delete cannot bring the
+  data back after the tombstone is gone. Here a version that comes back is one no
+  reader uses: the transaction layer deletes only versions of writers settled ABORTED,
+  whose ABORTED entry is permanent (``txn._cleaner``); a reader meeting one skips it
+  and queues its removal again (``txn._snapshot``). Hints older than gc_grace are not
+  replayed, and a late copy of the write (a resent request) comes within
+  ``timeout_s``. Whoever adds sweeping of committed versions (GC, S8) must keep this
+  true: a swept version must be one no reader above the safe point uses;
+* compaction is ``LeveledCompactionStrategy`` with ``unchecked_tombstone_compaction``
+  and ``tombstone_compaction_interval`` = 1 hour: reads dominate, a hot cell's versions
+  arrive over days (with size-tiered compaction its partition would spread over many
+  SSTables, each read at every ``LIMIT 1``; leveled keeps about one per level), and an
+  SSTable whose droppable tombstones exceed 20% is compacted alone once it is an hour
+  old, so tombstones go about an hour after gc_grace. ``cells`` is leveled too: scans
+  read it in ranges, and a hot cell's index row is rewritten at every put (leveled
+  keeps one copy per level); it is never deleted, so its gc_grace is the default.
+
+A keyspace of format 1 (a ``versions`` table, or ``format`` = 1 in ``store_meta``) is
+refused with ``ValueError`` naming the problem, before anything is created in it;
+nothing is converted. Clients of format 1 and 2 must not share a keyspace.
 
 Limits (enforced before any I/O by the checks of :mod:`storage_adapters._base`, the
-same on every backend): the clustering key ``(row, col, ts)`` holds at most 65,535
-bytes, so row + column at most ``MAX_CELL_KEY_BYTES`` (65,527); the partition key
+same on every backend): a clustering key holds at most 65,535 bytes; format 1 kept
+``(row, col, ts)`` as one, hence row + column at most ``MAX_CELL_KEY_BYTES`` (65,527),
+which the ``cells`` index ``(row, col)`` keeps with room to spare; the partition key
 ``(tbl, key)`` of ``system_rows`` bounds table name + key by ``MAX_SYSTEM_KEY_BYTES``
 (65,529); a request holds at most 16 MiB, so values are at most ``MAX_VALUE_BYTES``
 (15 MiB) and system values ``MAX_SYSTEM_VALUE_BYTES`` (7.5 MiB). A scan bound longer
@@ -797,7 +851,7 @@ class _ShardScan:
         self._below_ts = below_ts
         self._limit = first_limit
         self._max_limit = max_limit
-        self._pending: Any = None  # the index page being read, if any
+        self._pending: _Request | None = None  # the index page being read, if any
 
     def request(self) -> None:
         """Start reading the next index page, asynchronously."""
@@ -826,7 +880,7 @@ class _ShardScan:
                 if version is not None:
                     yield ScanEntry(row, column, version[0], version[1])
 
-    def _next_page(self) -> tuple[list[tuple[bytes, bytes, bytes]], list[Any]] | None:
+    def _next_page(self) -> tuple[list[tuple[bytes, bytes, bytes]], list[_Request]] | None:
         """The next index page and the requests resolving it; ``None`` at the end."""
         if self._pending is None:
             return None
@@ -845,18 +899,46 @@ class _ShardScan:
         )
         return cells, [self._send(statement, params) for statement, params in queries]
 
-    def _send(self, statement: Any, params: Any) -> Any:
+    def _send(self, statement: Any, params: Any) -> _Request:
+        return _Request(self._store._session, statement, params)
+
+    @staticmethod
+    def _result(request: _Request) -> list[Any]:
+        return request.rows()
+
+
+class _Request:
+    """One read sent asynchronously; ``rows()`` waits for its rows.
+
+    A read the driver could not send (:func:`never_sent`: every socket buffer full,
+    which a scan's many requests with long bounds can cause) is sent again,
+    ``_BUSY_RETRIES`` times at most, as in ``CassandraStore._execute_all``.
+    """
+
+    def __init__(self, session: Any, statement: Any, params: Any) -> None:
+        self._session = session
+        self._statement = statement
+        self._params = params
+        self._future = self._send()
+
+    def _send(self) -> Any:
         try:
-            return self._store._session.execute_async(statement, params)
+            return self._session.execute_async(self._statement, self._params)
         except Exception as exc:
             raise translate_error(exc, conditional_write=False, write=False) from exc
 
-    @staticmethod
-    def _result(future: Any) -> list[Any]:
-        try:
-            return list(future.result())
-        except Exception as exc:
-            raise translate_error(exc, conditional_write=False, write=False) from exc
+    def rows(self) -> list[Any]:
+        for attempt in range(_BUSY_RETRIES + 1):
+            try:
+                return list(self._future.result())
+            except Exception as exc:
+                if never_sent(exc) and attempt < _BUSY_RETRIES:
+                    log.debug("Cassandra connection busy; sending again: %s", exc)
+                    time.sleep(_BUSY_PAUSE_S * 2**attempt)
+                    self._future = self._send()
+                    continue
+                raise translate_error(exc, conditional_write=False, write=False) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _batched(

@@ -231,7 +231,11 @@ def test_a_request_the_driver_could_not_send_is_sent_again() -> None:
     buffer, the driver refused the next request of the same put_versions with
     ConnectionBusy (nothing sent) and the store reported the whole write unavailable."""
     session = _BusyOnce(answer=[])
-    _fake_store(session).put_versions("t", [VersionWrite(b"r", b"c", 7, b"v")])
+    store = _fake_store(session)
+    # One write through the path every read and version write takes (a put_versions
+    # sends two, the version and its index row, which a fake session cannot run
+    # concurrently).
+    store._execute_all([(store._stmts.insert_version, ("t", b"k", 7, b"v", False))], write=True)
     assert len(session.executed) == 2 and "INSERT" in session.executed[1][0]
     assert never_sent(NoHostAvailable("x", {"h": ConnectionBusy("busy")}))
     assert not never_sent(NoHostAvailable("x", {"h": ConnectionBusy("b"), "g": OSError("down")}))

@@ -102,7 +102,13 @@ cassandra_driver = pytest.importorskip(
 
 from cassandra.query import SimpleStatement  # noqa: E402
 
-from storage_adapters.cassandra import _BATCH_BYTES, CassandraStore, _batched  # noqa: E402
+from storage_adapters.cassandra import (  # noqa: E402
+    _BATCH_BYTES,
+    SCAN_PAGE_CELLS,
+    CassandraStore,
+    _batched,
+    cell_key,
+)
 
 
 class _RecordingSession:
@@ -165,7 +171,8 @@ def test_a_cassandra_scan_sends_clamped_bounds_and_32_bit_limits() -> None:
     for _, params in session.requests:
         assert all(len(p) <= MAX_CELL_KEY_BYTES + 1 for p in params if isinstance(p, bytes))
         assert params[-1] <= MAX_PAGE_SIZE
-    assert session.requests[-1][1][-1] == MAX_PAGE_SIZE  # the one shard asks for a full page
+    # The one shard asks for a full index page (resolved SCAN_PAGE_CELLS at a time).
+    assert session.requests[-1][1][-1] == SCAN_PAGE_CELLS
 
 
 def test_no_write_batch_is_bigger_than_its_largest_write() -> None:
@@ -201,9 +208,9 @@ def test_a_cassandra_delete_is_stamped_above_the_versions_write_time(
 ) -> None:
     """Failed before (item 6): the delete carried only the deleting client's clock, so
     a writer whose clock ran ahead kept its version."""
-    session = _RecordingSession(answers=[[(write_time,)]], now=now)
+    key = cell_key(b"r", b"c")
+    session = _RecordingSession(answers=[[(key, write_time)]], now=now)
     _store(session).delete_versions("t", [(b"r", b"c", 7)])
     (read, read_params), (delete, delete_params) = session.requests
-    assert "WRITETIME(deleted)" in read and read_params[-3:] == (b"r", b"c", 7)
-    assert "USING TIMESTAMP ?" in delete and delete_params[0] == expected
-    assert delete_params[-3:] == (b"r", b"c", 7)
+    assert "WRITETIME(deleted)" in read and read_params == ("t", [key], 7)
+    assert "USING TIMESTAMP ?" in delete and delete_params == (expected, "t", key, 7)
