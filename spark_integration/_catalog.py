@@ -617,10 +617,7 @@ class Catalog:
         has one (after this returns), else before this returns; it never raises.
         """
         for request in requests:
-            if request.operation not in (APPEND, OVERWRITE):
-                raise ValueError(f"unknown operation {request.operation!r}")
-            if request.operation == OVERWRITE and request.base_version is None:
-                raise ValueError("an overwrite needs the base_version it replaces")
+            _check_request(request)
         if not requests:
             return []
         what = (
@@ -646,13 +643,60 @@ class Catalog:
                 out.append(Committed(outcome.version, None, replayed, len(requests)))
         if fresh:
             # The commit point is behind us: nothing below may raise.
-            if self._follow_ups is None:
-                self._after_commit(name, fresh, commit_ts)
-            else:
-                try:
-                    self._follow_ups(lambda: self._after_commit(name, fresh, commit_ts))
-                except Exception as exc:  # a closed executor, say: the commit stands
-                    log.warning("follow-up work of %s not queued: %r", what, exc)
+            self._schedule_follow_ups(name, fresh, commit_ts)
+        return out
+
+    def _schedule_follow_ups(
+        self, name: str, fresh: Sequence[_Staged], commit_ts: int | None
+    ) -> None:
+        """:meth:`_after_commit` now, or on ``follow_ups`` when the catalog has one."""
+        if self._follow_ups is None:
+            self._after_commit(name, fresh, commit_ts)
+            return
+        try:
+            self._follow_ups(lambda: self._after_commit(name, fresh, commit_ts))
+        except Exception as exc:  # a closed executor, say: the commit stands
+            log.warning("follow-up work of table %r not queued: %r", name, exc)
+
+    def commit_tables(self, commits: Sequence[tuple[str, CommitRequest]]) -> list[Committed]:
+        """Commit files to several tables in one transaction: all of them, or none.
+
+        Each ``(table, request)`` becomes that table's next version, exactly as
+        :meth:`commit_files` would make it; a table appears at most once. A request
+        failing its own checks fails the whole transaction (nothing of any table is
+        committed) with its :class:`ConcurrentModificationError`. A request whose job
+        or batch already committed gets that version back, as in :meth:`commit_group`.
+        """
+        names = [name for name, _ in commits]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a multi-table commit names a table more than once: {names}")
+        for _, request in commits:
+            _check_request(request)
+        if not commits:
+            return []
+
+        def attempt(tx: Transaction) -> list[_Staged]:
+            out: list[_Staged] = []
+            for name, request in commits:
+                (staged,) = _GroupAttempt(self, name, tx).run([request])
+                if isinstance(staged, ConcurrentModificationError):
+                    raise staged
+                out.append(staged)
+            return out
+
+        what = f"commit to tables {', '.join(repr(n) for n in names)}"
+        with contextlib.ExitStack() as turns:
+            for name in sorted(names):  # one order for every caller: no deadlock
+                turns.enter_context(self._head_turn(name))
+            staged, commit_ts = self._transact(attempt, what=what, job_id=commits[0][1].job_id)
+        out: list[Committed] = []
+        for (name, _), outcome in zip(commits, staged, strict=True):
+            fresh = outcome.kind == _NEW
+            out.append(
+                Committed(outcome.version, commit_ts if fresh else None, outcome.kind == _REPLAY)
+            )
+            if fresh:
+                self._schedule_follow_ups(name, [outcome], commit_ts)  # never raises
         return out
 
     # --- vacuum (the work is in _vacuum_plan) -----------------------------------------
@@ -680,6 +724,13 @@ class Catalog:
 
         since, _ = self._transact(attempt, what=f"vacuum of table {name!r}")
         return since
+
+
+def _check_request(request: CommitRequest) -> None:
+    if request.operation not in (APPEND, OVERWRITE):
+        raise ValueError(f"unknown operation {request.operation!r}")
+    if request.operation == OVERWRITE and request.base_version is None:
+        raise ValueError("an overwrite needs the base_version it replaces")
 
 
 def _gen0(ms: int) -> bytes:

@@ -10,13 +10,14 @@ import shutil
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import TracebackType
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from spark_integration import failpoints as fp
-from spark_integration._catalog import Catalog, now_ms
-from spark_integration._errors import TableExistsError
+from spark_integration._catalog import Catalog, CommitRequest, now_ms
+from spark_integration._errors import LakehouseError, TableExistsError
 from spark_integration._hook import (
     STAGING_PREFIX,
     Job,
@@ -365,6 +366,23 @@ class Lakehouse:
         )
         return committed.version
 
+    def transaction(self) -> LakehouseTransaction:
+        """Appends and overwrites of several tables, committed together or not at all.
+
+        ::
+
+            with lh.transaction() as t:
+                t.append("orders", orders_df)
+                t.append("order_lines", lines_df)
+            t.versions  # {"orders": 8, "order_lines": 3}
+
+        Each call writes its table's files right away (a Spark job per call); leaving
+        the block commits every table in one transaction. An exception inside the
+        block, or a commit that definitely failed, commits nothing and removes the
+        files written. A table can be written once per transaction.
+        """
+        return LakehouseTransaction(self)
+
     # --- reads -----------------------------------------------------------------------
 
     def files(self, name: str, version: int | None = None) -> list[DataFile]:
@@ -433,6 +451,133 @@ class Lakehouse:
             plan.min_readable_version,
         )
         return deleted
+
+
+class LakehouseTransaction:
+    """A multi-table commit under way; see :meth:`Lakehouse.transaction`. One thread."""
+
+    def __init__(self, lh: Lakehouse) -> None:
+        self._lh = lh
+        self._staged: list[tuple[str, CommitRequest, Job | None]] = []
+        self._replayed: dict[str, int] = {}
+        self._done = False
+        #: Each table's new version (or its replayed one), once committed.
+        self.versions: dict[str, int] = {}
+
+    def __enter__(self) -> LakehouseTransaction:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._done:
+            return
+        self._done = True
+        if exc_type is not None:
+            self._remove_all()
+            return
+        self._commit()
+
+    def _check_open(self, name: str) -> None:
+        if self._done:
+            raise LakehouseError("this lakehouse transaction has ended; start a new one")
+        if name in self._replayed or any(n == name for n, _, _ in self._staged):
+            raise ValueError(f"table {name!r} is already written in this transaction")
+
+    def append(
+        self, name: str, df: DataFrame, app_id: str | None = None, batch_id: int | str | None = None
+    ) -> None:
+        """Write the DataFrame's rows as the table's next version, at commit."""
+        self._write(APPEND, name, df, app_id, batch_id)
+
+    def overwrite(
+        self, name: str, df: DataFrame, app_id: str | None = None, batch_id: int | str | None = None
+    ) -> None:
+        """Replace every row of the table with the DataFrame's, at commit."""
+        self._write(OVERWRITE, name, df, app_id, batch_id)
+
+    def _write(
+        self,
+        operation: str,
+        name: str,
+        df: DataFrame,
+        app_id: str | None,
+        batch_id: int | str | None,
+    ) -> None:
+        _check_name(name)
+        _check_dataframe(df)
+        app_id, batch_id = _check_batch(app_id, batch_id)
+        self._check_open(name)
+        catalog = self._lh._catalog
+        prepared = catalog.prepare(name, app_id, batch_id)
+        if prepared.replayed_version is not None:
+            self._replayed[name] = prepared.replayed_version
+            return
+        meta = prepared.meta
+        schema = StructType.fromJson(json.loads(meta.schema_json))
+        check_dataframe_schema(name, schema, df.schema)
+        job = new_job(meta.location)
+        try:
+            write_parquet(df, schema, meta.partition_by, job)
+            files = collect_files(meta.location, job, meta.partition_by)
+        except BaseException:
+            _remove_staging(job.staging)
+            raise
+        base = prepared.head.version if operation == OVERWRITE else None
+        request = CommitRequest(
+            operation, tuple(files), job.job_id, job.started_ms, app_id, batch_id, base
+        )
+        self._staged.append((name, request, job))
+
+    def append_files(
+        self,
+        name: str,
+        files: Sequence[DataFile],
+        *,
+        app_id: str | None = None,
+        batch_id: int | str | None = None,
+    ) -> None:
+        """Commit Parquet files already in place (see :meth:`Lakehouse.append_files`).
+
+        They are never deleted here, whatever happens.
+        """
+        _check_name(name)
+        app_id, batch_id = _check_batch(app_id, batch_id)
+        self._check_open(name)
+        meta = self._lh._catalog.meta(name)
+        entries = tuple(_relative_entry(meta, f) for f in files)
+        started = _oldest_job_start_ms(meta.location, entries)
+        request = CommitRequest(
+            APPEND, entries, f"files-{uuid.uuid4().hex[:16]}", started, app_id, batch_id
+        )
+        self._staged.append((name, request, None))
+
+    def _commit(self) -> None:
+        if not self._staged:
+            self.versions = dict(self._replayed)
+            return
+        commits = [(name, request) for name, request, _ in self._staged]
+        try:
+            done = self._lh._catalog.commit_tables(commits)
+        except TransactionAbortedError:
+            self._remove_all()  # definitely nothing committed
+            raise
+        # Any other failure leaves the files: the commit may have landed (see _run_job).
+        versions = dict(self._replayed)
+        for (name, _, job), committed in zip(self._staged, done, strict=True):
+            versions[name] = committed.version
+            if committed.replayed and job is not None:
+                _remove_staging(job.staging)
+        self.versions = versions
+        log.info("committed %s in one transaction", versions)
+
+    def _remove_all(self) -> None:
+        for _, _, job in self._staged:
+            if job is not None:
+                _remove_staging(job.staging)
 
 
 def _holds_files(folder: str) -> bool:

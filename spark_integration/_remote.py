@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from percolake.errors import OracleFencedError
@@ -26,6 +26,7 @@ from percolake.v1 import lakehouse_pb2_grpc as pb_grpc
 from spark_integration import failpoints as fp
 from spark_integration._catalog import (
     RETRY_BASE_S,
+    CommitRequest,
     Committed,
     HistoryEntry,
     Prepared,
@@ -57,6 +58,7 @@ from txn.remote import RemoteTransactionManager
 log = logging.getLogger(__name__)
 
 E = TypeVar("E")
+R = TypeVar("R")
 
 #: Backoff between sends of a commit whose outcome is unknown: the gateway may be
 #: restarting, so wait longer than between conflicts at the head.
@@ -182,48 +184,70 @@ class RemoteCatalog:
         base_version: int | None = None,
     ) -> Committed:
         """Commit ``files`` as the next version through the gateway (see the module doc)."""
-        if operation not in OPERATIONS:
-            raise ValueError(f"unknown operation {operation!r}")
-        if operation == OVERWRITE and base_version is None:
+        request = self._commit_pb(
+            name,
+            CommitRequest(
+                operation, tuple(files), job_id, job_started_ms, app_id, batch_id, base_version
+            ),
+        )
+        what = f"{operation.lower()} to table {name!r} (job {job_id})"
+        got = self._send(self._stub.CommitFiles, request, what, job_id)
+        commit_ts = got.commit_ts if got.HasField("commit_ts") else None
+        return Committed(got.version, commit_ts, got.replayed, max(got.group_size, 1))
+
+    def commit_tables(self, commits: Sequence[tuple[str, CommitRequest]]) -> list[Committed]:
+        """Commit to several tables in one transaction through the gateway: all or none."""
+        if not commits:
+            return []
+        request = pb.CommitTablesRequest(
+            catalog=self._catalog, commits=[self._commit_pb(n, r) for n, r in commits]
+        )
+        names = ", ".join(repr(n) for n, _ in commits)
+        job_id = commits[0][1].job_id
+        got = self._send(self._stub.CommitTables, request, f"commit to tables {names}", job_id)
+        return [
+            Committed(c.version, c.commit_ts if c.HasField("commit_ts") else None, c.replayed)
+            for c in got.commits
+        ]
+
+    def _commit_pb(self, name: str, r: CommitRequest) -> pb.CommitFilesRequest:
+        if r.operation not in OPERATIONS:
+            raise ValueError(f"unknown operation {r.operation!r}")
+        if r.operation == OVERWRITE and r.base_version is None:
             raise ValueError("an overwrite needs the base_version it replaces")
-        request = pb.CommitFilesRequest(
+        return pb.CommitFilesRequest(
             catalog=self._catalog,
             table=name,
-            operation=OPERATIONS[operation],
-            files=entries_to_pb(files),
-            job_id=job_id,
-            job_started_ms=job_started_ms,
-            mark=mark_to_pb(app_id, batch_id),
-            base_version=base_version,
+            operation=OPERATIONS[r.operation],
+            files=entries_to_pb(r.files),
+            job_id=r.job_id,
+            job_started_ms=r.job_started_ms,
+            mark=mark_to_pb(r.app_id, r.batch_id),
+            base_version=r.base_version,
         )
+
+    def _send(self, method: Callable[..., R], request: object, what: str, job_id: str) -> R:
+        """Send a commit until the gateway answers it (see the module docstring)."""
         deadline = time.monotonic() + self._commit_timeout_s
         sends = 0
         while True:
             sends += 1
             left = max(deadline - time.monotonic(), 1.0)
             try:
-                got = call(self._stub.CommitFiles, request, self._conn, left)
+                return call(method, request, self._conn, left)
             except Exception as exc:
                 if not _unknown(exc):
                     raise
                 if time.monotonic() >= deadline:
                     raise CommitUnknownError(
-                        f"{operation.lower()} to table {name!r} (job {job_id}): the gateway "
-                        f"did not answer within {self._commit_timeout_s:.0f} s ({sends} "
-                        f"sends); it may have committed: {exc}",
+                        f"{what}: the gateway did not answer within "
+                        f"{self._commit_timeout_s:.0f} s ({sends} sends); it may have "
+                        f"committed: {exc}",
                         start_ts=-1,
                     ) from exc
-                log.info(
-                    "commit of job %s to %s: outcome unknown (%s); sending it again",
-                    job_id,
-                    name,
-                    exc,
-                )
+                log.info("%s: outcome unknown (%s); sending it again", what, exc)
                 self.failpoints.hit(fp.SETTLE_COMMIT, job_id)
                 time.sleep(random.uniform(0, min(RESEND_CAP_S, RETRY_BASE_S * 2**sends)))
-                continue
-            commit_ts = got.commit_ts if got.HasField("commit_ts") else None
-            return Committed(got.version, commit_ts, got.replayed, max(got.group_size, 1))
 
     # --- vacuum -----------------------------------------------------------------------
 

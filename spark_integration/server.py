@@ -283,6 +283,29 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
         except Exception as exc:
             abort_with(context, exc)
 
+    def CommitTables(
+        self, request: pb.CommitTablesRequest, context: grpc.ServicerContext
+    ) -> pb.CommitTablesResponse:
+        try:
+            catalog = self._catalog(request.catalog)
+            if not request.commits:
+                raise ValueError("a multi-table commit needs at least one table")
+            commits = []
+            for commit in request.commits:
+                name = _check_table(commit.table)
+                commits.append((name, self._commit_request(catalog, name, commit)))
+            done = catalog.commit_tables(commits)
+            return pb.CommitTablesResponse(
+                commits=[
+                    pb.CommitFilesResponse(
+                        version=c.version, replayed=c.replayed, commit_ts=c.commit_ts, group_size=1
+                    )
+                    for c in done
+                ]
+            )
+        except Exception as exc:
+            abort_with(context, exc)
+
     def _commit_request(
         self, catalog: Catalog, name: str, request: pb.CommitFilesRequest
     ) -> CommitRequest:

@@ -418,6 +418,53 @@ class CommitFilesResponse(_message.Message):
 Global___CommitFilesResponse: _TypeAlias = CommitFilesResponse  # noqa: Y015
 
 @_typing.final
+class CommitTablesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CATALOG_FIELD_NUMBER: _builtins.int
+    COMMITS_FIELD_NUMBER: _builtins.int
+    catalog: _builtins.str
+    @_builtins.property
+    def commits(self) -> _containers.RepeatedCompositeFieldContainer[Global___CommitFilesRequest]:
+        """One per table (a table at most once); each one's catalog is ignored."""
+
+    def __init__(
+        self,
+        *,
+        catalog: _builtins.str = ...,
+        commits: _abc.Iterable[Global___CommitFilesRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog", b"catalog", "commits", b"commits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitTablesRequest: _TypeAlias = CommitTablesRequest  # noqa: Y015
+
+@_typing.final
+class CommitTablesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commits(self) -> _containers.RepeatedCompositeFieldContainer[Global___CommitFilesResponse]:
+        """in the order of the request"""
+
+    def __init__(
+        self,
+        *,
+        commits: _abc.Iterable[Global___CommitFilesResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commits", b"commits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitTablesResponse: _TypeAlias = CommitTablesResponse  # noqa: Y015
+
+@_typing.final
 class ListFilesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -72,6 +72,11 @@ class LakehouseServiceStub:
                 request_serializer=percolake_dot_v1_dot_lakehouse__pb2.CommitFilesRequest.SerializeToString,
                 response_deserializer=percolake_dot_v1_dot_lakehouse__pb2.CommitFilesResponse.FromString,
                 _registered_method=True)
+        self.CommitTables = channel.unary_unary(
+                '/percolake.v1.LakehouseService/CommitTables',
+                request_serializer=percolake_dot_v1_dot_lakehouse__pb2.CommitTablesRequest.SerializeToString,
+                response_deserializer=percolake_dot_v1_dot_lakehouse__pb2.CommitTablesResponse.FromString,
+                _registered_method=True)
         self.ListFiles = channel.unary_stream(
                 '/percolake.v1.LakehouseService/ListFiles',
                 request_serializer=percolake_dot_v1_dot_lakehouse__pb2.ListFilesRequest.SerializeToString,
@@ -142,6 +147,14 @@ class LakehouseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CommitTables(self, request, context):
+        """Commit files to several tables in one transaction: every table's new version, or
+        none. Idempotent by each commit's job_id, as CommitFiles.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListFiles(self, request, context):
         """The files of one version, in commit order, in batches.
         """
@@ -192,6 +205,11 @@ def add_LakehouseServiceServicer_to_server(servicer, server):
                     servicer.CommitFiles,
                     request_deserializer=percolake_dot_v1_dot_lakehouse__pb2.CommitFilesRequest.FromString,
                     response_serializer=percolake_dot_v1_dot_lakehouse__pb2.CommitFilesResponse.SerializeToString,
+            ),
+            'CommitTables': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitTables,
+                    request_deserializer=percolake_dot_v1_dot_lakehouse__pb2.CommitTablesRequest.FromString,
+                    response_serializer=percolake_dot_v1_dot_lakehouse__pb2.CommitTablesResponse.SerializeToString,
             ),
             'ListFiles': grpc.unary_stream_rpc_method_handler(
                     servicer.ListFiles,
@@ -340,6 +358,33 @@ class LakehouseService:
             '/percolake.v1.LakehouseService/CommitFiles',
             percolake_dot_v1_dot_lakehouse__pb2.CommitFilesRequest.SerializeToString,
             percolake_dot_v1_dot_lakehouse__pb2.CommitFilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitTables(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.LakehouseService/CommitTables',
+            percolake_dot_v1_dot_lakehouse__pb2.CommitTablesRequest.SerializeToString,
+            percolake_dot_v1_dot_lakehouse__pb2.CommitTablesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -59,6 +59,10 @@ class LakehouseServiceStub:
     """Commit files as the table's next version. Idempotent by job_id: sending the same
     request again returns the version it committed (and commits nothing more).
     """
+    CommitTables: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.CommitTablesRequest, _lakehouse_pb2.CommitTablesResponse]
+    """Commit files to several tables in one transaction: every table's new version, or
+    none. Idempotent by each commit's job_id, as CommitFiles.
+    """
     ListFiles: _grpc.UnaryStreamMultiCallable[_lakehouse_pb2.ListFilesRequest, _lakehouse_pb2.ListFilesResponse]
     """The files of one version, in commit order, in batches."""
     History: _grpc.UnaryStreamMultiCallable[_lakehouse_pb2.HistoryRequest, _lakehouse_pb2.HistoryResponse]
@@ -98,6 +102,10 @@ class LakehouseServiceAsyncStub(LakehouseServiceStub):
     CommitFiles: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.CommitFilesRequest, _lakehouse_pb2.CommitFilesResponse]  # type: ignore[assignment]
     """Commit files as the table's next version. Idempotent by job_id: sending the same
     request again returns the version it committed (and commits nothing more).
+    """
+    CommitTables: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.CommitTablesRequest, _lakehouse_pb2.CommitTablesResponse]  # type: ignore[assignment]
+    """Commit files to several tables in one transaction: every table's new version, or
+    none. Idempotent by each commit's job_id, as CommitFiles.
     """
     ListFiles: _aio.UnaryStreamMultiCallable[_lakehouse_pb2.ListFilesRequest, _lakehouse_pb2.ListFilesResponse]  # type: ignore[assignment]
     """The files of one version, in commit order, in batches."""
@@ -159,6 +167,16 @@ class LakehouseServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_lakehouse_pb2.CommitFilesResponse, _abc.Awaitable[_lakehouse_pb2.CommitFilesResponse]]:
         """Commit files as the table's next version. Idempotent by job_id: sending the same
         request again returns the version it committed (and commits nothing more).
+        """
+
+    @_abc_1.abstractmethod
+    def CommitTables(
+        self,
+        request: _lakehouse_pb2.CommitTablesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lakehouse_pb2.CommitTablesResponse, _abc.Awaitable[_lakehouse_pb2.CommitTablesResponse]]:
+        """Commit files to several tables in one transaction: every table's new version, or
+        none. Idempotent by each commit's job_id, as CommitFiles.
         """
 
     @_abc_1.abstractmethod
