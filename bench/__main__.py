@@ -29,6 +29,7 @@ SUITES = [
     "bench.bench_grpc",
     "bench.bench_cassandra",
     "bench.bench_lakehouse",
+    "bench.bench_lakehouse_deployed",
     "bench.bench_checker",
 ]
 

@@ -86,16 +86,20 @@ def pyiceberg_retries() -> Iterator[_RetryCounter]:
 
 class DeltaAppends:
     """A delta-rs table with one ``id BIGINT`` column in ``root/delta``, for
-    metadata-only one-file commits and cold listings."""
+    metadata-only one-file commits and cold listings.
 
-    def __init__(self, root: Path) -> None:
+    ``create=False`` opens the table another process created (a writer process of
+    the deployed-topology benchmark)."""
+
+    def __init__(self, root: Path, *, create: bool = True) -> None:
         import pyarrow as pa
         from deltalake import Schema
         from deltalake.transaction import create_table_with_add_actions
 
         self.path = str(root / "delta")
         self.schema = Schema.from_arrow(pa.schema([("id", pa.int64())]))
-        create_table_with_add_actions(self.path, self.schema, [], mode="error")
+        if create:
+            create_table_with_add_actions(self.path, self.schema, [], mode="error")
         self._local = threading.local()
 
     def open(self) -> None:
@@ -227,15 +231,20 @@ class DeltaSparkCommits:
 
 class Iceberg:
     """One pyiceberg table ``bench.<name>`` in a SQLite ``SqlCatalog`` whose warehouse
-    is the local folder ``root/<name>``."""
+    is the local folder ``root/<name>``; ``create=False`` opens the one another
+    process created."""
 
-    def __init__(self, root: Path, name: str, arrow_schema: Any) -> None:
+    def __init__(self, root: Path, name: str, arrow_schema: Any, *, create: bool = True) -> None:
         self.root = root / name
-        self.root.mkdir()
         self.identifier = f"{NAMESPACE}.{name}"
-        with self.catalog() as catalog:
-            catalog.create_namespace(NAMESPACE)
-            table = catalog.create_table(self.identifier, schema=arrow_schema)
+        if create:
+            self.root.mkdir()
+            with self.catalog() as catalog:
+                catalog.create_namespace(NAMESPACE)
+                table = catalog.create_table(self.identifier, schema=arrow_schema)
+        else:
+            with self.catalog() as catalog:
+                table = catalog.load_table(self.identifier)
         self.location = local_path(table.location())
 
     def catalog(self) -> SqlCatalog:
@@ -263,16 +272,17 @@ class IcebergAppends(Iceberg):
     every path is a fresh hard link of one 10-row file written up front.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, create: bool = True) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         schema = pa.schema([("id", pa.int64())])
-        super().__init__(root, "iceberg", schema)
+        super().__init__(root, "iceberg", schema, create=create)
         self.data = Path(self.location) / "data"
         self.data.mkdir(parents=True, exist_ok=True)
         self.source = str(self.root / "source.parquet")
-        pq.write_table(pa.table({"id": pa.array(range(10), pa.int64())}, schema), self.source)
+        if create:
+            pq.write_table(pa.table({"id": pa.array(range(10), pa.int64())}, schema), self.source)
         self._shared = self.catalog()
         self._local = threading.local()
         self._lock = threading.Lock()
