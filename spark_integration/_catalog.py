@@ -417,6 +417,43 @@ class Catalog:
             gen = head.gen if version >= head.gen_start else self._gen_of(tx, name, version)
             return meta, version, list_gen(tx, self.layout, name, gen, version, make)
 
+    def version_at(self, name: str, timestamp_ms: int) -> int:
+        """The version that was the table's latest at ``timestamp_ms`` (time travel).
+
+        Versions carry their committer's wall-clock time, never decreasing from one
+        version to the next (``Head.last_ms``), so a binary search over the log
+        reads about log2(versions) records. Raises :class:`VersionNotFoundError` for
+        a time before the table was created or after now (later commits could still
+        land before it).
+        """
+        if timestamp_ms > now_ms():
+            raise VersionNotFoundError(
+                f"timestamp {timestamp_ms} ms is in the future: table {name!r} has no "
+                "version as of then yet"
+            )
+        with self._tm.begin() as tx:
+            head = self._read_head(tx, name)
+
+            def at(version: int) -> int:
+                raw = tx.get(self.layout.log, Layout.log_row(name, version), Layout.COL_RECORD)
+                if raw is None:
+                    raise VersionNotFoundError(f"table {name!r} has no log record of {version}")
+                return LogRecord.decode(raw).timestamp_ms
+
+            if at(0) > timestamp_ms:
+                raise VersionNotFoundError(
+                    f"table {name!r} was created after {timestamp_ms} ms: no version as of then"
+                )
+            lo, hi = 0, head.version  # at(lo) <= timestamp_ms; the answer is in [lo, hi]
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if at(mid) <= timestamp_ms:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            self._check_readable(name, head, lo)
+            return lo
+
     def _check_readable(self, name: str, head: Head, version: int) -> None:
         if version > head.version:
             raise VersionNotFoundError(

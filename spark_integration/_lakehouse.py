@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
@@ -396,13 +397,33 @@ class Lakehouse:
 
         return self._catalog.files(name, version, public)[2]
 
-    def read(self, spark: SparkSession, name: str, version: int | None = None) -> DataFrame:
-        """The rows of the latest version, or exactly those of ``version``."""
-        if not isinstance(spark, SparkSession):
+    def version_at(self, name: str, timestamp: datetime.datetime | str | int) -> int:
+        """The version that was the table's latest at ``timestamp`` (time travel).
+
+        ``timestamp``: a ``datetime`` (naive means UTC), an ISO-8601 string (likewise),
+        or milliseconds since the epoch. Raises :class:`VersionNotFoundError` for a
+        time before the table was created or in the future.
+        """
+        return self._catalog.version_at(_check_name(name), _timestamp_ms(timestamp))
+
+    def read(
+        self,
+        spark: SparkSession,
+        name: str,
+        version: int | None = None,
+        timestamp: datetime.datetime | str | int | None = None,
+    ) -> DataFrame:
+        """The rows of the latest version, or exactly those of ``version`` or of the
+        version that was the latest at ``timestamp`` (see :meth:`version_at`)."""
+        if not _is_spark_session(spark):
             raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
-        meta, _, entries = self._catalog.files(
-            _check_name(name), _check_version(version), FileEntry
-        )
+        _check_name(name)
+        _check_version(version)
+        if version is not None and timestamp is not None:
+            raise ValueError("pass version or timestamp, not both")
+        if timestamp is not None:
+            version = self.version_at(name, timestamp)
+        meta, _, entries = self._catalog.files(name, version, FileEntry)
         schema = StructType.fromJson(json.loads(meta.schema_json))
         return read_version(spark, schema, meta.partition_by, meta.location, entries)
 
@@ -578,6 +599,42 @@ class LakehouseTransaction:
         for _, _, job in self._staged:
             if job is not None:
                 _remove_staging(job.staging)
+
+
+def _is_spark_session(spark: object) -> bool:
+    """A classic session, or a Spark Connect one (a class of its own)."""
+    if isinstance(spark, SparkSession):
+        return True
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # Connect's dependencies are not installed
+        return False
+    return isinstance(spark, ConnectSession)
+
+
+def _timestamp_ms(timestamp: object) -> int:
+    """Milliseconds since the epoch of a datetime, an ISO-8601 string or an int."""
+    if isinstance(timestamp, bool):
+        raise TypeError("timestamp must be a datetime, an ISO-8601 string or epoch ms")
+    if isinstance(timestamp, int):
+        if timestamp < 0:
+            raise ValueError(f"timestamp must not be negative, got {timestamp}")
+        return timestamp
+    if isinstance(timestamp, str):
+        try:
+            timestamp = datetime.datetime.fromisoformat(timestamp.strip())
+        except ValueError:
+            raise ValueError(
+                f"timestamp {timestamp!r} is not ISO-8601 (e.g. 2026-11-23T10:15:00Z)"
+            ) from None
+    if not isinstance(timestamp, datetime.datetime):
+        raise TypeError(
+            "timestamp must be a datetime, an ISO-8601 string or epoch ms, "
+            f"got {type(timestamp).__name__}"
+        )
+    if timestamp.tzinfo is None:
+        timestamp = timestamp.replace(tzinfo=datetime.UTC)
+    return int(timestamp.timestamp() * 1000)
 
 
 def _holds_files(folder: str) -> bool:

@@ -115,6 +115,12 @@ class RemoteCatalog:
         replayed = got.replayed_version if got.HasField("replayed_version") else None
         return Prepared(meta, head_from_pb(got.head), replayed)
 
+    def version_at(self, name: str, timestamp_ms: int) -> int:
+        """The version that was the table's latest at ``timestamp_ms`` (see ``Catalog``)."""
+        request = pb.GetTableRequest(catalog=self._catalog, table=name, as_of_ms=timestamp_ms)
+        got = call(self._stub.GetTable, request, self._conn, self._tm.timeout_s)
+        return got.version_as_of
+
     def list_tables(self) -> list[str]:
         request = pb.ListTablesRequest(catalog=self._catalog)
         return list(call(self._stub.ListTables, request, self._conn, self._tm.timeout_s).tables)

@@ -248,10 +248,14 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
                 _check_mark(request.mark) if request.HasField("mark") else (None, None)
             )
             prepared = catalog.prepare(name, app_id, batch_id)
+            as_of = (
+                catalog.version_at(name, request.as_of_ms) if request.HasField("as_of_ms") else None
+            )
             return pb.GetTableResponse(
                 meta=meta_to_pb(prepared.meta),
                 head=head_to_pb(prepared.head),
                 replayed_version=prepared.replayed_version,
+                version_as_of=as_of,
             )
         except Exception as exc:
             abort_with(context, exc)

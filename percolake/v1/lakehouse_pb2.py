@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpercolake/v1/lakehouse.proto\x12\x0cpercolake.v1\"j\n\tTableMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bschema_json\x18\x02 \x01(\t\x12\x14\n\x0cpartition_by\x18\x03 \x03(\t\x12\x10\n\x08location\x18\x04 \x01(\t\x12\x12\n\ncreated_ms\x18\x05 \x01(\x03\"\x80\x01\n\x04Head\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0b\n\x03gen\x18\x02 \x01(\x03\x12\x11\n\tgen_start\x18\x03 \x01(\x03\x12\x0f\n\x07last_ms\x18\x04 \x01(\x03\x12\x18\n\x10vacuum_cutoff_ms\x18\x05 \x01(\x03\x12\x1c\n\x14min_readable_version\x18\x06 \x01(\x03\">\n\x0ePartitionValue\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_value\"t\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\x12/\n\tpartition\x18\x04 \x03(\x0b\x32\x1c.percolake.v1.PartitionValue\"K\n\tBatchMark\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x10\n\x06int_id\x18\x02 \x01(\x03H\x00\x12\x10\n\x06str_id\x18\x03 \x01(\tH\x00\x42\n\n\x08\x62\x61tch_id\"\\\n\x12\x43reateTableRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12%\n\x04meta\x18\x02 \x01(\x0b\x32\x17.percolake.v1.TableMeta\x12\x0e\n\x06job_id\x18\x03 \x01(\t\";\n\x13\x43reateTableResponse\x12\x16\n\tcommit_ts\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\x0c\n\n_commit_ts\"f\n\x0fGetTableRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12*\n\x04mark\x18\x03 \x01(\x0b\x32\x17.percolake.v1.BatchMarkH\x00\x88\x01\x01\x42\x07\n\x05_mark\"\x8f\x01\n\x10GetTableResponse\x12%\n\x04meta\x18\x01 \x01(\x0b\x32\x17.percolake.v1.TableMeta\x12 \n\x04head\x18\x02 \x01(\x0b\x32\x12.percolake.v1.Head\x12\x1d\n\x10replayed_version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x13\n\x11_replayed_version\"$\n\x11ListTablesRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\"$\n\x12ListTablesResponse\x12\x0e\n\x06tables\x18\x01 \x03(\t\"\x97\x02\n\x12\x43ommitFilesRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x30\n\toperation\x18\x03 \x01(\x0e\x32\x1d.percolake.v1.CommitOperation\x12&\n\x05\x66iles\x18\x04 \x03(\x0b\x32\x17.percolake.v1.FileEntry\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x16\n\x0ejob_started_ms\x18\x06 \x01(\x03\x12*\n\x04mark\x18\x07 \x01(\x0b\x32\x17.percolake.v1.BatchMarkH\x00\x88\x01\x01\x12\x19\n\x0c\x62\x61se_version\x18\x08 \x01(\x03H\x01\x88\x01\x01\x42\x07\n\x05_markB\x0f\n\r_base_version\"r\n\x13\x43ommitFilesResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x16\n\tcommit_ts\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x42\x0c\n\n_commit_ts\"Y\n\x13\x43ommitTablesRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\x31\n\x07\x63ommits\x18\x02 \x03(\x0b\x32 .percolake.v1.CommitFilesRequest\"J\n\x14\x43ommitTablesResponse\x12\x32\n\x07\x63ommits\x18\x01 \x03(\x0b\x32!.percolake.v1.CommitFilesResponse\"T\n\x10ListFilesRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x14\n\x07version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\n\n\x08_version\"s\n\x11ListFilesResponse\x12%\n\x04meta\x18\x01 \x01(\x0b\x32\x17.percolake.v1.TableMeta\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12&\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x17.percolake.v1.FileEntry\"\xb8\x02\n\x0cHistoryEntry\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x11\n\toperation\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\x16\n\tcommit_ts\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x13\n\x06job_id\x18\x05 \x01(\tH\x01\x88\x01\x01\x12*\n\x04mark\x18\x06 \x01(\x0b\x32\x17.percolake.v1.BatchMarkH\x02\x88\x01\x01\x12&\n\x05\x61\x64\x64\x65\x64\x18\x07 \x03(\x0b\x32\x17.percolake.v1.FileEntry\x12(\n\x07removed\x18\x08 \x03(\x0b\x32\x17.percolake.v1.FileEntry\x12\x0b\n\x03gen\x18\t \x01(\x03\x12\x14\n\x0ctxn_start_ts\x18\n \x01(\x03\x42\x0c\n\n_commit_tsB\t\n\x07_job_idB\x07\n\x05_mark\"0\n\x0eHistoryRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\"e\n\x0fHistoryResponse\x12%\n\x04meta\x18\x01 \x01(\x0b\x32\x17.percolake.v1.TableMeta\x12+\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1a.percolake.v1.HistoryEntry\"F\n\x11PlanVacuumRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tcutoff_ms\x18\x03 \x01(\x03\"\xa6\x01\n\x12PlanVacuumResponse\x12%\n\x04meta\x18\x01 \x01(\x0b\x32\x17.percolake.v1.TableMeta\x12 \n\x04head\x18\x02 \x01(\x0b\x32\x12.percolake.v1.Head\x12\x15\n\rkeep_from_gen\x18\x03 \x01(\x03\x12\x1c\n\x14min_readable_version\x18\x04 \x01(\x03\x12\x12\n\nreferenced\x18\x05 \x03(\t\"\x8c\x01\n\x12\x46\x65nceVacuumRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tcutoff_ms\x18\x03 \x01(\x03\x12%\n\tplan_head\x18\x04 \x01(\x0b\x32\x12.percolake.v1.Head\x12\x1c\n\x14min_readable_version\x18\x05 \x01(\x03\".\n\x13\x46\x65nceVacuumResponse\x12\x17\n\x0f\x63ommitted_since\x18\x01 \x03(\t*p\n\x0f\x43ommitOperation\x12 \n\x1c\x43OMMIT_OPERATION_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43OMMIT_OPERATION_APPEND\x10\x01\x12\x1e\n\x1a\x43OMMIT_OPERATION_OVERWRITE\x10\x02\x32\xee\x05\n\x10LakehouseService\x12R\n\x0b\x43reateTable\x12 .percolake.v1.CreateTableRequest\x1a!.percolake.v1.CreateTableResponse\x12I\n\x08GetTable\x12\x1d.percolake.v1.GetTableRequest\x1a\x1e.percolake.v1.GetTableResponse\x12O\n\nListTables\x12\x1f.percolake.v1.ListTablesRequest\x1a .percolake.v1.ListTablesResponse\x12R\n\x0b\x43ommitFiles\x12 .percolake.v1.CommitFilesRequest\x1a!.percolake.v1.CommitFilesResponse\x12U\n\x0c\x43ommitTables\x12!.percolake.v1.CommitTablesRequest\x1a\".percolake.v1.CommitTablesResponse\x12N\n\tListFiles\x12\x1e.percolake.v1.ListFilesRequest\x1a\x1f.percolake.v1.ListFilesResponse0\x01\x12H\n\x07History\x12\x1c.percolake.v1.HistoryRequest\x1a\x1d.percolake.v1.HistoryResponse0\x01\x12Q\n\nPlanVacuum\x12\x1f.percolake.v1.PlanVacuumRequest\x1a .percolake.v1.PlanVacuumResponse0\x01\x12R\n\x0b\x46\x65nceVacuum\x12 .percolake.v1.FenceVacuumRequest\x1a!.percolake.v1.FenceVacuumResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpercolake/v1/lakehouse.proto\x12\x0cpercolake.v1\"j\n\tTableMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bschema_json\x18\x02 \x01(\t\x12\x14\n\x0cpartition_by\x18\x03 \x03(\t\x12\x10\n\x08location\x18\x04 \x01(\t\x12\x12\n\ncreated_ms\x18\x05 \x01(\x03\"\x80\x01\n\x04Head\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0b\n\x03gen\x18\x02 \x01(\x03\x12\x11\n\tgen_start\x18\x03 \x01(\x03\x12\x0f\n\x07last_ms\x18\x04 \x01(\x03\x12\x18\n\x10vacuum_cutoff_ms\x18\x05 \x01(\x03\x12\x1c\n\x14min_readable_version\x18\x06 \x01(\x03\">\n\x0ePartitionValue\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_value\"t\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\x12/\n\tpartition\x18\x04 \x03(\x0b\x32\x1c.percolake.v1.PartitionValue\"K\n\tBatchMark\x12\x0e\n\x06\x61pp_id\x18\x01 \x01(\t\x12\x10\n\x06int_id\x18\x02 \x01(\x03H\x00\x12\x10\n\x06str_id\x18\x03 \x01(\tH\x00\x42\n\n\x08\x62\x61tch_id\"\\\n\x12\x43reateTableRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12%\n\x04meta\x18\x02 \x01(\x0b\x32\x17.percolake.v1.TableMeta\x12\x0e\n\x06job_id\x18\x03 \x01(\t\";\n\x13\x43reateTableResponse\x12\x16\n\tcommit_ts\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\x0c\n\n_commit_ts\"\x8a\x01\n\x0fGetTableRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12*\n\x04mark\x18\x03 \x01(\x0b\x32\x17.percolake.v1.BatchMarkH\x00\x88\x01\x01\x12\x15\n\x08\x61s_of_ms\x18\x04 \x01(\x03H\x01\x88\x01\x01\x42\x07\n\x05_markB\x0b\n\t_as_of_ms\"\xbd\x01\n\x10GetTableResponse\x12%\n\x04meta\x18\x01 \x01(\x0b\x32\x17.percolake.v1.TableMeta\x12 \n\x04head\x18\x02 \x01(\x0b\x32\x12.percolake.v1.Head\x12\x1d\n\x10replayed_version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1a\n\rversion_as_of\x18\x04 \x01(\x03H\x01\x88\x01\x01\x42\x13\n\x11_replayed_versionB\x10\n\x0e_version_as_of\"$\n\x11ListTablesRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\"$\n\x12ListTablesResponse\x12\x0e\n\x06tables\x18\x01 \x03(\t\"\x97\x02\n\x12\x43ommitFilesRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x30\n\toperation\x18\x03 \x01(\x0e\x32\x1d.percolake.v1.CommitOperation\x12&\n\x05\x66iles\x18\x04 \x03(\x0b\x32\x17.percolake.v1.FileEntry\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x16\n\x0ejob_started_ms\x18\x06 \x01(\x03\x12*\n\x04mark\x18\x07 \x01(\x0b\x32\x17.percolake.v1.BatchMarkH\x00\x88\x01\x01\x12\x19\n\x0c\x62\x61se_version\x18\x08 \x01(\x03H\x01\x88\x01\x01\x42\x07\n\x05_markB\x0f\n\r_base_version\"r\n\x13\x43ommitFilesResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x16\n\tcommit_ts\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x42\x0c\n\n_commit_ts\"Y\n\x13\x43ommitTablesRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\x31\n\x07\x63ommits\x18\x02 \x03(\x0b\x32 .percolake.v1.CommitFilesRequest\"J\n\x14\x43ommitTablesResponse\x12\x32\n\x07\x63ommits\x18\x01 \x03(\x0b\x32!.percolake.v1.CommitFilesResponse\"T\n\x10ListFilesRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x14\n\x07version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\n\n\x08_version\"s\n\x11ListFilesResponse\x12%\n\x04meta\x18\x01 \x01(\x0b\x32\x17.percolake.v1.TableMeta\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12&\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x17.percolake.v1.FileEntry\"\xb8\x02\n\x0cHistoryEntry\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x11\n\toperation\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\x16\n\tcommit_ts\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x13\n\x06job_id\x18\x05 \x01(\tH\x01\x88\x01\x01\x12*\n\x04mark\x18\x06 \x01(\x0b\x32\x17.percolake.v1.BatchMarkH\x02\x88\x01\x01\x12&\n\x05\x61\x64\x64\x65\x64\x18\x07 \x03(\x0b\x32\x17.percolake.v1.FileEntry\x12(\n\x07removed\x18\x08 \x03(\x0b\x32\x17.percolake.v1.FileEntry\x12\x0b\n\x03gen\x18\t \x01(\x03\x12\x14\n\x0ctxn_start_ts\x18\n \x01(\x03\x42\x0c\n\n_commit_tsB\t\n\x07_job_idB\x07\n\x05_mark\"0\n\x0eHistoryRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\"e\n\x0fHistoryResponse\x12%\n\x04meta\x18\x01 \x01(\x0b\x32\x17.percolake.v1.TableMeta\x12+\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1a.percolake.v1.HistoryEntry\"F\n\x11PlanVacuumRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tcutoff_ms\x18\x03 \x01(\x03\"\xa6\x01\n\x12PlanVacuumResponse\x12%\n\x04meta\x18\x01 \x01(\x0b\x32\x17.percolake.v1.TableMeta\x12 \n\x04head\x18\x02 \x01(\x0b\x32\x12.percolake.v1.Head\x12\x15\n\rkeep_from_gen\x18\x03 \x01(\x03\x12\x1c\n\x14min_readable_version\x18\x04 \x01(\x03\x12\x12\n\nreferenced\x18\x05 \x03(\t\"\x8c\x01\n\x12\x46\x65nceVacuumRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tcutoff_ms\x18\x03 \x01(\x03\x12%\n\tplan_head\x18\x04 \x01(\x0b\x32\x12.percolake.v1.Head\x12\x1c\n\x14min_readable_version\x18\x05 \x01(\x03\".\n\x13\x46\x65nceVacuumResponse\x12\x17\n\x0f\x63ommitted_since\x18\x01 \x03(\t*p\n\x0f\x43ommitOperation\x12 \n\x1c\x43OMMIT_OPERATION_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43OMMIT_OPERATION_APPEND\x10\x01\x12\x1e\n\x1a\x43OMMIT_OPERATION_OVERWRITE\x10\x02\x32\xee\x05\n\x10LakehouseService\x12R\n\x0b\x43reateTable\x12 .percolake.v1.CreateTableRequest\x1a!.percolake.v1.CreateTableResponse\x12I\n\x08GetTable\x12\x1d.percolake.v1.GetTableRequest\x1a\x1e.percolake.v1.GetTableResponse\x12O\n\nListTables\x12\x1f.percolake.v1.ListTablesRequest\x1a .percolake.v1.ListTablesResponse\x12R\n\x0b\x43ommitFiles\x12 .percolake.v1.CommitFilesRequest\x1a!.percolake.v1.CommitFilesResponse\x12U\n\x0c\x43ommitTables\x12!.percolake.v1.CommitTablesRequest\x1a\".percolake.v1.CommitTablesResponse\x12N\n\tListFiles\x12\x1e.percolake.v1.ListFilesRequest\x1a\x1f.percolake.v1.ListFilesResponse0\x01\x12H\n\x07History\x12\x1c.percolake.v1.HistoryRequest\x1a\x1d.percolake.v1.HistoryResponse0\x01\x12Q\n\nPlanVacuum\x12\x1f.percolake.v1.PlanVacuumRequest\x1a .percolake.v1.PlanVacuumResponse0\x01\x12R\n\x0b\x46\x65nceVacuum\x12 .percolake.v1.FenceVacuumRequest\x1a!.percolake.v1.FenceVacuumResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'percolake.v1.lakehouse_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMMITOPERATION']._serialized_start=2693
-  _globals['_COMMITOPERATION']._serialized_end=2805
+  _globals['_COMMITOPERATION']._serialized_start=2776
+  _globals['_COMMITOPERATION']._serialized_end=2888
   _globals['_TABLEMETA']._serialized_start=46
   _globals['_TABLEMETA']._serialized_end=152
   _globals['_HEAD']._serialized_start=155
@@ -47,40 +47,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATETABLEREQUEST']._serialized_end=636
   _globals['_CREATETABLERESPONSE']._serialized_start=638
   _globals['_CREATETABLERESPONSE']._serialized_end=697
-  _globals['_GETTABLEREQUEST']._serialized_start=699
-  _globals['_GETTABLEREQUEST']._serialized_end=801
-  _globals['_GETTABLERESPONSE']._serialized_start=804
-  _globals['_GETTABLERESPONSE']._serialized_end=947
-  _globals['_LISTTABLESREQUEST']._serialized_start=949
-  _globals['_LISTTABLESREQUEST']._serialized_end=985
-  _globals['_LISTTABLESRESPONSE']._serialized_start=987
-  _globals['_LISTTABLESRESPONSE']._serialized_end=1023
-  _globals['_COMMITFILESREQUEST']._serialized_start=1026
-  _globals['_COMMITFILESREQUEST']._serialized_end=1305
-  _globals['_COMMITFILESRESPONSE']._serialized_start=1307
-  _globals['_COMMITFILESRESPONSE']._serialized_end=1421
-  _globals['_COMMITTABLESREQUEST']._serialized_start=1423
-  _globals['_COMMITTABLESREQUEST']._serialized_end=1512
-  _globals['_COMMITTABLESRESPONSE']._serialized_start=1514
-  _globals['_COMMITTABLESRESPONSE']._serialized_end=1588
-  _globals['_LISTFILESREQUEST']._serialized_start=1590
-  _globals['_LISTFILESREQUEST']._serialized_end=1674
-  _globals['_LISTFILESRESPONSE']._serialized_start=1676
-  _globals['_LISTFILESRESPONSE']._serialized_end=1791
-  _globals['_HISTORYENTRY']._serialized_start=1794
-  _globals['_HISTORYENTRY']._serialized_end=2106
-  _globals['_HISTORYREQUEST']._serialized_start=2108
-  _globals['_HISTORYREQUEST']._serialized_end=2156
-  _globals['_HISTORYRESPONSE']._serialized_start=2158
-  _globals['_HISTORYRESPONSE']._serialized_end=2259
-  _globals['_PLANVACUUMREQUEST']._serialized_start=2261
-  _globals['_PLANVACUUMREQUEST']._serialized_end=2331
-  _globals['_PLANVACUUMRESPONSE']._serialized_start=2334
-  _globals['_PLANVACUUMRESPONSE']._serialized_end=2500
-  _globals['_FENCEVACUUMREQUEST']._serialized_start=2503
-  _globals['_FENCEVACUUMREQUEST']._serialized_end=2643
-  _globals['_FENCEVACUUMRESPONSE']._serialized_start=2645
-  _globals['_FENCEVACUUMRESPONSE']._serialized_end=2691
-  _globals['_LAKEHOUSESERVICE']._serialized_start=2808
-  _globals['_LAKEHOUSESERVICE']._serialized_end=3558
+  _globals['_GETTABLEREQUEST']._serialized_start=700
+  _globals['_GETTABLEREQUEST']._serialized_end=838
+  _globals['_GETTABLERESPONSE']._serialized_start=841
+  _globals['_GETTABLERESPONSE']._serialized_end=1030
+  _globals['_LISTTABLESREQUEST']._serialized_start=1032
+  _globals['_LISTTABLESREQUEST']._serialized_end=1068
+  _globals['_LISTTABLESRESPONSE']._serialized_start=1070
+  _globals['_LISTTABLESRESPONSE']._serialized_end=1106
+  _globals['_COMMITFILESREQUEST']._serialized_start=1109
+  _globals['_COMMITFILESREQUEST']._serialized_end=1388
+  _globals['_COMMITFILESRESPONSE']._serialized_start=1390
+  _globals['_COMMITFILESRESPONSE']._serialized_end=1504
+  _globals['_COMMITTABLESREQUEST']._serialized_start=1506
+  _globals['_COMMITTABLESREQUEST']._serialized_end=1595
+  _globals['_COMMITTABLESRESPONSE']._serialized_start=1597
+  _globals['_COMMITTABLESRESPONSE']._serialized_end=1671
+  _globals['_LISTFILESREQUEST']._serialized_start=1673
+  _globals['_LISTFILESREQUEST']._serialized_end=1757
+  _globals['_LISTFILESRESPONSE']._serialized_start=1759
+  _globals['_LISTFILESRESPONSE']._serialized_end=1874
+  _globals['_HISTORYENTRY']._serialized_start=1877
+  _globals['_HISTORYENTRY']._serialized_end=2189
+  _globals['_HISTORYREQUEST']._serialized_start=2191
+  _globals['_HISTORYREQUEST']._serialized_end=2239
+  _globals['_HISTORYRESPONSE']._serialized_start=2241
+  _globals['_HISTORYRESPONSE']._serialized_end=2342
+  _globals['_PLANVACUUMREQUEST']._serialized_start=2344
+  _globals['_PLANVACUUMREQUEST']._serialized_end=2414
+  _globals['_PLANVACUUMRESPONSE']._serialized_start=2417
+  _globals['_PLANVACUUMRESPONSE']._serialized_end=2583
+  _globals['_FENCEVACUUMREQUEST']._serialized_start=2586
+  _globals['_FENCEVACUUMREQUEST']._serialized_end=2726
+  _globals['_FENCEVACUUMRESPONSE']._serialized_start=2728
+  _globals['_FENCEVACUUMRESPONSE']._serialized_end=2774
+  _globals['_LAKEHOUSESERVICE']._serialized_start=2891
+  _globals['_LAKEHOUSESERVICE']._serialized_end=3641
 # @@protoc_insertion_point(module_scope)

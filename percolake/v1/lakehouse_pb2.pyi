@@ -243,8 +243,13 @@ class GetTableRequest(_message.Message):
     CATALOG_FIELD_NUMBER: _builtins.int
     TABLE_FIELD_NUMBER: _builtins.int
     MARK_FIELD_NUMBER: _builtins.int
+    AS_OF_MS_FIELD_NUMBER: _builtins.int
     catalog: _builtins.str
     table: _builtins.str
+    as_of_ms: _builtins.int
+    """Time travel by timestamp: ask for the version that was the latest at this time
+    (milliseconds since the epoch, by the committers' clocks as recorded).
+    """
     @_builtins.property
     def mark(self) -> Global___BatchMark: ...
     def __init__(
@@ -253,13 +258,19 @@ class GetTableRequest(_message.Message):
         catalog: _builtins.str = ...,
         table: _builtins.str = ...,
         mark: Global___BatchMark | None = ...,
+        as_of_ms: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_mark", b"_mark", "mark", b"mark"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_as_of_ms", b"_as_of_ms", "_mark", b"_mark", "as_of_ms", b"as_of_ms", "mark", b"mark"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mark", b"_mark", "catalog", b"catalog", "mark", b"mark", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_as_of_ms", b"_as_of_ms", "_mark", b"_mark", "as_of_ms", b"as_of_ms", "catalog", b"catalog", "mark", b"mark", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__as_of_ms: _TypeAlias = _typing.Literal["as_of_ms"]  # noqa: Y015
+    _WhichOneofArgType__as_of_ms: _TypeAlias = _typing.Literal["_as_of_ms", b"_as_of_ms"]  # noqa: Y015
     _WhichOneofReturnType__mark: _TypeAlias = _typing.Literal["mark"]  # noqa: Y015
     _WhichOneofArgType__mark: _TypeAlias = _typing.Literal["_mark", b"_mark"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__as_of_ms) -> _WhichOneofReturnType__as_of_ms | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__mark) -> _WhichOneofReturnType__mark | None: ...
 
 Global___GetTableRequest: _TypeAlias = GetTableRequest  # noqa: Y015
@@ -271,8 +282,11 @@ class GetTableResponse(_message.Message):
     META_FIELD_NUMBER: _builtins.int
     HEAD_FIELD_NUMBER: _builtins.int
     REPLAYED_VERSION_FIELD_NUMBER: _builtins.int
+    VERSION_AS_OF_FIELD_NUMBER: _builtins.int
     replayed_version: _builtins.int
     """the version the mark already committed"""
+    version_as_of: _builtins.int
+    """with as_of_ms: that version"""
     @_builtins.property
     def meta(self) -> Global___TableMeta: ...
     @_builtins.property
@@ -283,14 +297,20 @@ class GetTableResponse(_message.Message):
         meta: Global___TableMeta | None = ...,
         head: Global___Head | None = ...,
         replayed_version: _builtins.int | None = ...,
+        version_as_of: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_replayed_version", b"_replayed_version", "head", b"head", "meta", b"meta", "replayed_version", b"replayed_version"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_replayed_version", b"_replayed_version", "_version_as_of", b"_version_as_of", "head", b"head", "meta", b"meta", "replayed_version", b"replayed_version", "version_as_of", b"version_as_of"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_replayed_version", b"_replayed_version", "head", b"head", "meta", b"meta", "replayed_version", b"replayed_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_replayed_version", b"_replayed_version", "_version_as_of", b"_version_as_of", "head", b"head", "meta", b"meta", "replayed_version", b"replayed_version", "version_as_of", b"version_as_of"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__replayed_version: _TypeAlias = _typing.Literal["replayed_version"]  # noqa: Y015
     _WhichOneofArgType__replayed_version: _TypeAlias = _typing.Literal["_replayed_version", b"_replayed_version"]  # noqa: Y015
+    _WhichOneofReturnType__version_as_of: _TypeAlias = _typing.Literal["version_as_of"]  # noqa: Y015
+    _WhichOneofArgType__version_as_of: _TypeAlias = _typing.Literal["_version_as_of", b"_version_as_of"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__replayed_version) -> _WhichOneofReturnType__replayed_version | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__version_as_of) -> _WhichOneofReturnType__version_as_of | None: ...
 
 Global___GetTableResponse: _TypeAlias = GetTableResponse  # noqa: Y015
 

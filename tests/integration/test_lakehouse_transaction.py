@@ -25,6 +25,7 @@ from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
 from spark_integration._hook import new_job
 from tests.servers import ServerProcess
 from txn import TransactionConfig, TransactionManager
+from txn.remote import RemoteTransactionManager
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +43,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
 
 @pytest.fixture(params=["remote-sqlite", "sqlite", "memory"])
 def lh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lakehouse]:
+    tm: TransactionManager | RemoteTransactionManager
     if request.param == "remote-sqlite":
         tm = TransactionManager.remote(request.getfixturevalue("gateway").address)
     else:
