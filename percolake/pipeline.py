@@ -3,7 +3,8 @@
 Starts ``percolake serve`` on the embedded SQLite store, then runs a small pipeline
 against it with a local Spark session: two writers appending concurrently, a job
 that crashes half-way and leaves the table untouched, an idempotent replay, a
-time-travel read and a vacuum, and prints what it saw at each step.
+time-travel read (by version and by timestamp), a commit to two tables in one
+transaction, and a vacuum, and prints what it saw at each step.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 TABLE = "events"
 SCHEMA = "id BIGINT, writer STRING, amount DOUBLE"
+AUDIT = "audit"
+AUDIT_SCHEMA = "job STRING, row_count BIGINT"
 READY_TIMEOUT_S = 60.0
 
 
@@ -123,6 +126,9 @@ def run_pipeline(workdir: Path, out: TextIO) -> int:
             doomed = _batch(spark, "doomed", 20_000, 1000).withColumn(
                 "id", crash(F.col("id") - 20_000)
             )
+            # Spark logs every failed task attempt with its stack trace; the one line
+            # below says what failed, so quiet Spark for this step only.
+            spark.sparkContext.setLogLevel("OFF")
             try:
                 lh.append(TABLE, doomed)
                 say("the crashing job unexpectedly succeeded")
@@ -134,6 +140,8 @@ def run_pipeline(workdir: Path, out: TextIO) -> int:
                     else type(exc).__name__
                 )
                 say(f"a job crashed half-way ({type(exc).__name__}: {first}...)")
+            finally:
+                spark.sparkContext.setLogLevel("WARN")
             rows_now = lh.read(spark, TABLE).count()
             say(
                 f"  the table is untouched: still version {lh.version(TABLE)} "
@@ -147,8 +155,30 @@ def run_pipeline(workdir: Path, out: TextIO) -> int:
                 f"version {replay} and added nothing ({lh.read(spark, TABLE).count()} rows)"
             )
 
+            before_overwrite = time.time_ns() // 1_000_000
+            time.sleep(0.01)  # the overwrite commits at a later millisecond
             overwritten = lh.overwrite(TABLE, _batch(spark, "rewrite", 40_000, 300))
             say(f"an overwrite replaced every file as version {overwritten}")
+            as_of = lh.read(spark, TABLE, timestamp=before_overwrite).count()
+            say(f"  read as of just before it (time travel by timestamp): {as_of} rows")
+
+            lh.create_table(AUDIT, AUDIT_SCHEMA)
+            with lh.transaction() as multi:
+                multi.append(TABLE, _batch(spark, "txn", 50_000, 100))
+                multi.append(AUDIT, spark.createDataFrame([("txn", 100)], AUDIT_SCHEMA))
+            say(
+                f"one transaction appended to {TABLE!r} and {AUDIT!r} together: versions "
+                f"{multi.versions[TABLE]} and {multi.versions[AUDIT]}"
+            )
+            try:
+                with lh.transaction() as failing:
+                    failing.append(TABLE, _batch(spark, "txn", 60_000, 100))
+                    raise RuntimeError("the job failed before its second table")
+            except RuntimeError:
+                say(
+                    f"  a second one failed half-way and committed nothing: {TABLE!r} is "
+                    f"still at version {lh.version(TABLE)}"
+                )
 
             say("rows at each version (time travel):")
             for commit in lh.history(TABLE):
@@ -159,12 +189,14 @@ def run_pipeline(workdir: Path, out: TextIO) -> int:
                 )
             removed = lh.vacuum(TABLE, retain_seconds=0)
             kept = lh.read(spark, TABLE).count()
+            expected_kept = 400  # the overwrite's 300 rows and the transaction's 100
             say(
                 f"vacuum removed {len(removed)} unreferenced files (the crashed job's and the "
                 f"overwritten ones); the latest version still reads {kept} rows"
             )
             say(f"done in {time.monotonic() - started:.1f}s")
-            return 0 if rows_now == 2000 and replay == first_replay and kept == 300 else 1
+            ok = rows_now == 2000 and replay == first_replay and kept == expected_kept
+            return 0 if ok and as_of == 2500 else 1
         finally:
             tm.close()
             spark.stop()
