@@ -11,12 +11,19 @@ Spark job would. Readers take ``version`` then ``files(version)``. The checks:
   batch whose every attempt definitely failed is not;
 * every read of version ``v`` saw exactly the files of versions ``0..v``, and no read
   saw an older version than one acknowledged before it began (no stale reads);
-* commit timestamps increase with the version number.
+* commit timestamps follow the version number: a version's is above the one before
+  it, or equal when both were committed by one transaction (a group commit), whose
+  versions are consecutive.
 
-Half the clients commit through the gateways (a remote manager that fails over
-between them, as Spark drivers do), half run the commit protocol in their own process
-(oracle and lock server remote, store shared). ``Lakehouse`` has no metadata-only
-overwrite, so the workload appends only.
+Half the clients run the commit protocol in their own process (oracle and lock server
+remote, store shared). The others go through the gateways, as Spark drivers do: most
+through the gateways' ``LakehouseService`` (``Lakehouse`` on a remote manager, what
+users get), where appends that meet at a gateway are group-committed and a commit
+whose reply was lost is sent again with the same job id; they move to the next
+gateway when one fails. Every fourth client slot (2, 6, ...) instead runs the catalog
+itself over a manager that fails over between the gateways' transaction services
+(``gateway_catalog=False``). ``Lakehouse`` has no metadata-only overwrite, so the
+workload appends only.
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ import hashlib
 import importlib
 import os
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from percolake.chaos._ops import FINAL_PROCESS, Completion, describe
 from percolake.chaos._workload import CheckResult, ClientContext, Workload
-from txn import Manager
+from txn import Manager, TransactionManager
 from txn.errors import TransactionAbortedError
 
 TABLE = "events"
@@ -78,9 +86,28 @@ class LakehouseAppends(Workload):
         self._replay: dict[str, Any] | None = None
 
     @staticmethod
-    def open_lakehouse(manager: Manager, warehouse: str, timeout_s: float) -> Any:
+    def open_lakehouse(
+        manager: Manager, warehouse: str, timeout_s: float, *, slot: int | None = None
+    ) -> Any:
+        """The lakehouse a client (``slot``) or the harness (no slot) commits with."""
         lakehouse = _spark_integration().Lakehouse
-        return lakehouse(manager, warehouse, catalog="chaos", commit_timeout_s=timeout_s)
+        remotes = getattr(manager, "remote_managers", None)
+        if remotes is None:
+            return lakehouse(manager, warehouse, catalog="chaos", commit_timeout_s=timeout_s)
+        if slot is not None and slot % 4 == 2:
+            return lakehouse(
+                manager,
+                warehouse,
+                catalog="chaos",
+                commit_timeout_s=timeout_s,
+                gateway_catalog=False,
+            )
+        return ServiceLakehouses(
+            [
+                lakehouse(remote, warehouse, catalog="chaos", commit_timeout_s=timeout_s)
+                for remote in remotes
+            ]
+        )
 
     def generate(
         self, rng: random.Random, elapsed_s: float, process: int, counter: int
@@ -157,17 +184,26 @@ class LakehouseAppends(Workload):
     ) -> list[dict[str, Any]]:
         lh = self.open_lakehouse(manager, warehouse, 60.0)
         location = os.path.join(warehouse, TABLE)
+        # The catalog's history, not Lakehouse.history: it names the transaction of each
+        # version. Commits through a gateway's service record no commit timestamp (the
+        # gateway looks it up in the transactions table), so look them up here too.
+        catalog = importlib.import_module("spark_integration._catalog").Catalog(
+            manager,
+            "chaos",
+            commit_ts_of=manager.outcome_of if isinstance(manager, TransactionManager) else None,
+        )
         commits = [
             {
-                "version": c.version,
-                "commit_ts": c.commit_ts,
-                "operation": c.operation,
-                "app_id": c.app_id,
-                "batch_id": c.batch_id,
-                "added": sorted(os.path.relpath(p, location) for p in c.added_files),
-                "removed": len(c.removed_files),
+                "version": h.record.version,
+                "commit_ts": h.commit_ts,
+                "txn_start_ts": h.record.txn_start_ts,
+                "operation": h.record.operation,
+                "app_id": h.record.app_id,
+                "batch_id": h.record.batch_id,
+                "added": sorted(e.path for e in h.added),
+                "removed": len(h.removed),
             }
-            for c in lh.history(TABLE)
+            for h in catalog.history(TABLE)
         ]
         latest = sorted(os.path.relpath(d.path, location) for d in lh.files(TABLE))
         invoke = {"type": "invoke", "process": FINAL_PROCESS, "f": "history", "value": None}
@@ -200,19 +236,33 @@ class LakehouseAppends(Workload):
         cumulative: list[tuple[int, int]] = []
         files: set[str] = set()
         fingerprint = 0
-        previous_ts: int | None = None
+        previous: tuple[int, Any] | None = None  # commit_ts and transaction of the last
+        transactions: set[Any] = set()
         for expected, c in enumerate(commits):
             if c["version"] != expected:
                 flag("version-gap", f"version {c['version']} where {expected} was expected")
+            txn = c.get("txn_start_ts")
+            if txn in transactions and previous is not None and previous[1] != txn:
+                flag(
+                    "group-not-consecutive",
+                    f"version {c['version']} was committed by transaction {txn}, as an "
+                    "earlier version was, with another transaction's version in between",
+                )
+            transactions.add(txn)
             # Each version commits on top of the one before it: the oracle must agree.
+            # A group commit writes consecutive versions in one transaction: one stamp.
             if c["commit_ts"] is not None:
-                if previous_ts is not None and c["commit_ts"] <= previous_ts:
-                    flag(
-                        "version-order",
-                        f"version {c['version']} has commit_ts {c['commit_ts']}, not above "
-                        f"{previous_ts} of the version before it",
-                    )
-                previous_ts = c["commit_ts"]
+                if previous is not None:
+                    ts, previous_txn = previous
+                    same = txn is not None and txn == previous_txn
+                    if (same and c["commit_ts"] != ts) or (not same and c["commit_ts"] <= ts):
+                        flag(
+                            "version-order",
+                            f"version {c['version']} has commit_ts {c['commit_ts']}, not "
+                            f"{'equal to' if same else 'above'} {ts} of the version before "
+                            f"it ({'the same' if same else 'another'} transaction)",
+                        )
+                previous = (c["commit_ts"], txn)
             if c["removed"]:
                 flag("unexpected-removal", f"version {c['version']} removed files")
             jobs: dict[str, set[int]] = {}
@@ -249,7 +299,13 @@ class LakehouseAppends(Workload):
             cumulative.append((len(files), fingerprint))
         if set(latest) != files:
             flag("files-mismatch", "the latest files are not the union of every version's")
-        result.stats.update(versions=len(commits), files=len(files), jobs=len(seen_jobs))
+        grouped = Counter(c.get("txn_start_ts") for c in commits)
+        result.stats.update(
+            versions=len(commits),
+            files=len(files),
+            jobs=len(seen_jobs),
+            grouped_versions=sum(n for n in grouped.values() if n > 1),
+        )
         return cumulative
 
     def _check_acknowledged(
@@ -324,6 +380,46 @@ class LakehouseAppends(Workload):
                     f"not the {cumulative[version][0]} files that version holds",
                 )
         result.stats["checked_reads"] = checked
+
+
+class ServiceLakehouses:
+    """A lakehouse on each gateway's ``LakehouseService``, used one at a time.
+
+    A failed call moves the client to the next gateway, as a Spark driver with several
+    gateway addresses would; a commit's own resends (same job id, until its deadline)
+    stay on the gateway it was sent to, which is where its reply is.
+    """
+
+    def __init__(self, houses: list[Any]) -> None:
+        self._houses = houses
+        self._current = 0
+
+    @property
+    def warehouse(self) -> str:
+        warehouse: str = self._houses[0].warehouse
+        return warehouse
+
+    def _on_current(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        house = self._houses[self._current]
+        try:
+            return getattr(house, method)(*args, **kwargs)
+        except TransactionAbortedError:
+            raise  # a definite answer: the gateway works
+        except Exception:
+            self._current = (self._current + 1) % len(self._houses)
+            raise
+
+    def version(self, name: str) -> int:
+        version: int = self._on_current("version", name)
+        return version
+
+    def files(self, name: str, version: int | None = None) -> list[Any]:
+        files: list[Any] = self._on_current("files", name, version=version)
+        return files
+
+    def append_files(self, name: str, files: list[Any], **kwargs: Any) -> int:
+        version: int = self._on_current("append_files", name, files, **kwargs)
+        return version
 
 
 def _spark_integration() -> Any:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from percolake.chaos._config import RunConfig
 from percolake.chaos._ops import Completion, Phase
@@ -41,6 +41,9 @@ from txn import (
 from txn._committer import STEPS
 from txn._retry import RetryPolicy, run_transaction
 
+if TYPE_CHECKING:
+    from txn.remote import RemoteTransactionManager
+
 log = logging.getLogger("percolake.chaos.client")
 
 T = TypeVar("T")
@@ -57,6 +60,11 @@ class FailoverManager:
 
         self._managers = [RemoteTransactionManager(a, timeout_s=timeout_s) for a in addresses]
         self._current = first % len(self._managers)
+
+    @property
+    def remote_managers(self) -> list[RemoteTransactionManager]:
+        """The manager of every gateway, the one this client uses now first."""
+        return self._managers[self._current :] + self._managers[: self._current]
 
     def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> Transaction:
         manager = self._managers[self._current]
@@ -189,7 +197,10 @@ def run_client(args: argparse.Namespace) -> int:
         from percolake.chaos._lakehouse import LakehouseAppends
 
         ctx.lakehouse = LakehouseAppends.open_lakehouse(
-            manager, args.warehouse, timeout_s=3 * config.client_timeout_s
+            manager,
+            args.warehouse,
+            timeout_s=3 * config.client_timeout_s,
+            slot=args.process % config.clients,
         )
     workload.open_client(ctx)
     rng = random.Random(f"{config.seed}-client-{args.process}")
