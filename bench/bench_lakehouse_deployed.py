@@ -890,11 +890,18 @@ def series(phases: Sequence[Phase], writer_counts: Sequence[int]) -> list[Result
     return results
 
 
-def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[Result]:
-    writer_counts = QUICK_WRITER_COUNTS if quick else WRITER_COUNTS
+def run(
+    quick: bool,
+    progress: Callable[[str], None] = lambda _: None,
+    *,
+    stores: Sequence[str] | None = None,
+    writer_counts: Sequence[int] | None = None,
+) -> list[Result]:
+    """The suite (``stores`` and ``writer_counts`` narrow it, for the command line)."""
+    counts = tuple(writer_counts or (QUICK_WRITER_COUNTS if quick else WRITER_COUNTS))
     seconds = 1.0 if quick else 4.0
     runs = 1 if quick else 2
-    stores = (SQLITE,) if quick else (SQLITE, CASSANDRA1, CASSANDRA3)
+    phases_to_run = tuple(stores or ((SQLITE,) if quick else (SQLITE, CASSANDRA1, CASSANDRA3)))
     # Quick mode (inside ``make test``) checks the harness and the contract's figures;
     # Iceberg's side is measured in full runs only.
     anchors = (DELTA,) if quick else (DELTA, ICEBERG)
@@ -903,20 +910,20 @@ def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[R
     progress("lakehouse.appends.deployed: starting writer processes")
     with (
         tempfile.TemporaryDirectory(prefix="percolake-deployed-") as tmp,
-        WriterPool(max(writer_counts), (PERCOLAKE, *anchors)) as pool,
+        WriterPool(max(counts), (PERCOLAKE, *anchors)) as pool,
     ):
-        for store in stores:
+        for store in phases_to_run:
             root = Path(tmp) / store
             root.mkdir()
             systems = (PERCOLAKE, *anchors) if store == SQLITE else (PERCOLAKE, DELTA)
             progress(f"lakehouse.appends.deployed.{store}: starting the store")
             with store_url(store, root) as url:
                 phase = measure_phase(
-                    pool, store, url, root, writer_counts, systems, seconds, runs, progress
+                    pool, store, url, root, counts, systems, seconds, runs, progress
                 )
             phases.append(phase)
-            results += phase_figures(phase, writer_counts)
-    return results + series(phases, writer_counts)
+            results += phase_figures(phase, counts)
+    return results + series(phases, counts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -928,10 +935,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--store", action="append", choices=list(STORE_LABEL))
+    parser.add_argument("--writers", type=int, action="append", help="writer processes")
     parsed = parser.parse_args(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     started = time.monotonic()
-    for result in run(parsed.quick, progress=lambda n: print("running", n, flush=True)):
+    for result in run(
+        parsed.quick,
+        progress=lambda n: print("running", n, flush=True),
+        stores=parsed.store,
+        writer_counts=parsed.writers,
+    ):
         print(describe(result))
     print(f"took {time.monotonic() - started:.0f} s")
     return 0
