@@ -77,6 +77,15 @@ def _explode_half_way(value: int) -> int:
     return value
 
 
+def _cause(exc: BaseException) -> str:
+    """The line of a failed Spark job that says why: the task's own error if it shows."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("RuntimeError:"):
+            return line
+    return f"{type(exc).__name__}: {lines[0][:100] if lines else ''}"
+
+
 def run_pipeline(workdir: Path, out: TextIO) -> int:
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
@@ -134,12 +143,7 @@ def run_pipeline(workdir: Path, out: TextIO) -> int:
                 say("the crashing job unexpectedly succeeded")
                 return 1
             except Exception as exc:
-                first = (
-                    str(exc).strip().splitlines()[0][:80]
-                    if str(exc).strip()
-                    else type(exc).__name__
-                )
-                say(f"a job crashed half-way ({type(exc).__name__}: {first}...)")
+                say(f"a job crashed half-way: {_cause(exc)}")
             finally:
                 spark.sparkContext.setLogLevel("WARN")
             rows_now = lh.read(spark, TABLE).count()
