@@ -3,7 +3,8 @@
 See CONTRACT.md ("Lakehouse tables") for the API and DESIGN.md ("Spark") for what
 it guarantees; ``_model`` documents how the metadata is laid out in cells.
 
-The Spark side (``Lakehouse``, ``write_cells``) is imported on first use, so the
+The Spark side (``Lakehouse``, ``write_cells``, the ``percolake`` data source and
+its ``register(spark)``) is imported on first use, so the
 gateway's lakehouse service (``spark_integration.server``), which needs only the
 metadata layer, starts without loading PySpark and pyarrow.
 """
@@ -25,8 +26,14 @@ from spark_integration._model import Commit, DataFile
 if TYPE_CHECKING:
     from spark_integration._cells import write_cells
     from spark_integration._lakehouse import Lakehouse
+    from spark_integration.datasource import PercolakeDataSource, register
 
-_LAZY = {"Lakehouse": "spark_integration._lakehouse", "write_cells": "spark_integration._cells"}
+_LAZY = {
+    "Lakehouse": "spark_integration._lakehouse",
+    "PercolakeDataSource": "spark_integration.datasource",
+    "register": "spark_integration.datasource",
+    "write_cells": "spark_integration._cells",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -44,8 +51,10 @@ __all__ = [
     "DataFile",
     "Lakehouse",
     "LakehouseError",
+    "PercolakeDataSource",
     "TableExistsError",
     "TableNotFoundError",
     "VersionNotFoundError",
+    "register",
     "write_cells",
 ]

@@ -1,0 +1,156 @@
+"""The executor side of the ``percolake`` data source: Parquet in and out with pyarrow.
+
+Writes go into a job folder (``<location>/_lh_job=<id>/``, see ``_hook.new_job``),
+Hive-partitioned by the table's partition columns exactly as Spark lays them out
+(``col=value/``, ``__HIVE_DEFAULT_PARTITION__`` for null, partition columns not stored
+in the files), so ``Lakehouse.read`` and this module read each other's files. Reads
+take a pinned list of files and never list a folder: files no version names (a
+running or failed job's) are never read.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from spark_integration._hook import parse_partition
+from spark_integration._model import FileEntry
+
+#: Row groups of at most this many rows (Spark's writer makes groups of ~128 MB; for
+#: narrow rows this is about that, and readers can still skip groups by statistics).
+MAX_ROWS_PER_GROUP = 1 << 20
+#: Small input batches are gathered into groups of at least this many rows.
+MIN_ROWS_PER_GROUP = 1 << 16
+#: Batches handed back to Spark on reads.
+READ_BATCH_ROWS = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class FileToRead:
+    """One file of a pinned snapshot: absolute path and its partition values."""
+
+    path: str
+    size_bytes: int
+    partition: dict[str, str | None]
+
+
+def write_batches(
+    batches: Iterator[Any],
+    *,
+    location: str,
+    staging: str,
+    columns: Sequence[str],
+    partition_by: Sequence[str],
+    tag: str,
+) -> list[FileEntry]:
+    """Write Arrow record batches as Parquet files under ``staging``; describe each file.
+
+    ``columns`` is the table's column order; the batches carry the same names in
+    any order. Paths in the returned entries are relative to ``location``; files
+    with no rows are not written at all. ``tag`` makes the file names of this task
+    unique in the job folder (a retried task writes files of its own).
+    """
+    first = next(batches, None)
+    if first is None:
+        return []
+    schema = pa.schema([first.schema.field(name) for name in columns])
+
+    def ordered() -> Iterator[Any]:
+        for batch in chain([first], batches):
+            if batch.num_rows:
+                yield pa.RecordBatch.from_arrays(
+                    [batch.column(name) for name in columns], schema=schema
+                )
+
+    partitioning = (
+        ds.partitioning(pa.schema([schema.field(c) for c in partition_by]), flavor="hive")
+        if partition_by
+        else None
+    )
+    written: list[FileEntry] = []
+
+    def visit(written_file: Any) -> None:
+        path = str(written_file.path)
+        folder = os.path.relpath(os.path.dirname(path), staging)
+        written.append(
+            FileEntry(
+                path=os.path.relpath(path, location),
+                size_bytes=int(written_file.size),
+                record_count=int(written_file.metadata.num_rows),
+                partition=parse_partition("" if folder == "." else folder, tuple(partition_by)),
+            )
+        )
+
+    ds.write_dataset(
+        ordered(),
+        staging,
+        schema=schema,
+        format="parquet",
+        partitioning=partitioning,
+        basename_template=f"part-{tag}-{uuid.uuid4().hex[:12]}-{{i}}.parquet",
+        existing_data_behavior="overwrite_or_ignore",
+        file_visitor=visit,
+        min_rows_per_group=MIN_ROWS_PER_GROUP,
+        max_rows_per_group=MAX_ROWS_PER_GROUP,
+    )
+    return [f for f in written if f.record_count > 0]
+
+
+def _constant(value: str | None, kind: Any, rows: int) -> Any:
+    if value is None:
+        return pa.nulls(rows, kind)
+    return pa.repeat(pa.array([value], pa.string()).cast(kind)[0], rows)
+
+
+def read_files(
+    files: Sequence[FileToRead], target: Any, partition_by: Sequence[str]
+) -> Iterator[Any]:
+    """The rows of ``files`` as record batches of the Arrow schema ``target``.
+
+    Data columns come from the files (cast to the table's types: Spark and pyarrow
+    may store a type differently), partition columns from each file's recorded
+    values, as Spark would parse them from the folder names.
+    """
+    data_columns = [f.name for f in target if f.name not in partition_by]
+    for item in files:
+        table = pq.ParquetFile(item.path).read(columns=data_columns)
+        rows = table.num_rows
+        if not rows:
+            continue
+        arrays = [
+            _constant(item.partition.get(f.name), f.type, rows)
+            if f.name in partition_by
+            else table.column(f.name).cast(f.type)
+            for f in target
+        ]
+        yield from pa.Table.from_arrays(arrays, schema=target).to_batches(READ_BATCH_ROWS)
+
+
+def split_files(
+    files: Sequence[FileToRead], target_bytes: int, min_splits: int
+) -> list[list[FileToRead]]:
+    """Files grouped into read tasks of about ``target_bytes`` each (greedy, largest first).
+
+    At least ``min_splits`` groups while there are that many files, so a small table
+    still reads in parallel; never an empty group.
+    """
+    if not files:
+        return []
+    total = sum(f.size_bytes for f in files)
+    count = max(min(min_splits, len(files)), -(-total // max(target_bytes, 1)))
+    count = min(count, len(files))
+    groups: list[list[FileToRead]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for item in sorted(files, key=lambda f: f.size_bytes, reverse=True):
+        smallest = loads.index(min(loads))
+        groups[smallest].append(item)
+        loads[smallest] += item.size_bytes
+    return [g for g in groups if g]

@@ -1,0 +1,298 @@
+"""The options of the ``percolake`` Spark data source, checked before any task runs.
+
+Spark hands a Python data source its options as strings in a case-insensitive map
+(keys arrive lower-cased); ``path`` is the table name given to ``load``/``save``.
+Each direction accepts its own options and refuses the other's by name, so that a
+``versionAsOf`` on a write or a ``txnVersion`` on a read never passes silently.
+Option names are CONTRACT.md's ("Spark data source ``percolake``").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from spark_integration._model import TABLE_NAME
+
+DEFAULT_GATEWAY = "127.0.0.1:7070"
+
+#: Options every direction takes, and the ones Spark itself adds.
+_COMMON = {"path", "gateway"}
+_READ = {"versionasof", "timestampasof"}
+_WRITE = {"warehouse", "txnappid", "txnversion", "createifmissing", "partitioncolumns"}
+#: Spark passes a streaming query's checkpoint to its sink; it also names the query.
+_STREAM_WRITE = {*_WRITE, "checkpointlocation", "queryname"}
+#: Streaming reads are not built yet; these names are reserved for them (CONTRACT.md).
+_STREAM_READ = {"startingversion", "maxfilespertrigger", "skipchangecommits"}
+
+#: The spelling users see in messages (Spark lower-cases keys on the way in).
+_SPELLING = {
+    "path": "path",
+    "gateway": "gateway",
+    "versionasof": "versionAsOf",
+    "timestampasof": "timestampAsOf",
+    "warehouse": "warehouse",
+    "txnappid": "txnAppId",
+    "txnversion": "txnVersion",
+    "createifmissing": "createIfMissing",
+    "partitioncolumns": "partitionColumns",
+    "checkpointlocation": "checkpointLocation",
+    "queryname": "queryName",
+    "startingversion": "startingVersion",
+    "maxfilespertrigger": "maxFilesPerTrigger",
+    "skipchangecommits": "skipChangeCommits",
+}
+
+_ADDRESS = re.compile(r"[^\s,:]+:\d{1,5}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    table: str
+    gateway: str
+    version: int | None
+    timestamp_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOptions:
+    table: str
+    gateway: str
+    warehouse: str | None
+    app_id: str | None
+    batch_id: int | None
+    create_if_missing: bool
+    #: ``None`` when the option is absent: the table's own partition columns apply.
+    partition_by: tuple[str, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamWriteOptions:
+    table: str
+    gateway: str
+    warehouse: str | None
+    #: ``txnAppId`` if given; else the query is named by its checkpoint (``app_id_for``).
+    app_id: str | None
+    checkpoint: str | None
+    create_if_missing: bool
+    partition_by: tuple[str, ...] | None
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in options.items()}
+
+
+def _check_known(options: Mapping[str, str], allowed: set[str], what: str) -> None:
+    unknown = sorted(set(options) - allowed)
+    if not unknown:
+        return
+    shown = [_SPELLING.get(k, k) for k in unknown]
+    elsewhere = {
+        "versionasof": "reads",
+        "timestampasof": "reads",
+        "txnversion": "batch writes",
+        **dict.fromkeys(_WRITE - {"txnversion"}, "writes"),
+        **dict.fromkeys(_STREAM_READ, "streaming reads (not supported yet)"),
+    }
+    hints = [f"{_SPELLING.get(k, k)} is for {elsewhere[k]}" for k in unknown if k in elsewhere]
+    known = ", ".join(sorted(_SPELLING[k] for k in allowed if k != "path"))
+    raise ValueError(
+        f"percolake {what}: unknown option(s) {shown}"
+        + (f" ({'; '.join(hints)})" if hints else "")
+        + f"; the options are: {known}"
+    )
+
+
+def _table(options: Mapping[str, str]) -> str:
+    name = options.get("path")
+    if not name:
+        raise ValueError(
+            "percolake: no table given: pass the table name to load()/save()/start(), e.g. "
+            'save("events")'
+        )
+    if not TABLE_NAME.fullmatch(name):
+        raise ValueError(
+            f"percolake: invalid table name {name!r}: the path is a table name (1-128 "
+            "characters from [A-Za-z0-9_.-]), not a file system path"
+        )
+    return name
+
+
+def _gateway(options: Mapping[str, str]) -> str:
+    value = options.get("gateway", DEFAULT_GATEWAY).strip()
+    addresses = [a.strip() for a in value.split(",")]
+    if not value or not all(_ADDRESS.fullmatch(a) for a in addresses):
+        raise ValueError(
+            f"percolake: option gateway must be HOST:PORT[,HOST:PORT...], got {value!r}"
+        )
+    return ",".join(addresses)
+
+
+def _bool(options: Mapping[str, str], key: str) -> bool:
+    raw = options.get(key)
+    if raw is None:
+        return False
+    lowered = raw.strip().lower()
+    if lowered not in ("true", "false"):
+        raise ValueError(f"percolake: option {_SPELLING[key]} must be true or false, got {raw!r}")
+    return lowered == "true"
+
+
+def _non_negative_int(options: Mapping[str, str], key: str) -> int | None:
+    raw = options.get(key)
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not text.isdigit():
+        raise ValueError(
+            f"percolake: option {_SPELLING[key]} must be a non-negative integer, got {raw!r}"
+        )
+    return int(text)
+
+
+def _warehouse(options: Mapping[str, str]) -> str | None:
+    raw = options.get("warehouse")
+    if raw is None:
+        return None
+    if not os.path.isabs(raw):
+        raise ValueError(f"percolake: option warehouse must be an absolute path, got {raw!r}")
+    return os.path.normpath(raw)
+
+
+def _partition_by(options: Mapping[str, str]) -> tuple[str, ...] | None:
+    raw = options.get("partitioncolumns")
+    if raw is None:
+        return None
+    columns = tuple(c.strip() for c in raw.split(",") if c.strip())
+    if raw.strip() and not columns:
+        raise ValueError(f"percolake: option partitionColumns lists no column: {raw!r}")
+    return columns
+
+
+def _app_id(options: Mapping[str, str]) -> str | None:
+    raw = options.get("txnappid")
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise ValueError("percolake: option txnAppId must not be empty")
+    return raw
+
+
+def _create(options: Mapping[str, str], warehouse: str | None) -> bool:
+    create = _bool(options, "createifmissing")
+    if create and warehouse is None:
+        raise ValueError(
+            "percolake: option createIfMissing needs option warehouse (the absolute folder "
+            "under which the new table's files go)"
+        )
+    return create
+
+
+def parse_timestamp_ms(raw: str) -> int:
+    """Milliseconds since the epoch from an ISO-8601 string; no offset means UTC.
+
+    A Python data source cannot see the session time zone, so a naive timestamp is
+    read as UTC (the time zone of the log's ``timestamp_ms``), never as local time.
+    """
+    text = raw.strip()
+    try:
+        parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError:
+        raise ValueError(
+            f"percolake: option timestampAsOf must be an ISO-8601 timestamp such as "
+            f"'2024-05-01T12:00:00Z' or '2024-05-01 12:00:00' (UTC), got {raw!r}"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1000)
+
+
+def read_options(options: Mapping[str, str]) -> ReadOptions:
+    opts = _lower(options)
+    _check_known(opts, _COMMON | _READ, "read")
+    table, gateway = _table(opts), _gateway(opts)
+    version = _non_negative_int(opts, "versionasof")
+    raw_ts = opts.get("timestampasof")
+    if version is not None and raw_ts is not None:
+        raise ValueError("percolake: give versionAsOf or timestampAsOf, not both")
+    timestamp_ms = None if raw_ts is None else parse_timestamp_ms(raw_ts)
+    return ReadOptions(table, gateway, version, timestamp_ms)
+
+
+def write_options(options: Mapping[str, str]) -> WriteOptions:
+    opts = _lower(options)
+    _check_known(opts, _COMMON | _WRITE, "write")
+    table, gateway, warehouse = _table(opts), _gateway(opts), _warehouse(opts)
+    app_id, batch_id = _app_id(opts), _non_negative_int(opts, "txnversion")
+    if (app_id is None) != (batch_id is None):
+        raise ValueError(
+            "percolake: options txnAppId and txnVersion go together: give both (an "
+            "idempotent write) or neither"
+        )
+    return WriteOptions(
+        table,
+        gateway,
+        warehouse,
+        app_id,
+        batch_id,
+        _create(opts, warehouse),
+        _partition_by(opts),
+    )
+
+
+def stream_write_options(options: Mapping[str, str]) -> StreamWriteOptions:
+    opts = _lower(options)
+    if "txnversion" in opts:
+        raise ValueError(
+            "percolake: option txnVersion is for batch writes; a streaming write's "
+            "version is its micro-batch id"
+        )
+    _check_known(opts, _COMMON | _STREAM_WRITE, "streaming write")
+    table, gateway, warehouse = _table(opts), _gateway(opts), _warehouse(opts)
+    app_id, checkpoint = _app_id(opts), opts.get("checkpointlocation")
+    if app_id is None and not checkpoint:
+        raise ValueError(
+            "percolake: a streaming write needs a checkpointLocation (it names the query "
+            "whose micro-batches commit exactly once) or a txnAppId"
+        )
+    return StreamWriteOptions(
+        table,
+        gateway,
+        warehouse,
+        app_id,
+        checkpoint,
+        _create(opts, warehouse),
+        _partition_by(opts),
+    )
+
+
+#: Spark writes the query id into ``<checkpoint>/metadata`` when the query first starts,
+#: and a restart from the checkpoint keeps it: the stable name of the query.
+CHECKPOINT_METADATA = "metadata"
+
+
+def query_id_of_checkpoint(checkpoint: str) -> str:
+    """The id of the streaming query that owns ``checkpoint`` (a local path or file: URI)."""
+    folder = checkpoint[len("file:") :] if checkpoint.startswith("file:") else checkpoint
+    if "://" in folder:
+        raise ValueError(
+            f"percolake: cannot read the query id from checkpoint {checkpoint!r} (not a "
+            "local path); give option txnAppId to name the query"
+        )
+    path = os.path.join(folder, CHECKPOINT_METADATA)
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+        query_id = json.loads(first)["id"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"percolake: cannot read the query id from {path} ({exc}); give option "
+            "txnAppId to name the query"
+        ) from None
+    if not isinstance(query_id, str) or not query_id:
+        raise ValueError(f"percolake: no query id in {path}; give option txnAppId")
+    return query_id

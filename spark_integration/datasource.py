@@ -1,0 +1,558 @@
+"""``format("percolake")``: lakehouse tables as a Spark data source (Python Data Source API).
+
+::
+
+    df.write.format("percolake").mode("append").option("gateway", gw).save("events")
+    spark.read.format("percolake").option("gateway", gw).option("versionAsOf", 3).load("events")
+    sdf.writeStream.format("percolake").option("gateway", gw) \\
+        .option("checkpointLocation", ckpt).start("events")
+
+Where each step runs: Spark calls the data source's planning methods (``schema``,
+``reader``, ``writer``, ``streamWriter``) and the writers' ``commit``/``abort`` in
+Python worker processes on the driver's machine, and ``write``/``read`` in tasks on
+executors. Every object that crosses between them is pickled, so plans here are
+plain values; each driver-side step opens its own connection to the gateway.
+
+- **Writes.** Planning checks the options and the DataFrame's schema against the
+  table (creating it first with ``createIfMissing``), reads the base version an
+  overwrite replaces and whether an idempotent write (``txnAppId``/``txnVersion``)
+  already committed, and names a job folder. Tasks write Parquet with pyarrow into
+  it; ``commit`` makes the files one version with one call to the gateway's
+  lakehouse service. ``abort`` removes the folder only when no commit was ever
+  sent for the job (a commit whose outcome is unknown may have named its files:
+  those stay, for ``vacuum`` to remove if no version names them).
+- **Reads.** The version is pinned when the DataFrame is defined (``load``): the
+  latest, ``versionAsOf``, or the latest committed at or before ``timestampAsOf``.
+  Planning lists that version's files once and spreads them over tasks.
+- **Streaming writes.** Micro-batch ``b`` of a query commits with the idempotency
+  mark ``(app, b)``, ``app`` being ``txnAppId`` or the query id Spark keeps in the
+  checkpoint: a batch replayed after a restart adds nothing. Complete mode is an
+  overwrite per batch.
+
+Partition filters are not pushed down: PySpark 4.3 fails every read of a source
+whose reader implements ``pushFilters`` unless the session sets
+``spark.sql.python.filterPushdown.enabled``, which a source cannot check for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from percolake.rpc import resolve_token
+from spark_integration._catalog import now_ms
+from spark_integration._datasource_files import (
+    FileToRead,
+    read_files,
+    split_files,
+    write_batches,
+)
+from spark_integration._datasource_options import (
+    ReadOptions,
+    query_id_of_checkpoint,
+    read_options,
+    stream_write_options,
+    write_options,
+)
+from spark_integration._errors import TableExistsError, TableNotFoundError, VersionNotFoundError
+from spark_integration._hook import new_job
+from spark_integration._model import APPEND, OVERWRITE, FileEntry, TableMeta
+from spark_integration._remote import RemoteCatalog
+from spark_integration._schema import check_dataframe_schema
+from txn import TransactionManager
+from txn.errors import TransactionAbortedError
+from txn.remote import RemoteTransactionManager
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+#: The catalog ``Lakehouse`` uses by default: tables written here are its tables.
+CATALOG = "lakehouse"
+#: Written into a job folder just before its commit is sent: from then on the files
+#: may be named by a version, and ``abort`` leaves them alone.
+COMMITTING_MARKER = "_committing"
+#: Read tasks of about this many bytes of Parquet each, at least two while there are files.
+READ_SPLIT_BYTES = 128 << 20
+READ_MIN_SPLITS = 2
+
+
+class _Catalog(RemoteCatalog):
+    """The catalog with the manager it runs on (``Lakehouse`` creates tables on it)."""
+
+    def __init__(self, tm: RemoteTransactionManager) -> None:
+        super().__init__(tm, CATALOG)
+        self.manager = tm
+
+
+@contextmanager
+def _gateway(address: str) -> Iterator[_Catalog]:
+    """The lakehouse catalog through the gateway at ``address``; token from ``$PERCOLAKE_TOKEN``."""
+    tm = TransactionManager.remote(address, token=resolve_token())
+    try:
+        yield _Catalog(tm)
+    finally:
+        tm.close()
+
+
+def _schema_of(meta: TableMeta) -> StructType:
+    return StructType.fromJson(json.loads(meta.schema_json))
+
+
+def _task_tag() -> str:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return uuid.uuid4().hex[:8]
+    return f"{ctx.partitionId():05d}-{ctx.attemptNumber()}"
+
+
+def _remove(folders: Sequence[str]) -> None:
+    # Best effort: a straggling task may still write here; vacuum removes what is left.
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- writes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where and how tasks write: the table's folder, column order and partitioning."""
+
+    table: str
+    gateway: str
+    location: str
+    columns: tuple[str, ...]
+    partition_by: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _WritePlan:
+    target: _Target
+    operation: str
+    job_id: str
+    job_started_ms: int
+    staging: str
+    base_version: int | None
+    app_id: str | None
+    batch_id: int | None
+    #: The version an earlier write with the same (app_id, batch_id) committed.
+    replayed_version: int | None
+
+
+@dataclass(frozen=True)
+class FilesWritten(WriterCommitMessage):
+    """What one task wrote: its files (paths relative to the table location)."""
+
+    files: tuple[FileEntry, ...] = ()
+    #: The task's own job folder (streaming writes) and when it started.
+    folder: str | None = None
+    started_ms: int | None = None
+
+
+def _files_of(messages: Sequence[WriterCommitMessage | None]) -> list[FileEntry]:
+    out: list[FileEntry] = []
+    for message in messages:
+        if isinstance(message, FilesWritten):
+            out.extend(message.files)
+    return out
+
+
+def _prepare_table(catalog: _Catalog, opts: Any, schema: StructType) -> TableMeta:
+    """The table to write, created from the DataFrame's schema when asked and missing.
+
+    ``opts`` is a write or streaming write option set. Checks the DataFrame's schema
+    and the ``partitionColumns`` option against the table's.
+    """
+    try:
+        meta = catalog.meta(opts.table)
+    except TableNotFoundError:
+        if not opts.create_if_missing:
+            raise TableNotFoundError(
+                f"percolake: table {opts.table!r} does not exist; create it, or pass "
+                "option createIfMissing=true (with warehouse and, if wanted, partitionColumns)"
+            ) from None
+        meta = _create(catalog, opts, schema)
+    if opts.partition_by is not None and tuple(opts.partition_by) != meta.partition_by:
+        raise ValueError(
+            f"percolake: option partitionColumns {list(opts.partition_by)} does not match "
+            f"table {opts.table!r}, which is partitioned by {list(meta.partition_by)}"
+        )
+    check_dataframe_schema(opts.table, _schema_of(meta), schema)
+    return meta
+
+
+def _create(catalog: _Catalog, opts: Any, schema: StructType) -> TableMeta:
+    from spark_integration._lakehouse import Lakehouse
+
+    # The catalog's own manager: Lakehouse checks names, schema and location as usual.
+    lh = Lakehouse(catalog.manager, opts.warehouse, catalog=CATALOG)
+    try:
+        lh.create_table(opts.table, schema, tuple(opts.partition_by or ()))
+    except TableExistsError:
+        log.info("table %s was created concurrently; writing to it", opts.table)
+    return catalog.prepare(opts.table).meta
+
+
+def _target(opts: Any, meta: TableMeta) -> _Target:
+    return _Target(
+        opts.table,
+        opts.gateway,
+        meta.location,
+        tuple(_schema_of(meta).fieldNames()),
+        meta.partition_by,
+    )
+
+
+class PercolakeBatchWriter(DataSourceArrowWriter):
+    """One batch write job: tasks write Parquet into the job folder, ``commit`` is one version."""
+
+    def __init__(self, plan: _WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        plan = self.plan
+        if plan.replayed_version is not None:
+            return FilesWritten()
+        files = write_batches(
+            iterator,
+            location=plan.target.location,
+            staging=plan.staging,
+            columns=plan.target.columns,
+            partition_by=plan.target.partition_by,
+            tag=_task_tag(),
+        )
+        return FilesWritten(tuple(files))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        plan = self.plan
+        if plan.replayed_version is not None:
+            log.info(
+                "write (%s, %s) to %s already committed as version %d; nothing to do",
+                plan.app_id,
+                plan.batch_id,
+                plan.target.table,
+                plan.replayed_version,
+            )
+            return
+        files = _files_of(messages)
+        os.makedirs(plan.staging, exist_ok=True)
+        with open(os.path.join(plan.staging, COMMITTING_MARKER), "w", encoding="utf-8") as f:
+            f.write(plan.job_id)
+        with _gateway(plan.target.gateway) as catalog:
+            try:
+                committed = catalog.commit_files(
+                    plan.target.table,
+                    plan.operation,
+                    files,
+                    job_id=plan.job_id,
+                    job_started_ms=plan.job_started_ms,
+                    app_id=plan.app_id,
+                    batch_id=plan.batch_id,
+                    base_version=plan.base_version,
+                )
+            except TransactionAbortedError:
+                # Definitely not committed: nothing names these files.
+                _remove([plan.staging])
+                raise
+            # Any other failure propagates with the files in place: the commit may have
+            # landed, and a version naming missing files would be worse than disk use.
+        if committed.replayed:
+            _remove([plan.staging])
+            log.info(
+                "write to %s lost to its own replay; version %d",
+                plan.target.table,
+                committed.version,
+            )
+            return
+        log.info(
+            "%s committed %s version %d (%d files, job %s)",
+            plan.operation.lower(),
+            plan.target.table,
+            committed.version,
+            len(files),
+            plan.job_id,
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        plan = self.plan
+        if plan.replayed_version is not None:
+            return
+        if os.path.exists(os.path.join(plan.staging, COMMITTING_MARKER)):
+            # A commit was sent: it may have named these files whatever its outcome
+            # looked like here. Say what the log knows; delete nothing either way.
+            log.warning(
+                "job %s of %s aborted after its commit was sent: %s",
+                plan.job_id,
+                plan.target.table,
+                _job_outcome(plan),
+            )
+            return
+        _remove([plan.staging])
+        log.info(
+            "job %s of %s aborted before its commit; its files are removed",
+            plan.job_id,
+            plan.target.table,
+        )
+
+
+def _job_outcome(plan: _WritePlan) -> str:
+    try:
+        with _gateway(plan.target.gateway) as catalog:
+            for entry in catalog.history(plan.target.table):
+                if entry.record.job_id == plan.job_id:
+                    return f"it committed version {entry.record.version}"
+    except Exception as exc:  # the gateway is down, say: the files stay either way
+        return f"its outcome is unknown ({exc!r}); the files stay for vacuum"
+    return "no version names it yet; the files stay for vacuum"
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamPlan:
+    target: _Target
+    operation: str
+    app_id: str
+
+
+class PercolakeStreamWriter(DataSourceStreamArrowWriter):
+    """A streaming sink: micro-batch ``b`` commits once, marked ``(app_id, b)``.
+
+    Each task writes into a job folder of its own (the micro-batch is not known on
+    executors); the batch's version names the files of all of them.
+    """
+
+    def __init__(self, plan: _StreamPlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        target = self.plan.target
+        job = new_job(target.location)
+        files = write_batches(
+            iterator,
+            location=target.location,
+            staging=str(job.staging),
+            columns=target.columns,
+            partition_by=target.partition_by,
+            tag=_task_tag(),
+        )
+        return FilesWritten(tuple(files), str(job.staging), job.started_ms)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        plan, target = self.plan, self.plan.target
+        written = [m for m in messages if isinstance(m, FilesWritten)]
+        folders = [m.folder for m in written if m.folder is not None]
+        started = [m.started_ms for m in written if m.started_ms is not None]
+        files = _files_of(messages)
+        with _gateway(target.gateway) as catalog:
+            prepared = catalog.prepare(target.table, plan.app_id, batchId)
+            if prepared.replayed_version is not None:
+                # The batch committed before a restart: this run's files are nobody's.
+                _remove(folders)
+                log.info(
+                    "micro-batch %d of %s to %s already committed as version %d",
+                    batchId,
+                    plan.app_id,
+                    target.table,
+                    prepared.replayed_version,
+                )
+                return
+            try:
+                committed = catalog.commit_files(
+                    target.table,
+                    plan.operation,
+                    files,
+                    job_id=f"stream-{uuid.uuid4().hex[:16]}",
+                    job_started_ms=min(started, default=now_ms()),
+                    app_id=plan.app_id,
+                    batch_id=batchId,
+                    base_version=prepared.head.version if plan.operation == OVERWRITE else None,
+                )
+            except TransactionAbortedError:
+                _remove(folders)
+                raise
+        if committed.replayed:
+            _remove(folders)
+        log.info(
+            "micro-batch %d of %s: %s version %d (%d files)",
+            batchId,
+            plan.app_id,
+            target.table,
+            committed.version,
+            len(files),
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # The commit may have been sent before this abort: the files stay for vacuum,
+        # which removes them once no version names them.
+        log.warning(
+            "micro-batch %d of %s to %s aborted; its files stay for vacuum",
+            batchId,
+            self.plan.app_id,
+            self.plan.target.table,
+        )
+
+
+# --- reads ----------------------------------------------------------------------------
+
+
+class _Split(InputPartition):
+    def __init__(self, files: tuple[FileToRead, ...]) -> None:
+        super().__init__(len(files))
+        self.files = files
+
+
+class PercolakeReader(DataSourceReader):
+    """A pinned snapshot: the files were listed once, at planning, on the driver."""
+
+    def __init__(self, schema_json: str, partition_by: tuple[str, ...], splits: list[_Split]):
+        self.schema_json = schema_json
+        self.partition_by = partition_by
+        self.splits = splits
+
+    def partitions(self) -> Sequence[InputPartition]:
+        # Spark wants at least one partition; an empty table reads one with no files.
+        return self.splits or [_Split(())]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        assert isinstance(partition, _Split)
+        schema = StructType.fromJson(json.loads(self.schema_json))
+        target = to_arrow_schema(schema, timezone="UTC")
+        yield from read_files(partition.files, target, self.partition_by)
+
+
+def _resolve_version(catalog: _Catalog, opts: ReadOptions) -> int:
+    head = catalog.prepare(opts.table).head
+    if opts.version is not None:
+        if opts.version > head.version:
+            raise VersionNotFoundError(
+                f"percolake: table {opts.table!r} has no version {opts.version} "
+                f"(latest is {head.version})"
+            )
+        return opts.version
+    if opts.timestamp_ms is None:
+        return head.version
+    at: int | None = None
+    for entry in catalog.history(opts.table):
+        if entry.record.timestamp_ms <= opts.timestamp_ms:
+            at = entry.record.version
+    if at is None:
+        raise VersionNotFoundError(
+            f"percolake: table {opts.table!r} has no version committed at or before "
+            f"timestampAsOf ({opts.timestamp_ms} ms since the epoch, UTC)"
+        )
+    return at
+
+
+# --- the source -----------------------------------------------------------------------
+
+
+class PercolakeDataSource(DataSource):
+    """The ``percolake`` format. Its options are CONTRACT.md's; the path is the table name."""
+
+    #: The version a read is pinned to, set when the DataFrame is defined (``schema``).
+    pinned_version: int | None = None
+
+    @classmethod
+    def name(cls) -> str:
+        return "percolake"
+
+    def schema(self) -> StructType:
+        opts = read_options(self.options)
+        with _gateway(opts.gateway) as catalog:
+            version = _resolve_version(catalog, opts)
+            meta = catalog.meta(opts.table)
+        self.pinned_version = version
+        return _schema_of(meta)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts = read_options(self.options)
+        with _gateway(opts.gateway) as catalog:
+            version = self.pinned_version
+            if version is None:  # the user gave a schema: schema() never ran
+                version = _resolve_version(catalog, opts)
+            meta, _, entries = catalog.files(opts.table, version, FileEntry)
+        check_dataframe_schema(opts.table, _schema_of(meta), schema)
+        files = [
+            FileToRead(os.path.join(meta.location, e.path), e.size_bytes, e.partition)
+            for e in entries
+        ]
+        splits = [
+            _Split(tuple(group)) for group in split_files(files, READ_SPLIT_BYTES, READ_MIN_SPLITS)
+        ]
+        log.info(
+            "read of %s version %d: %d files in %d tasks",
+            opts.table,
+            version,
+            len(files),
+            len(splits),
+        )
+        return PercolakeReader(schema.json(), meta.partition_by, splits)
+
+    def writer(self, schema: StructType, overwrite: bool) -> PercolakeBatchWriter:
+        opts = write_options(self.options)
+        with _gateway(opts.gateway) as catalog:
+            meta = _prepare_table(catalog, opts, schema)
+            prepared = catalog.prepare(opts.table, opts.app_id, opts.batch_id)
+        job = new_job(meta.location)
+        plan = _WritePlan(
+            target=_target(opts, meta),
+            operation=OVERWRITE if overwrite else APPEND,
+            job_id=job.job_id,
+            job_started_ms=job.started_ms,
+            staging=str(job.staging),
+            base_version=prepared.head.version if overwrite else None,
+            app_id=opts.app_id,
+            batch_id=opts.batch_id,
+            replayed_version=prepared.replayed_version,
+        )
+        return PercolakeBatchWriter(plan)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> PercolakeStreamWriter:
+        opts = stream_write_options(self.options)
+        app_id = opts.app_id
+        if app_id is None:
+            assert opts.checkpoint is not None, "checked with the options"
+            app_id = f"query-{query_id_of_checkpoint(opts.checkpoint)}"
+        with _gateway(opts.gateway) as catalog:
+            meta = _prepare_table(catalog, opts, schema)
+        return PercolakeStreamWriter(
+            _StreamPlan(_target(opts, meta), OVERWRITE if overwrite else APPEND, app_id)
+        )
+
+
+def register(spark: SparkSession) -> None:
+    """Register ``format("percolake")`` with ``spark`` (not needed once the package is
+    installed: Spark then finds it by itself, through ``pyspark_percolake``)."""
+    spark.dataSource.register(PercolakeDataSource)
+
+
+__all__ = [
+    "FilesWritten",
+    "PercolakeBatchWriter",
+    "PercolakeDataSource",
+    "PercolakeReader",
+    "PercolakeStreamWriter",
+    "register",
+]

@@ -1,0 +1,414 @@
+"""``format("percolake")`` end to end: a real ``percolake serve`` gateway and local Spark.
+
+One gateway process (SQLite store) serves every test of the module; each test has
+tables of its own. Spark runs the data source's planning, commit and abort in
+Python workers and its writes and reads in tasks, all talking to that gateway, as
+in the deployed topology. ``Lakehouse`` on a remote manager is the independent
+witness of what each write committed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from spark_integration import Lakehouse, register
+from tests.servers import ServerProcess
+from txn import TransactionManager
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+SCHEMA = StructType([StructField("id", LongType()), StructField("day", StringType())])
+STREAM_WAIT_S = 120.0
+
+_names = itertools.count()
+
+
+class Env:
+    """The gateway, a warehouse folder, and a Lakehouse that checks what was committed."""
+
+    def __init__(self, gateway: str, warehouse: Path, lh: Lakehouse) -> None:
+        self.gateway = gateway
+        self.warehouse = warehouse
+        self.lh = lh
+
+    def table(self, partition_by: tuple[str, ...] = ()) -> str:
+        name = f"t{next(_names)}"
+        self.lh.create_table(name, SCHEMA, partition_by)
+        return name
+
+    def writer(self, df: DataFrame, mode: str = "append") -> object:
+        return df.write.format("percolake").mode(mode).option("gateway", self.gateway)
+
+    def reader(self, spark: SparkSession) -> object:
+        return spark.read.format("percolake").option("gateway", self.gateway)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    workdir = tmp_path_factory.mktemp("datasource")
+    server = ServerProcess("all", ["--store", f"sqlite:///{workdir}/store.db"], workdir).start()
+    tm = TransactionManager.remote(server.address)
+    try:
+        yield Env(server.address, workdir / "warehouse", Lakehouse(tm, workdir / "warehouse"))
+    finally:
+        tm.close()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def ds(spark: SparkSession) -> SparkSession:
+    """The shared session with the source registered explicitly."""
+    register(spark)
+    return spark
+
+
+def rows(spark: SparkSession, ids: range | list[int], days: int = 3) -> DataFrame:
+    return spark.createDataFrame([(i, f"d{i % days}") for i in ids], SCHEMA)
+
+
+def ids_of(df: DataFrame) -> list[int]:
+    return sorted(r["id"] for r in df.select("id").collect())
+
+
+def job_folders(env: Env, table: str) -> list[str]:
+    location = env.warehouse / table
+    return sorted(p.name for p in location.iterdir() if p.name.startswith("_lh_job="))
+
+
+# --- registration ---------------------------------------------------------------------
+
+
+def test_spark_finds_the_source_by_name_without_registration(
+    spark: SparkSession, env: Env
+) -> None:
+    # A new session has none of the parent's registrations: only the installed
+    # pyspark_percolake module (Spark's lookup of pyspark_* modules) can supply it.
+    fresh = spark.newSession()
+    table = env.table()
+    env.lh.append(table, rows(spark, range(3)))
+    got = fresh.read.format("percolake").option("gateway", env.gateway).load(table)
+    assert ids_of(got) == [0, 1, 2]
+
+
+# --- batch writes and reads -----------------------------------------------------------
+
+
+def test_appends_commit_one_version_each_and_read_back(ds: SparkSession, env: Env) -> None:
+    table = env.table()
+    env.writer(rows(ds, range(10)).repartition(2)).save(table)  # type: ignore[attr-defined]
+    env.writer(rows(ds, range(10, 15))).save(table)  # type: ignore[attr-defined]
+    assert env.lh.version(table) == 2
+    history = env.lh.history(table)
+    assert [c.operation for c in history] == ["CREATE TABLE", "WRITE", "WRITE"]
+    assert len(history[1].added_files) >= 2  # one file per task at least
+    got = env.reader(ds).load(table)  # type: ignore[attr-defined]
+    assert got.schema.fieldNames() == ["id", "day"]
+    assert ids_of(got) == list(range(15))
+    # The native reader reads the very files the data source wrote.
+    assert ids_of(env.lh.read(ds, table)) == list(range(15))
+    # Every file is in a job folder named as new_job names them (vacuum reads the time).
+    for commit in history[1:]:
+        for path in commit.added_files:
+            folder = Path(path).relative_to(env.warehouse / table).parts[0]
+            assert folder.startswith("_lh_job=") and folder.endswith(tuple("0123456789abcdef"))
+
+
+def test_an_empty_table_reads_as_empty(ds: SparkSession, env: Env) -> None:
+    table = env.table()
+    got = env.reader(ds).load(table)  # type: ignore[attr-defined]
+    assert got.count() == 0
+    assert got.schema.fieldNames() == ["id", "day"]
+
+
+def test_overwrite_replaces_every_row(ds: SparkSession, env: Env) -> None:
+    table = env.table()
+    env.writer(rows(ds, range(5))).save(table)  # type: ignore[attr-defined]
+    env.writer(rows(ds, [100, 101]), "overwrite").save(table)  # type: ignore[attr-defined]
+    assert ids_of(env.reader(ds).load(table)) == [100, 101]  # type: ignore[attr-defined]
+    assert [c.operation for c in env.lh.history(table)][-1] == "OVERWRITE"
+
+
+def test_time_travel_by_version_and_by_timestamp(ds: SparkSession, env: Env) -> None:
+    table = env.table()
+    env.writer(rows(ds, range(3))).save(table)  # type: ignore[attr-defined]
+    env.writer(rows(ds, range(3, 6))).save(table)  # type: ignore[attr-defined]
+    env.writer(rows(ds, [9]), "overwrite").save(table)  # type: ignore[attr-defined]
+    expected = {0: [], 1: [0, 1, 2], 2: list(range(6)), 3: [9]}
+    for version, ids in expected.items():
+        got = env.reader(ds).option("versionAsOf", version).load(table)  # type: ignore[attr-defined]
+        assert ids_of(got) == ids, version
+    history = env.lh.history(table)
+    for commit in history:
+        at = datetime.fromtimestamp(commit.timestamp_ms / 1000, UTC)
+        for text in (at.isoformat(timespec="milliseconds"), at.strftime("%Y-%m-%d %H:%M:%S.%f")):
+            got = env.reader(ds).option("timestampAsOf", text).load(table)  # type: ignore[attr-defined]
+            assert ids_of(got) == expected[commit.version], (commit.version, text)
+    before = datetime.fromtimestamp(history[0].timestamp_ms / 1000 - 60, UTC).isoformat()
+    with pytest.raises(Exception, match="no version committed at or before timestampAsOf"):
+        env.reader(ds).option("timestampAsOf", before).load(table)  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match="has no version 7"):
+        env.reader(ds).option("versionAsOf", 7).load(table)  # type: ignore[attr-defined]
+
+
+def test_a_read_is_pinned_when_the_dataframe_is_defined(ds: SparkSession, env: Env) -> None:
+    table = env.table()
+    env.writer(rows(ds, range(3))).save(table)  # type: ignore[attr-defined]
+    pinned = env.reader(ds).load(table)  # type: ignore[attr-defined]
+    env.writer(rows(ds, range(3, 6))).save(table)  # type: ignore[attr-defined]
+    assert ids_of(pinned) == [0, 1, 2]
+    assert ids_of(env.reader(ds).load(table)) == list(range(6))  # type: ignore[attr-defined]
+
+
+def test_create_if_missing_with_partition_columns(ds: SparkSession, env: Env) -> None:
+    table = f"created{next(_names)}"
+    df = ds.createDataFrame(
+        [(i, None if i == 4 else f"d{i % 2}") for i in range(6)], SCHEMA
+    )
+    (
+        env.writer(df)  # type: ignore[attr-defined]
+        .option("createIfMissing", "true")
+        .option("warehouse", str(env.warehouse))
+        .option("partitionColumns", "day")
+        .save(table)
+    )
+    assert env.lh.version(table) == 1
+    files = env.lh.files(table)
+    assert {f.partition["day"] for f in files} == {"d0", "d1", None}
+    for f in files:
+        folder = Path(f.path).parent.name
+        value = f.partition["day"]
+        assert folder == f"day={'__HIVE_DEFAULT_PARTITION__' if value is None else value}"
+    assert sum(f.record_count for f in files) == 6
+    expected = sorted((i, None if i == 4 else f"d{i % 2}") for i in range(6))
+    for got in (env.reader(ds).load(table), env.lh.read(ds, table)):  # type: ignore[attr-defined]
+        assert sorted((r["id"], r["day"]) for r in got.collect()) == expected
+    # The second write finds the table; a different partitioning is refused.
+    with pytest.raises(Exception, match="does not match table"):
+        (
+            env.writer(df)  # type: ignore[attr-defined]
+            .option("createIfMissing", "true")
+            .option("warehouse", str(env.warehouse))
+            .option("partitionColumns", "id")
+            .save(table)
+        )
+    assert env.lh.version(table) == 1
+
+
+def _exploding(spark: SparkSession, ids: range, bad_id: int) -> DataFrame:
+    def check(i: int) -> str:
+        if i == bad_id:
+            raise RuntimeError(f"task failure on row {i}")
+        return f"d{i % 3}"
+
+    # Not Arrow-optimized: that path needs pandas, which the spark extra does not bring.
+    explode = F.udf(check, StringType(), useArrow=False)
+    return rows(spark, ids).repartition(2).select("id", explode("id").alias("day"))
+
+
+def test_a_task_failing_mid_job_leaves_the_table_untouched(ds: SparkSession, env: Env) -> None:
+    table = env.table()
+    env.writer(rows(ds, range(4))).save(table)  # type: ignore[attr-defined]
+    before = env.lh.files(table)
+    with pytest.raises(Exception, match="task failure on row 37"):
+        env.writer(_exploding(ds, range(100), 37)).save(table)  # type: ignore[attr-defined]
+    assert env.lh.version(table) == 1
+    assert env.lh.files(table) == before
+    assert ids_of(env.reader(ds).load(table)) == [0, 1, 2, 3]  # type: ignore[attr-defined]
+    # abort removed the failed job's folder (no commit was ever sent for it).
+    committed = {Path(f.path).relative_to(env.warehouse / table).parts[0] for f in before}
+    assert set(job_folders(env, table)) == committed
+
+
+def test_a_replayed_txn_version_adds_nothing(ds: SparkSession, env: Env) -> None:
+    table = env.table()
+
+    def write(ids: range, version: int) -> None:
+        (
+            env.writer(rows(ds, ids))  # type: ignore[attr-defined]
+            .option("txnAppId", "nightly")
+            .option("txnVersion", str(version))
+            .save(table)
+        )
+
+    write(range(3), 0)
+    write(range(3), 0)  # the same batch again: a retried job
+    write(range(100, 103), 0)  # different rows, same batch: still nothing
+    assert env.lh.version(table) == 1
+    write(range(3, 5), 1)
+    assert env.lh.version(table) == 2
+    assert ids_of(env.reader(ds).load(table)) == list(range(5))  # type: ignore[attr-defined]
+    marks = [(c.app_id, c.batch_id) for c in env.lh.history(table)[1:]]
+    assert marks == [("nightly", 0), ("nightly", 1)]
+    # The replays wrote no files at all.
+    assert len(job_folders(env, table)) == 2
+
+
+# --- what is refused before any task runs ---------------------------------------------
+
+
+def _touching(spark: SparkSession, marker: Path) -> DataFrame:
+    """Rows whose computation leaves a file behind: proof that a task ran."""
+
+    def touch(i: int) -> str:
+        marker.mkdir(parents=True, exist_ok=True)
+        (marker / f"row-{i}").write_text("ran")
+        return f"d{i}"
+
+    return rows(spark, range(4)).select("id", F.udf(touch, StringType(), useArrow=False)("id").alias("day"))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"txnAppId": "a"}, "txnAppId and txnVersion go together"),
+        ({"txnAppId": "a", "txnVersion": "-1"}, "txnVersion must be a non-negative integer"),
+        ({"versionAsOf": "1"}, "versionAsOf is for reads"),
+        ({"createIfMissing": "yes"}, "createIfMissing must be true or false"),
+        ({"createIfMissing": "true"}, "createIfMissing needs option warehouse"),
+        ({"warehouse": "relative/dir"}, "warehouse must be an absolute path"),
+        ({"gateway": "nohost"}, "gateway must be HOST:PORT"),
+        ({"partitionColumns": "id"}, "does not match table"),
+        ({"txnAppld": "typo"}, "unknown option"),
+    ],
+)
+def test_bad_write_options_are_refused_before_any_task_runs(
+    ds: SparkSession, env: Env, tmp_path: Path, options: dict[str, str], message: str
+) -> None:
+    table = env.table()
+    writer = env.writer(_touching(ds, tmp_path / "ran"))
+    for key, value in options.items():
+        writer = writer.option(key, value)  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match=message):
+        writer.save(table)  # type: ignore[attr-defined]
+    assert not (tmp_path / "ran").exists()
+    assert env.lh.version(table) == 0
+    assert job_folders(env, table) == []
+
+
+def test_missing_tables_bad_schemas_and_save_modes_are_refused_before_any_task_runs(
+    ds: SparkSession, env: Env, tmp_path: Path
+) -> None:
+    table = env.table()
+    marker = tmp_path / "ran"
+    with pytest.raises(Exception, match="does not exist; create it"):
+        env.writer(_touching(ds, marker)).save(f"missing{next(_names)}")  # type: ignore[attr-defined]
+    wrong = _touching(ds, marker).withColumn("extra", F.lit(1))
+    with pytest.raises(Exception, match=r"unexpected columns \['extra'\]"):
+        env.writer(wrong).save(table)  # type: ignore[attr-defined]
+    # Spark itself refuses the modes it cannot hand to a Python source, naming them.
+    for mode, shown in (("error", "ErrorIfExists"), ("ignore", "Ignore")):
+        with pytest.raises(Exception, match=f'UNSUPPORTED_DATA_SOURCE_SAVE_MODE.*"{shown}"'):
+            env.writer(_touching(ds, marker), mode).save(table)  # type: ignore[attr-defined]
+    assert not marker.exists()
+    assert env.lh.version(table) == 0
+    with pytest.raises(Exception, match="give versionAsOf or timestampAsOf, not both"):
+        env.reader(ds).option("versionAsOf", 0).option("timestampAsOf", "2024-01-01").load(table)  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match="timestampAsOf must be an ISO-8601 timestamp"):
+        env.reader(ds).option("timestampAsOf", "yesterday").load(table)  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match="txnVersion is for batch writes"):
+        env.reader(ds).option("txnVersion", 1).load(table)  # type: ignore[attr-defined]
+
+
+# --- streaming ------------------------------------------------------------------------
+
+
+def _json_batch(folder: Path, index: int, ids: range) -> None:
+    lines = "".join(f'{{"id": {i}, "day": "d{i % 3}"}}\n' for i in ids)
+    tmp = folder.parent / f".{folder.name}-{index}.json"
+    tmp.write_text(lines)
+    os.replace(tmp, folder / f"batch-{index:03d}.json")  # the source never sees half a file
+
+
+def _run_stream(spark: SparkSession, env: Env, source: Path, ckpt: Path, table: str) -> None:
+    """One run of the query over whatever ``source`` holds now, a file per micro-batch."""
+    sdf = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+    query = (
+        sdf.writeStream.format("percolake")
+        .option("gateway", env.gateway)
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start(table)
+    )
+    try:
+        assert query.awaitTermination(STREAM_WAIT_S), "the query did not finish in time"
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+
+
+def test_a_restarted_stream_commits_every_micro_batch_exactly_once(
+    ds: SparkSession, env: Env, tmp_path: Path
+) -> None:
+    table = env.table()
+    source, ckpt = tmp_path / "in", tmp_path / "ckpt"
+    source.mkdir()
+    for k in range(3):
+        _json_batch(source, k, range(10 * k, 10 * k + 10))
+    _run_stream(ds, env, source, ckpt, table)
+    assert env.lh.version(table) == 3
+    # A crash after the sink committed batch 2 but before Spark logged it: the restart
+    # replays batch 2, which must add nothing.
+    last = max(int(p.name) for p in (ckpt / "commits").iterdir() if p.name.isdigit())
+    assert last == 2
+    (ckpt / "commits" / str(last)).unlink()
+    for k in range(3, 5):
+        _json_batch(source, k, range(10 * k, 10 * k + 10))
+    _run_stream(ds, env, source, ckpt, table)
+    history = env.lh.history(table)[1:]
+    assert [c.batch_id for c in history] == [0, 1, 2, 3, 4]
+    assert len({c.app_id for c in history}) == 1  # the query id, kept in the checkpoint
+    got = env.reader(ds).load(table)  # type: ignore[attr-defined]
+    assert got.count() == 50
+    assert ids_of(got) == list(range(50))
+
+
+def test_complete_mode_overwrites_each_micro_batch(
+    ds: SparkSession, env: Env, tmp_path: Path
+) -> None:
+    table = env.table()
+    source, ckpt = tmp_path / "in", tmp_path / "ckpt"
+    source.mkdir()
+    for k in range(2):
+        _json_batch(source, k, range(10 * k, 10 * k + 10))
+    counts = (
+        ds.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .groupBy("day")
+        .agg(F.count("*").alias("id"))
+        .select("id", "day")
+    )
+    query = (
+        counts.writeStream.format("percolake")
+        .outputMode("complete")
+        .option("gateway", env.gateway)
+        .option("txnAppId", "daily-counts")
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start(table)
+    )
+    try:
+        assert query.awaitTermination(STREAM_WAIT_S)
+    finally:
+        query.stop()
+    history = env.lh.history(table)[1:]
+    assert [(c.operation, c.app_id, c.batch_id) for c in history] == [
+        ("OVERWRITE", "daily-counts", 0),
+        ("OVERWRITE", "daily-counts", 1),
+    ]
+    got = env.reader(ds).load(table)  # type: ignore[attr-defined]
+    assert sorted((r["day"], r["id"]) for r in got.collect()) == [("d0", 7), ("d1", 7), ("d2", 6)]
+    shutil.rmtree(ckpt)
