@@ -475,10 +475,20 @@ def gateway(store_url: str, workdir: Path, label: str) -> Iterator[Gateway]:
             print(f"gateway profile ({mode}): {profile}.*", file=sys.stderr, flush=True)
 
 
-#: Names of gRPC methods in the gateway's servicers: one call is one client round trip.
-def _is_rpc(filename: str, name: str) -> bool:
-    base = os.path.basename(filename)
-    return name[:1].isupper() and ("server" in base or "servic" in base)
+def _rpc_methods() -> set[str]:
+    """The names of every gRPC method percolake serves (from the generated modules)."""
+    import importlib
+    import pkgutil
+
+    import percolake.v1
+
+    names: set[str] = set()
+    for module in pkgutil.iter_modules(percolake.v1.__path__):
+        if module.name.endswith("_pb2"):
+            descriptor = importlib.import_module(f"percolake.v1.{module.name}").DESCRIPTOR
+            for service in descriptor.services_by_name.values():
+                names.update(method.name for method in service.methods)
+    return names
 
 
 def _summarize_profile(prof: Path, commits: int) -> None:
@@ -489,9 +499,12 @@ def _summarize_profile(prof: Path, commits: int) -> None:
     stats = pstats.Stats(str(prof))
     raw: dict[tuple[str, int, str], tuple[int, int, float, float, object]]
     raw = stats.stats  # type: ignore[attr-defined]
+    methods = _rpc_methods()
     rpcs: Counter[str] = Counter()
     for (filename, _, name), (_, calls, _, _, _) in raw.items():
-        if _is_rpc(filename, name):
+        # A servicer's method of the same name as the RPC; a client's stub call is
+        # not in this (server) process.
+        if name in methods and os.path.basename(filename) != "__init__.py":
             rpcs[name] += calls
     with prof.with_suffix(".txt").open("w") as out:
         per = max(commits, 1)
