@@ -453,16 +453,9 @@ def _resolve_version(catalog: _Catalog, opts: ReadOptions) -> int:
         return opts.version
     if opts.timestamp_ms is None:
         return head.version
-    at: int | None = None
-    for entry in catalog.history(opts.table):
-        if entry.record.timestamp_ms <= opts.timestamp_ms:
-            at = entry.record.version
-    if at is None:
-        raise VersionNotFoundError(
-            f"percolake: table {opts.table!r} has no version committed at or before "
-            f"timestampAsOf ({opts.timestamp_ms} ms since the epoch, UTC)"
-        )
-    return at
+    # The gateway binary-searches the log's never-decreasing commit times; a time
+    # before the table or in the future raises VersionNotFoundError.
+    return catalog.version_at(opts.table, opts.timestamp_ms)
 
 
 # --- the source -----------------------------------------------------------------------
