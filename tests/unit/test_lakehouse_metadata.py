@@ -93,9 +93,11 @@ def test_public_exports() -> None:
         "DataFile",
         "Lakehouse",
         "LakehouseError",
+        "PercolakeDataSource",
         "TableExistsError",
         "TableNotFoundError",
         "VersionNotFoundError",
+        "register",
         "write_cells",
     }
     assert issubclass(ConcurrentModificationError, TransactionConflictError)
