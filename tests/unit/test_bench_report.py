@@ -86,6 +86,14 @@ def test_anchors_are_compared_within_the_same_run() -> None:
     for ours, theirs in (
         ("lakehouse.appends.writers8.commits_per_s", "deltalake.appends.writers8.commits_per_s"),
         ("lakehouse.appends.writers8.commits_per_s", "iceberg.appends.writers8.commits_per_s"),
+        (
+            "lakehouse.appends.deployed.sqlite.writers8.commits_per_s",
+            "deltalake.appends.deployed.writers8.commits_per_s",
+        ),
+        (
+            "lakehouse.appends.deployed.cassandra.writers8.commits_per_s",
+            "deltalake.appends.deployed.writers8.commits_per_s",
+        ),
         ("cassandra.txn.cells100.cells_per_s", "cassandra.raw.cells100.cells_per_s"),
     ):
         assert {ours, theirs} <= names, (ours, theirs)
