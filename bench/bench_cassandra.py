@@ -17,6 +17,10 @@ Scans: one logical table of 1,000,000 cells (50,000 with ``--quick``) listed in 
 order through ``KVStore.scan`` (a k-way merge over the table's shards), against a
 plain token-order ``SELECT`` of the same rows from the raw table.
 
+Reads after a million cleaned versions and on a cell of 100,000 versions:
+:mod:`bench.bench_cassandra_history` (``cassandra.tombstones.*``,
+``cassandra.long_history.*``), run on the same node.
+
 Without ``--url`` a one-node Cassandra is started in a temporary directory (jars from
 the cache, fetched on first use) and stopped afterwards, inside the benchmark's own
 process tree. Runs are paired: each run times every system back to back, so ratios
@@ -350,10 +354,14 @@ def run(
     quick: bool, progress: Callable[[str], None] = lambda _: None, url: str | None = None
 ) -> list[Result]:
     """The suite entry point of ``python -m bench``: starts its own node without ``url``."""
+    from bench import bench_cassandra_history
+
     batches = itertools.count()
     with cassandra_url(url) as store_url:
         results = write_figures(store_url, quick, progress, batches)
         results += scan_figures(store_url, quick, progress)
+        # Reads after clean-up and on long histories (issue 18), on the same node.
+        results += bench_cassandra_history.run(quick, progress, url=store_url)
     return results
 
 

@@ -5,14 +5,14 @@ launcher: ``tombstone_failure_threshold`` 100,000), driven in-process through th
 ``KVStore`` API (``open_store``), one client thread.
 
 * **Tombstones** (``cassandra.tombstones.*``): a table of 1,000 live cells and
-  1,000,000 cleaned versions (50,000 with ``--quick``): aborted writers' versions on
+  1,000,000 cleaned versions (20,000 with ``--quick``): aborted writers' versions on
   cells of their own, every one removed with ``delete_versions``, as the cleaner does.
   The keyspace has 8 shards, so each shard holds 125,000 cleaned cells, past the
   threshold, as 3.2 million would with the default 32 (the issue's failing case).
   Measured: a full scan, the first 100 entries of a scan, and ``get_latest`` of 100
   cells (half live, half cleaned); runs that failed are counted, not timed.
 * **Long history** (``cassandra.long_history.*``): one cell with 100,000 versions
-  (10,000 with ``--quick``), as a lakehouse head row gains one per commit, next to 10
+  (5,000 with ``--quick``), as a lakehouse head row gains one per commit, next to 10
   cells of one version. Measured: ``get_latest`` of that cell alone, of all 11 cells,
   and a scan of the table.
 
@@ -108,7 +108,7 @@ def _figures(
 
 
 def tombstone_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Figure]:
-    cleaned = 50_000 if quick else 1_000_000
+    cleaned = 20_000 if quick else 1_000_000
     runs = 3 if quick else 5
     prefix = f"cassandra.tombstones.cleaned{cleaned}"
     store = open_store(_url(url, f"bench_tombstones_{cleaned}", shards=SHARDS))
@@ -165,7 +165,7 @@ def tombstone_figures(url: str, quick: bool, progress: Callable[[str], None]) ->
 
 
 def history_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Figure]:
-    history = 10_000 if quick else 100_000
+    history = 5_000 if quick else 100_000
     runs = 5 if quick else 20
     prefix = f"cassandra.long_history.versions{history}"
     store: KVStore = open_store(_url(url, f"bench_history_{history}"))
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--quick", action="store_true", help="50k cleaned, 10k versions")
+    parser.add_argument("--quick", action="store_true", help="20k cleaned, 5k versions")
     parser.add_argument("--url", help="cassandra:// URL of a running cluster (default: start one)")
     parser.add_argument(
         "--write", action="store_true", help="merge the figures into bench/results/latest.json"

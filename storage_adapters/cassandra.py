@@ -31,7 +31,11 @@ only that row's shard. The shard count and the format are fixed when the keyspac
 created and stored in ``store_meta``: every client must agree on them.
 
 Writes. :meth:`CassandraStore.put_versions` writes each version into its cell's
-partition and upserts the cell's index row (one unlogged batch per index partition);
+partition and upserts the cell's index row. Index rows go as unlogged batches of one
+index partition; versions (and deletes) as unlogged batches of at most 10 cell
+partitions with the same first replica, which the driver sends to that replica (ten
+writes a request: the Python driver's per-request cost, not the server, bounds a
+client's write rate, and Cassandra warns about unlogged batches over 10 partitions);
 it returns only when both landed, and the committer never reaches its commit point
 after a failed ``put_versions`` (a store error in the write step aborts), so a
 committed version always has its index row. The index row is never deleted.
@@ -48,7 +52,8 @@ of the shard: 101,000 cleaned cells made every scan of the table fail. Now:
   versions of writers that aborted since the cell's last committed write);
 * clean-up never touches the ``cells`` index, so a scan crosses no tombstone at all
   outside the cells it resolves: a cleaned cell costs it one index row and one
-  tombstone, read in a request of its own page (at most ``_IN_LIMIT`` cells);
+  tombstone, and a request resolves at most ``_IN_LIMIT`` cells, so it crosses that
+  many such tombstones at most (the threshold counts per partition read);
 * deletes are row deletes, never ranges: a range tombstone stamped above the doomed
   versions' write times would also cover a version written inside the range later by
   a client whose clock lags (see :meth:`CassandraStore.delete_versions`);
@@ -206,8 +211,17 @@ CONCURRENCY = 64
 # under Cassandra's batch_size_warn_threshold (5 KiB) so that no batch logs a warning.
 _BATCH_BYTES = 4096
 _BATCH_ROWS = 100
+# Writes to different partitions (versions of different cells, their deletes) share a
+# batch only when one replica holds them all, and at most this many: Cassandra warns
+# above unlogged_batch_across_partitions_warn_threshold (10). Ten rows a request cut
+# the driver's per-request cost (the bottleneck of a Python client) about tenfold.
+_CROSS_PARTITION_ROWS = 10
 # Reads of many cells in one partition go as one query with an IN list of this size at most.
 _IN_LIMIT = 100
+# Requests of up to _IN_LIMIT cells each in flight at once: about 1,600 partition reads,
+# where CONCURRENCY single-cell requests would be 6,400 (which timed out on a loaded
+# two-core test node).
+_IN_CONCURRENCY = 16
 # The largest write timestamp Cassandra takes (a signed 64-bit count of microseconds).
 _MAX_WRITE_TIME = (1 << 63) - 1
 # Table IDs derived from keyspace and table name: two clients creating the same table
@@ -230,9 +244,9 @@ VERSIONS_GC_GRACE_S = 3600
 #: waiting for its level to fill (the default interval is a day).
 TOMBSTONE_COMPACTION_INTERVAL_S = 3600
 #: Scans read a shard's index at most this many cells per request, and resolve them in
-#: chunks of ``_IN_LIMIT``: with two pages in flight per shard, a 32-shard scan keeps
-#: at most ~640 requests outstanding, well under the driver's per-connection limit.
-SCAN_PAGE_CELLS = 1000
+#: requests of ``_IN_LIMIT`` cells: with two pages in flight per shard, a 32-shard scan
+#: keeps at most ~25,600 cell reads (256 requests) outstanding.
+SCAN_PAGE_CELLS = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,7 +533,11 @@ class CassandraStore(KVStore):
         for (row, column, ts), value in latest.items():
             key = cell_key(row, column)
             version_items.append(
-                (key, (table, key, ts, value or b"", value is None), len(value or b"") + 80)
+                (
+                    self._replica(table, key),
+                    (table, key, ts, value or b"", value is None),
+                    len(value or b"") + 80,
+                )
             )
             if (row, column) not in index_items:
                 shard = shard_of(row, self.shards)
@@ -528,7 +546,7 @@ class CassandraStore(KVStore):
                     (table, shard, row, column),
                     len(row) + len(column) + 24,
                 )
-        queries = _batched(self._stmts.insert_version, version_items)
+        queries = _batched(self._stmts.insert_version, version_items, _CROSS_PARTITION_ROWS)
         queries += _batched(self._stmts.index_cell, list(index_items.values()))
         self._execute_all(queries, write=True)
 
@@ -544,7 +562,7 @@ class CassandraStore(KVStore):
             self._stmts.latest_one, self._stmts.latest, table, list(keys), (below_ts,)
         )
         out: dict[Cell, Version] = {}
-        for rows in self._execute_all(queries, write=False):
+        for rows in self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY):
             for key, ts, value, deleted in rows:
                 out[keys[_bytes(key)]] = Version(ts, _value(value, deleted))
         return out
@@ -635,7 +653,7 @@ class CassandraStore(KVStore):
             (above_ts, below_ts, per_cell),
         )
         out: dict[Cell, list[int]] = {}
-        for rows in self._execute_all(queries, write=False):
+        for rows in self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY):
             for key, ts in rows:
                 out.setdefault(keys[_bytes(key)], []).append(ts)
         for tss in out.values():
@@ -676,18 +694,33 @@ class CassandraStore(KVStore):
             for i in range(0, len(keys), _IN_LIMIT)
         ]
         written: dict[tuple[bytes, int], int] = {}
-        for (_, (_, _, ts)), rows in zip(reads, self._execute_all(reads, write=False), strict=True):
+        found = self._execute_all(reads, write=False, concurrency=_IN_CONCURRENCY)
+        for (_, (_, _, ts)), rows in zip(reads, found, strict=True):
             for key, write_time in rows:
                 if write_time is not None:
                     written[_bytes(key), ts] = write_time
         now = self._session.cluster.timestamp_generator()
-        deletes: list[tuple[Any, tuple[Any, ...] | None]] = []
+        deletes: list[tuple[Hashable, tuple[Any, ...], int]] = []
         for ts, keys in by_ts.items():
             for key in keys:
                 write_time = written.get((key, ts))
                 at = now if write_time is None else min(max(now, write_time + 1), _MAX_WRITE_TIME)
-                deletes.append((self._stmts.delete_version, (at, table, key, ts)))
-        self._execute_all(deletes, write=True)
+                deletes.append((self._replica(table, key), (at, table, key, ts), 60))
+        self._execute_all(
+            _batched(self._stmts.delete_version, deletes, _CROSS_PARTITION_ROWS), write=True
+        )
+
+    def _replica(self, table: str, key: bytes) -> Hashable:
+        """The first replica of a cell's partition (``None`` when the driver has no
+        token map): writes to partitions of one replica may share a batch, which the
+        driver sends to that replica (it routes a batch by its first statement)."""
+        token_map = None if self._cluster is None else self._cluster.metadata.token_map
+        if token_map is None:
+            return None
+        routing_key = _component(table.encode()) + _component(key)
+        token = token_map.token_class.from_key(routing_key)
+        replicas = token_map.get_replicas(self.settings.keyspace, token)
+        return replicas[0] if replicas else None
 
     def _per_cell(
         self, one: Any, many: Any, table: str, keys: list[bytes], rest: tuple[Any, ...]
@@ -772,8 +805,9 @@ class CassandraStore(KVStore):
         *,
         write: bool,
         profile: object = None,
+        concurrency: int = CONCURRENCY,
     ) -> list[list[tuple[Any, ...]]]:
-        """Run ``(statement, params)`` pairs, ``CONCURRENCY`` at a time; rows of each.
+        """Run ``(statement, params)`` pairs, ``concurrency`` at a time; rows of each.
 
         Reads, and writes of versions (idempotent by the store contract), so a run
         that failed because the driver could not send a request (:func:`never_sent`)
@@ -791,7 +825,7 @@ class CassandraStore(KVStore):
                 results = execute_concurrent(
                     self._session,
                     queries,
-                    concurrency=CONCURRENCY,
+                    concurrency=concurrency,
                     raise_on_first_error=True,
                     execution_profile=profile,
                 )
@@ -942,10 +976,12 @@ class _Request:
 
 
 def _batched(
-    statement: Any, items: Sequence[tuple[Hashable, tuple[Any, ...], int]]
+    statement: Any,
+    items: Sequence[tuple[Hashable, tuple[Any, ...], int]],
+    max_rows: int = _BATCH_ROWS,
 ) -> list[tuple[Any, tuple[Any, ...] | None]]:
-    """``(partition, params, approximate bytes)`` writes as unlogged batches, one
-    partition each.
+    """``(group, params, approximate bytes)`` writes as unlogged batches of one group
+    each (a partition, or the partitions of one replica), ``max_rows`` at most.
 
     Only writes that add up to ``_BATCH_BYTES`` share a batch; a larger write goes alone.
     So no request is bigger than the largest single write, which the value and key
@@ -970,7 +1006,7 @@ def _batched(
         chunk: list[tuple[Any, ...]] = []
         chunk_bytes = 0
         for params, size in entries:
-            if chunk and (chunk_bytes + size > _BATCH_BYTES or len(chunk) >= _BATCH_ROWS):
+            if chunk and (chunk_bytes + size > _BATCH_BYTES or len(chunk) >= max_rows):
                 flush(chunk)
                 chunk, chunk_bytes = [], 0
             chunk.append(params)
@@ -981,6 +1017,11 @@ def _batched(
 
 
 # --- helpers --------------------------------------------------------------------------
+
+
+def _component(part: bytes) -> bytes:
+    """One component of a composite partition key as Cassandra hashes it."""
+    return len(part).to_bytes(2, "big") + part + b"\x00"
 
 
 def _value(value: bytes | None, deleted: bool | None) -> bytes | None:
