@@ -200,7 +200,7 @@ def test_a_keyspace_of_the_format_1_layout_is_refused_by_name(
     for statement in _FORMAT_1_DDL:
         session.execute(statement.format(ks=keyspace))
     try:
-        with pytest.raises(ValueError, match="format 1.*versions.*GROUP BY"):
+        with pytest.raises(ValueError, match=r"format 1.*versions.*GROUP BY"):
             open_store(cassandra_cluster.store_url(keyspace))
         tables = session.execute(
             "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,)
