@@ -13,8 +13,8 @@ launcher: ``tombstone_failure_threshold`` 100,000), driven in-process through th
   cells (half live, half cleaned); runs that failed are counted, not timed.
 * **Long history** (``cassandra.long_history.*``): one cell with 100,000 versions
   (5,000 with ``--quick``), as a lakehouse head row gains one per commit, next to 10
-  cells of one version. Measured: ``get_latest`` of that cell alone, of all 11 cells,
-  and a scan of the table.
+  cells of one version: five more columns of its row, five other rows. Measured:
+  ``get_latest`` of that cell alone, of all 11 cells, and a scan of the table.
 
 The figures of the format-1 layout (one ``versions`` table read with ``GROUP BY``)
 were measured with this file on commit 3db83de, same machine, and are kept in
@@ -48,7 +48,26 @@ TOPOLOGY = "one Cassandra 5.0 node, default thresholds, KVStore API in-process, 
 
 #: Format-1 figures (commit 3db83de), measured with this file in full mode on this
 #: machine, 2026-11-23: name -> (value, unit, runs, note).
-BEFORE: dict[str, tuple[float, str, int, str]] = {}
+_OLD = "format 1, commit 3db83de, this bench in full mode, 2026-11-23; " + TOPOLOGY
+BEFORE: dict[str, tuple[float, str, int, str]] = {
+    "cassandra.long_history.versions100000.get_latest_one.ms": (1.998, "ms", 20, _OLD),
+    "cassandra.long_history.versions100000.get_latest11.ms": (266.788, "ms", 20, _OLD),
+    "cassandra.long_history.versions100000.scan.ms": (274.143, "ms", 20, _OLD),
+    "cassandra.tombstones.cleaned1000000.write_and_clean.versions_per_s": (
+        1875.3,
+        "versions/s",
+        1,
+        _OLD,
+    ),
+    "cassandra.tombstones.cleaned1000000.scan.failed_runs": (
+        5.0,
+        "runs",
+        5,
+        "every full scan raised StoreUnavailableError (READ_TOO_MANY_TOMBSTONES); " + _OLD,
+    ),
+    "cassandra.tombstones.cleaned1000000.scan_first100.ms": (173.925, "ms", 5, _OLD),
+    "cassandra.tombstones.cleaned1000000.get_latest100.ms": (31.071, "ms", 5, _OLD),
+}
 
 
 def _layout() -> str:
@@ -95,13 +114,9 @@ def _figures(
         )
     ]
     if samples:
-        before = BEFORE.get(f"{full}.ms")
         anchor = (
-            f"format-1 layout (GROUP BY, commit 3db83de): {before[0]:,.1f} ms"
-            if before
-            else "format-1 layout: every run failed"
-            if BEFORE.get(f"{full}.failed_runs", (0.0,))[0] > 0
-            else "format-1 layout: not measured"
+            f"format-1 layout (GROUP BY, commit 3db83de): "
+            f"{full.replace('cassandra.', 'cassandra.format1.', 1)}.ms / .failed_runs"
         )
         out.append(summarize(f"{full}.ms", "ms", anchor, samples, f"{what}; {TOPOLOGY}"))
     return out
@@ -180,7 +195,10 @@ def history_figures(url: str, quick: bool, progress: Callable[[str], None]) -> l
                     for ts in range(first, min(history + 1, first + CHUNK))
                 ],
             )
-        others = [(f"row{i:03d}".encode(), b"log") for i in range(HISTORY_OTHERS)]
+        # Five more columns of the hot cell's row (one shard, as a table's head row
+        # and its neighbours) and five other rows.
+        others = [(b"head", f"col{i}".encode()) for i in range(HISTORY_OTHERS // 2)]
+        others += [(f"row{i:03d}".encode(), b"log") for i in range(HISTORY_OTHERS // 2)]
         store.put_versions("t", [VersionWrite(r, c, 1, VALUE) for r, c in others])
         progress(f"{prefix}: reads")
 
@@ -196,7 +214,7 @@ def history_figures(url: str, quick: bool, progress: Callable[[str], None]) -> l
         figures: list[Figure] = []
         for name, once, what in (
             ("get_latest_one", one, f"get_latest of the cell of {history:,} versions alone"),
-            ("get_latest11", many, "get_latest of that cell and 10 cells of one version"),
+            ("get_latest11", many, "get_latest of that cell, 5 columns of its row, 5 rows"),
             ("scan", scan, "scan of the table: that cell and 10 cells of one version"),
         ):
             samples, failed = _timed_ms(runs, once)
@@ -224,7 +242,11 @@ def before_figures() -> list[Figure]:
 
 
 def run(
-    quick: bool, progress: Callable[[str], None] = lambda _: None, url: str | None = None
+    quick: bool,
+    progress: Callable[[str], None] = lambda _: None,
+    url: str | None = None,
+    *,
+    history_only: bool = False,
 ) -> list[Result]:
     """Starts its own node without ``url`` (see ``bench.bench_cassandra.cassandra_url``)."""
     from bench.bench_cassandra import cassandra_url
@@ -232,7 +254,8 @@ def run(
     with cassandra_url(url) as store_url:
         results: list[Result] = []
         results += history_figures(store_url, quick, progress)
-        results += tombstone_figures(store_url, quick, progress)
+        if not history_only:
+            results += tombstone_figures(store_url, quick, progress)
     if _layout() == "format2":
         results += before_figures()
     return results
@@ -249,12 +272,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--write", action="store_true", help="merge the figures into bench/results/latest.json"
     )
+    parser.add_argument("--history-only", action="store_true", help="only the long-history figures")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from bench.__main__ import print_result
 
     print(f"   layout {_layout()}", flush=True)
-    results = run(args.quick, progress=lambda n: print(f"   {n} ...", flush=True), url=args.url)
+    results = run(
+        args.quick,
+        progress=lambda n: print(f"   {n} ...", flush=True),
+        url=args.url,
+        history_only=args.history_only,
+    )
     for result in results:
         print_result(result)
     if args.write:
