@@ -37,10 +37,10 @@ the gateway's environment (unset: the committer only counts). The gateway reads 
 file at every group, so a test changes the steering by rewriting it (atomically: write
 a temporary file and rename it). It holds one JSON object:
 
-``hold_first_group_until``  an int K: the first group this gateway commits waits before
-                            its transaction until K commit requests have reached the
-                            gateway, so the K - 1 behind it queue up and commit as one
-                            group (deterministic group commit; waits at most
+``hold_first_group_until``  an int K: the first group this gateway commits is formed
+                            only once K commit requests of its table are queued, so
+                            they commit together (K members, up to the group bound:
+                            deterministic group commit; waits at most
                             :data:`HOLD_MAX_WAIT_S`)
 ``rules``                   a list of ``{"id", "at", "min_size", "action"}``: each fires once
                             per gateway process, at the first group of at least
@@ -72,8 +72,8 @@ import grpc
 
 from percolake.errors import CommitUnknownError
 from percolake.v1 import transaction_pb2 as pb
-from spark_integration._catalog import Catalog, CommitRequest, Committed
-from spark_integration.server import GroupCommitter, LakehouseLimits, LakehouseServicer
+from spark_integration._catalog import Catalog, CommitRequest
+from spark_integration.server import GroupCommitter, LakehouseLimits, LakehouseServicer, _Queue
 from txn.server import TransactionServicer
 
 log = logging.getLogger(__name__)
@@ -312,43 +312,43 @@ class SteeredGroupCommitter(GroupCommitter):
     def __init__(self, limits: LakehouseLimits) -> None:
         super().__init__(limits)
         self._control_path = os.environ.get(LAKEHOUSE_CONTROL_ENV)
-        self._arrived = 0
-        self._groups = 0
+        self._held = False
         self._fired: set[str] = set()
-        self._changed = threading.Condition()
+        self._guard = threading.Lock()
 
-    def commit(self, catalog: Catalog, name: str, request: CommitRequest) -> Committed:
-        with self._changed:
-            self._arrived += 1
-            self._changed.notify_all()
-        return super().commit(catalog, name, request)
+    def _drain(self, catalog: Catalog, name: str, queue: _Queue) -> None:
+        # The worker of a table's queue forms its groups in ``_drain``; holding it here,
+        # before it takes anything, is what makes the first group's size exact (a hold
+        # in ``before_group`` would come after the group was taken, whatever queued).
+        with self._guard:
+            first, self._held = not self._held, True
+        hold_until = read_lakehouse_control(self._control_path).get("hold_first_group_until")
+        if first and isinstance(hold_until, int):
+            self._hold(queue, hold_until)
+        super()._drain(catalog, name, queue)
 
     def before_group(self, name: str, requests: list[CommitRequest]) -> None:
-        control = read_lakehouse_control(self._control_path)
-        with self._changed:
-            self._groups += 1
-            first = self._groups == 1
-        hold_until = control.get("hold_first_group_until")
-        if first and isinstance(hold_until, int):
-            self._hold(hold_until)
-        self._apply_rules(control, "before", requests)
+        self._apply_rules(read_lakehouse_control(self._control_path), "before", requests)
 
     def after_group(self, name: str, requests: list[CommitRequest]) -> None:
         self._apply_rules(read_lakehouse_control(self._control_path), "after", requests)
 
-    def _hold(self, until: int) -> None:
+    def _hold(self, queue: _Queue, until: int) -> None:
         deadline = time.monotonic() + HOLD_MAX_WAIT_S
-        with self._changed:
-            while self._arrived < until:
-                if time.monotonic() > deadline:
-                    log.warning(
-                        "first group held %.0f s; %d of %d requests came",
-                        HOLD_MAX_WAIT_S,
-                        self._arrived,
-                        until,
-                    )
-                    return
-                self._changed.wait(_POLL_S)
+        while True:
+            with self._lock:  # the lock the base class queues requests under
+                queued = len(queue.pending)
+            if queued >= until:
+                return
+            if time.monotonic() > deadline:
+                log.warning(
+                    "first group held %.0f s; %d of %d requests came",
+                    HOLD_MAX_WAIT_S,
+                    queued,
+                    until,
+                )
+                return
+            time.sleep(0.005)
 
     def _apply_rules(
         self, control: Mapping[str, Any], at: str, requests: list[CommitRequest]
@@ -357,7 +357,7 @@ class SteeredGroupCommitter(GroupCommitter):
             rule_id = str(rule["id"])
             if rule.get("at") != at or len(requests) < int(rule.get("min_size", 1)):
                 continue
-            with self._changed:
+            with self._guard:
                 if rule_id in self._fired:
                     continue
                 self._fired.add(rule_id)

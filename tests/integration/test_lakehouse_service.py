@@ -5,9 +5,9 @@ manager, committing one-file metadata-only appends through ``Lakehouse.append_fi
 as Spark drivers would. Gateways are real ``percolake serve`` processes; where a test
 must make something happen at a given point of a group commit, the gateway is the test
 build (``python -m percolake.chaos.serve``), whose group committer a control file
-steers (:mod:`percolake.chaos.failpoints_serve`): hold the first group until K requests
-queued behind it (so the next group has K - 1 members, every run), or block a group
-before its transaction or after its commit point while the test kills the gateway.
+steers (:mod:`percolake.chaos.failpoints_serve`): form the first group only once K
+requests are queued (so it has K members, every run), or block a group before its
+transaction or after its commit point while the test kills the gateway.
 
 Every test ends with the same audit of the table (:func:`audit`): versions dense from
 0, each commit in exactly one version at the version its writer was told, and no file
@@ -37,6 +37,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from percolake.chaos._lakehouse import LakehouseAppends, ServiceLakehouses
+from percolake.chaos.client import FailoverManager
 from percolake.chaos.failpoints_serve import fired_path, write_lakehouse_control
 from percolake.rpc import (
     INVALID_ARGUMENT,
@@ -49,6 +51,7 @@ from percolake.rpc import (
 from percolake.v1 import lakehouse_pb2 as pb
 from percolake.v1 import lakehouse_pb2_grpc as pb_grpc
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
+from spark_integration._catalog import Catalog
 from spark_integration._hook import STAGING_PREFIX
 from spark_integration._model import APPEND, CREATE
 from spark_integration._remote import RemoteCatalog
@@ -268,8 +271,8 @@ def sqlite_store(tmp_path: Path, name: str = "store") -> list[str]:
 def test_eight_writer_processes_commit_every_append_once_and_in_groups(
     tmp_path: Path, warehouse: str, servers: list[ServerProcess]
 ) -> None:
-    """The first group waits until all 8 writers' first commits reached the gateway, so
-    the 7 behind it must commit as one group: one transaction, 7 consecutive versions."""
+    """The first group is formed once all 8 writers' first commits are queued, so they
+    commit as one group: one transaction, 8 consecutive versions."""
     control = tmp_path / "control.json"
     write_lakehouse_control(str(control), {"hold_first_group_until": 8})
     gw = steered_server("all", sqlite_store(tmp_path), tmp_path, control).start()
@@ -284,7 +287,7 @@ def test_eight_writer_processes_commit_every_append_once_and_in_groups(
         assert told == sorted(set(told)) and len(told) == 6
     groups = checked.groups()
     biggest = max(groups.values(), key=len)
-    assert len(biggest) >= 7, f"no group commit: versions by transaction {groups}"
+    assert len(biggest) == 8, f"no group of 8: versions by transaction {groups}"
     for versions in groups.values():  # a group's versions are consecutive
         assert versions == list(range(versions[0], versions[0] + len(versions)))
     group_stamps = {checked.history[v].commit_ts for v in biggest}
@@ -294,7 +297,7 @@ def test_eight_writer_processes_commit_every_append_once_and_in_groups(
 def test_group_size_is_reported_to_each_member(
     tmp_path: Path, warehouse: str, servers: list[ServerProcess]
 ) -> None:
-    """The response's group_size: 1 for the held first commit, K - 1 for those behind it."""
+    """The response's group_size: each of the 4 members of the held group is told 4."""
     control = tmp_path / "control.json"
     write_lakehouse_control(str(control), {"hold_first_group_until": 4})
     gw = steered_server("all", sqlite_store(tmp_path), tmp_path, control).start()
@@ -314,7 +317,7 @@ def test_group_size_is_reported_to_each_member(
     finally:
         channel.close()
     assert sorted(r.version for r in replies) == [1, 2, 3, 4]
-    assert sorted(r.group_size for r in replies) == [1, 3, 3, 3]
+    assert [r.group_size for r in replies] == [4, 4, 4, 4]
 
 
 # --- 2. replays across processes ------------------------------------------------------
@@ -323,8 +326,9 @@ def test_group_size_is_reported_to_each_member(
 def test_replays_from_several_processes_commit_each_batch_once(
     tmp_path: Path, warehouse: str, servers: list[ServerProcess]
 ) -> None:
-    """Six processes send the same (app_id, batch_id)s with files of their own, at once:
-    each batch commits one version, and every process is told that version."""
+    """Six processes send the same (app_id, batch_id)s with files of their own, at once
+    (batch 0's six sends in one group): each batch commits one version, and every
+    process is told that version."""
     control = tmp_path / "control.json"
     write_lakehouse_control(str(control), {"hold_first_group_until": 6})
     gw = steered_server("all", sqlite_store(tmp_path), tmp_path, control).start()
@@ -355,7 +359,7 @@ def test_replays_from_several_processes_commit_each_batch_once(
 def test_a_gateway_killed_mid_group_loses_and_doubles_nothing(
     tmp_path: Path, warehouse: str, servers: list[ServerProcess], at: str
 ) -> None:
-    """A group of 7+ members blocks ``after`` its commit point (before any reply) or
+    """A group of 8 members blocks ``after`` its commit point (before any reply) or
     ``before`` its transaction; the test kills the gateway there (SIGKILL) and restarts
     it on the same store and port. The writers, resending with the same job id, finish
     with every commit exactly once; commits that definitely failed (fenced by a vacuum)
@@ -375,7 +379,7 @@ def test_a_gateway_killed_mid_group_loses_and_doubles_nothing(
     ]
     writers = Writers(specs)
     fired = wait_fired(control, "kill")
-    assert fired["pid"] == gw.pid and len(fired["job_ids"]) >= 7
+    assert fired["pid"] == gw.pid and len(fired["job_ids"]) == 8
     gw.kill()
     write_lakehouse_control(str(control), {})
     gw.start(port=gw.port)
@@ -416,7 +420,7 @@ def test_two_gateways_on_one_store_commit_every_append_once(
     results = Writers(specs).join()
     checked = audit(gateways[1].address, warehouse, results)
     assert len(checked.history) == 1 + 8 * 5
-    big_groups = [v for v in checked.groups().values() if len(v) >= 3]
+    big_groups = [v for v in checked.groups().values() if len(v) >= 4]
     assert len(big_groups) >= 2, f"each gateway commits a group: {checked.groups()}"
 
 
@@ -697,3 +701,24 @@ def test_reflection_lists_the_lakehouse_service(
     finally:
         channel.close()
     assert "percolake.v1.LakehouseService" in services
+
+
+# --- 6. the chaos workload's gateway clients -------------------------------------------
+
+
+def test_the_chaos_workloads_gateway_clients_commit_through_the_service(
+    tmp_path: Path, warehouse: str, servers: list[ServerProcess]
+) -> None:
+    """Its remote clients use the service, except slots 2, 6, ... (the client-driven
+    catalog over the gateways' transaction service)."""
+    gw = ServerProcess("all", sqlite_store(tmp_path), tmp_path).start()
+    servers.append(gw)
+    manager = FailoverManager([gw.address, gw.address], 0, 10.0)
+    try:
+        service = LakehouseAppends.open_lakehouse(manager, warehouse, 30.0, slot=0)
+        assert isinstance(service, ServiceLakehouses)
+        assert all(isinstance(h._catalog, RemoteCatalog) for h in service._houses)
+        driven = LakehouseAppends.open_lakehouse(manager, warehouse, 30.0, slot=2)
+        assert isinstance(driven._catalog, Catalog)
+    finally:
+        manager.close()
