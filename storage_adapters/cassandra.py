@@ -218,9 +218,10 @@ _BATCH_ROWS = 100
 _CROSS_PARTITION_ROWS = 10
 # Reads of many cells in one partition go as one query with an IN list of this size at most.
 _IN_LIMIT = 100
-# Requests of up to _IN_LIMIT cells each in flight at once: about 1,600 partition reads,
-# where CONCURRENCY single-cell requests would be 6,400 (which timed out on a loaded
-# two-core test node).
+# Requests that each touch many partitions (reads of up to _IN_LIMIT cells, batches of
+# up to _CROSS_PARTITION_ROWS versions or deletes) in flight at once: 16 keep about
+# 1,600 partition reads or 160 writes outstanding. CONCURRENCY of them timed out on a
+# loaded two-core node (reads past 10 s, a delete batch past the 2 s write timeout).
 _IN_CONCURRENCY = 16
 # The largest write timestamp Cassandra takes (a signed 64-bit count of microseconds).
 _MAX_WRITE_TIME = (1 << 63) - 1
@@ -548,7 +549,7 @@ class CassandraStore(KVStore):
                 )
         queries = _batched(self._stmts.insert_version, version_items, _CROSS_PARTITION_ROWS)
         queries += _batched(self._stmts.index_cell, list(index_items.values()))
-        self._execute_all(queries, write=True)
+        self._execute_all(queries, write=True, concurrency=_IN_CONCURRENCY)
 
     def get_latest(
         self, table: str, cells: Sequence[tuple[bytes, bytes]], below_ts: int
@@ -707,7 +708,9 @@ class CassandraStore(KVStore):
                 at = now if write_time is None else min(max(now, write_time + 1), _MAX_WRITE_TIME)
                 deletes.append((self._replica(table, key), (at, table, key, ts), 60))
         self._execute_all(
-            _batched(self._stmts.delete_version, deletes, _CROSS_PARTITION_ROWS), write=True
+            _batched(self._stmts.delete_version, deletes, _CROSS_PARTITION_ROWS),
+            write=True,
+            concurrency=_IN_CONCURRENCY,
         )
 
     def _replica(self, table: str, key: bytes) -> Hashable:
