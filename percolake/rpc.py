@@ -235,6 +235,12 @@ _SAFE_TO_RETRY = [
         {"service": "percolake.v1.TransactionService", "method": m}
         for m in ("Begin", "Get", "GetMany", "Scan", "Write", "Abort", "Attach", "Status")
     ),
+    # The lakehouse's reads. Its commits are idempotent by job id and re-sent by the
+    # client itself (spark_integration._remote), which also bounds them by a deadline.
+    *(
+        {"service": "percolake.v1.LakehouseService", "method": m}
+        for m in ("GetTable", "ListTables", "ListFiles", "History", "PlanVacuum")
+    ),
 ]
 _SERVICE_CONFIG = json.dumps({"methodConfig": [{"name": _SAFE_TO_RETRY, "retryPolicy": _RETRY}]})
 

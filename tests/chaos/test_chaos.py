@@ -155,8 +155,10 @@ def test_lakehouse_versions_stay_whole_under_client_kills(tmp_path: Path) -> Non
         "kill,pause",
         "--seed",
         "5",
+        # Six clients: enough of them reach one gateway's lakehouse service together
+        # for its group commit to form groups under the faults.
         "--clients",
-        "4",
+        "6",
         "--fault-gap-s",
         "1",
         duration_s=15,
