@@ -26,8 +26,9 @@ _READ = {"versionasof", "timestampasof"}
 _WRITE = {"warehouse", "txnappid", "txnversion", "createifmissing", "partitioncolumns"}
 #: Spark passes a streaming query's checkpoint to its sink; it also names the query.
 _STREAM_WRITE = {*_WRITE, "checkpointlocation", "queryname"}
-#: Streaming reads are not built yet; these names are reserved for them (CONTRACT.md).
 _STREAM_READ = {"startingversion", "maxfilespertrigger", "skipchangecommits"}
+#: Keys (lower-case) that only a streaming read takes.
+STREAM_READ_OPTIONS = frozenset(_STREAM_READ)
 
 #: The spelling users see in messages (Spark lower-cases keys on the way in).
 _SPELLING = {
@@ -82,6 +83,19 @@ class StreamWriteOptions:
     partition_by: tuple[str, ...] | None
 
 
+@dataclass(frozen=True, slots=True)
+class StreamReadOptions:
+    table: str
+    gateway: str
+    #: ``None``: the table's latest version as a snapshot first, then the versions after it
+    #: (Delta's default); with ``only_new`` (``startingVersion=latest``) only the versions after it.
+    starting_version: int | None
+    only_new: bool
+    #: ``None``: every available file in each micro-batch.
+    max_files: int | None
+    skip_change_commits: bool
+
+
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in options.items()}
 
@@ -96,7 +110,7 @@ def _check_known(options: Mapping[str, str], allowed: set[str], what: str) -> No
         "timestampasof": "reads",
         "txnversion": "batch writes",
         **dict.fromkeys(_WRITE - {"txnversion"}, "writes"),
-        **dict.fromkeys(_STREAM_READ, "streaming reads (not supported yet)"),
+        **dict.fromkeys(_STREAM_READ, "streaming reads"),
     }
     hints = [f"{_SPELLING.get(k, k)} is for {elsewhere[k]}" for k in unknown if k in elsewhere]
     known = ", ".join(sorted(_SPELLING[k] for k in allowed if k != "path"))
@@ -241,6 +255,27 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
         batch_id,
         _create(opts, warehouse),
         _partition_by(opts),
+    )
+
+
+def stream_read_options(options: Mapping[str, str]) -> StreamReadOptions:
+    opts = _lower(options)
+    for key in ("versionasof", "timestampasof"):
+        if key in opts:
+            raise ValueError(
+                f"percolake: option {_SPELLING[key]} is for batch reads; a streaming read "
+                "starts at option startingVersion"
+            )
+    _check_known(opts, _COMMON | _STREAM_READ, "streaming read")
+    table, gateway = _table(opts), _gateway(opts)
+    raw_start = opts.get("startingversion")
+    only_new = raw_start is not None and raw_start.strip().lower() == "latest"
+    starting = None if only_new else _non_negative_int(opts, "startingversion")
+    max_files = _non_negative_int(opts, "maxfilespertrigger")
+    if max_files == 0:
+        raise ValueError("percolake: option maxFilesPerTrigger must be at least 1, got 0")
+    return StreamReadOptions(
+        table, gateway, starting, only_new, max_files, _bool(opts, "skipchangecommits")
     )
 
 

@@ -28,6 +28,14 @@ plain values; each driver-side step opens its own connection to the gateway.
   mark ``(app, b)``, ``app`` being ``txnAppId`` or the query id Spark keeps in the
   checkpoint: a batch replayed after a restart adds nothing. Complete mode is an
   overwrite per batch.
+- **Streaming reads.** Committed versions in order, as Delta does: without
+  ``startingVersion`` the latest version's snapshot first, then each later version's
+  added files; ``startingVersion=n`` the files added by versions ``n, n+1, ...``;
+  ``startingVersion=latest`` only versions committed after the query starts. An
+  offset is ``{version, index, snapshot}``, the next file to read, so
+  ``maxFilesPerTrigger`` can end a micro-batch inside a version. A version that
+  removed files (an overwrite) fails the query unless ``skipChangeCommits``; a
+  version vacuum removed files of fails it naming the version.
 
 Partition filters are not pushed down: PySpark 4.3 fails every read of a source
 whose reader implements ``pushFilters`` unless the session sets
@@ -51,8 +59,15 @@ from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     InputPartition,
     WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxFiles,
+    SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
 
@@ -65,15 +80,18 @@ from spark_integration._datasource_files import (
     write_batches,
 )
 from spark_integration._datasource_options import (
+    STREAM_READ_OPTIONS,
     ReadOptions,
+    StreamReadOptions,
     query_id_of_checkpoint,
     read_options,
+    stream_read_options,
     stream_write_options,
     write_options,
 )
 from spark_integration._errors import TableExistsError, TableNotFoundError, VersionNotFoundError
 from spark_integration._hook import new_job
-from spark_integration._model import APPEND, OVERWRITE, FileEntry, TableMeta
+from spark_integration._model import APPEND, OVERWRITE, FileEntry, Head, TableMeta
 from spark_integration._remote import RemoteCatalog
 from spark_integration._schema import check_dataframe_schema
 from txn import TransactionManager
@@ -458,6 +476,211 @@ def _resolve_version(catalog: _Catalog, opts: ReadOptions) -> int:
     return catalog.version_at(opts.table, opts.timestamp_ms)
 
 
+# --- streaming reads ------------------------------------------------------------------
+
+
+class ChangeCommitError(RuntimeError):
+    """A streaming read met a version that removed files (an overwrite)."""
+
+
+class VersionVacuumedError(RuntimeError):
+    """A streaming read needs the files of a version that vacuum removed."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Position:
+    """Where a streaming read stands: the next file is file ``index`` of version ``version``.
+
+    The files of a version are the files it added, or with ``snapshot`` every file
+    of the table at that version (the first version of a read without
+    ``startingVersion``). Offsets are this as a JSON object; only the position's own
+    version can be a snapshot, the versions after it are always read as changes.
+    """
+
+    version: int
+    index: int
+    snapshot: bool
+
+    def offset(self) -> dict[str, Any]:
+        return {"version": self.version, "index": self.index, "snapshot": self.snapshot}
+
+    @classmethod
+    def of(cls, offset: dict[str, Any]) -> _Position:
+        return cls(int(offset["version"]), int(offset["index"]), bool(offset["snapshot"]))
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamFile:
+    version: int
+    file: FileToRead
+
+
+class _StreamSplit(InputPartition):
+    def __init__(self, files: tuple[_StreamFile, ...]) -> None:
+        super().__init__(len(files))
+        self.files = files
+
+
+class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Committed versions in order, file by file; ``maxFilesPerTrigger`` bounds a micro-batch.
+
+    Versions are immutable once committed, so the files of each are fetched once
+    (from the gateway's history, or its file list for a snapshot) and kept.
+    """
+
+    def __init__(self, opts: StreamReadOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema_json = schema.json()
+        self.partition_by: tuple[str, ...] = ()
+        self.location = ""
+        self._changes: dict[int, list[FileToRead]] = {}
+        self._snapshots: dict[int, list[FileToRead]] = {}
+        #: Versions that removed files, and their operation.
+        self._change_commits: dict[int, str] = {}
+        #: With ``Trigger.AvailableNow``: the last version this run reads.
+        self._until: int | None = None
+
+    # -- driver side ------------------------------------------------------------------
+
+    def _head(self) -> Head:
+        with _gateway(self.opts.gateway) as catalog:
+            prepared = catalog.prepare(self.opts.table)
+        self.partition_by = prepared.meta.partition_by
+        self.location = prepared.meta.location
+        return prepared.head
+
+    def initialOffset(self) -> dict[str, Any]:
+        head = self._head()
+        opts = self.opts
+        if opts.starting_version is not None:
+            if opts.starting_version > head.version + 1:
+                raise VersionNotFoundError(
+                    f"percolake: startingVersion {opts.starting_version} of table "
+                    f"{opts.table!r} is beyond its latest version {head.version}"
+                )
+            return _Position(opts.starting_version, 0, False).offset()
+        if opts.only_new:
+            return _Position(head.version + 1, 0, False).offset()
+        return _Position(head.version, 0, True).offset()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._until = self._head().version
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_files is None:
+            return ReadAllAvailable()
+        return ReadMaxFiles(self.opts.max_files)
+
+    def _files(self, version: int, snapshot: bool, head: Head) -> list[FileToRead]:
+        """The files a read of ``version`` takes (all of its snapshot, or what it added)."""
+        cache = self._snapshots if snapshot else self._changes
+        if version not in cache:
+            if version < head.min_readable_version:
+                raise VersionVacuumedError(
+                    f"percolake: version {version} of table {self.opts.table!r} is no "
+                    "longer readable: vacuum removed its files (the oldest readable version "
+                    f"is {head.min_readable_version}); restart the query with a new "
+                    "checkpoint and a later startingVersion"
+                )
+            self._fetch(version, snapshot, head)
+        removed_by = self._change_commits.get(version)
+        if not snapshot and removed_by is not None and not self.opts.skip_change_commits:
+            raise ChangeCommitError(
+                f"percolake: version {version} of table {self.opts.table!r} is an "
+                f"{removed_by} that removed files; a streaming read takes only versions "
+                "that add files. Set option skipChangeCommits=true to skip such versions"
+            )
+        return cache.get(version, [])
+
+    def _fetch(self, version: int, snapshot: bool, head: Head) -> None:
+        with _gateway(self.opts.gateway) as catalog:
+            if snapshot:
+                meta, _, entries = catalog.files(self.opts.table, version, FileEntry)
+                self._snapshots[version] = _to_read(meta.location, entries)
+                return
+            location = catalog.meta(self.opts.table).location
+            for entry in catalog.history(self.opts.table):
+                record = entry.record
+                if record.version in self._changes or record.version > head.version:
+                    continue
+                if entry.removed:
+                    # A skipped change commit reads nothing: its added files repeat
+                    # rows the stream has already seen.
+                    self._change_commits[record.version] = record.operation
+                    self._changes[record.version] = []
+                else:
+                    self._changes[record.version] = _to_read(location, entry.added)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        head = self._head()
+        last = head.version if self._until is None else min(self._until, head.version)
+        budget = limit.max_files if isinstance(limit, ReadMaxFiles) else None
+        at = _Position.of(start)
+        while at.version <= last:
+            left = len(self._files(at.version, at.snapshot, head)) - at.index
+            if budget is not None and left > budget:
+                return _Position(at.version, at.index + budget, at.snapshot).offset()
+            at = _Position(at.version + 1, 0, False)
+            if budget is not None:
+                budget -= left
+                if budget == 0:
+                    break
+        return at.offset()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return _Position(self._head().version + 1, 0, False).offset()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        head = self._head()
+        first, stop = _Position.of(start), _Position.of(end)
+        picked: list[_StreamFile] = []
+        at = first
+        while (at.version, at.index) < (stop.version, stop.index):
+            files = self._files(at.version, at.snapshot, head)
+            upto = stop.index if at.version == stop.version else len(files)
+            picked += [_StreamFile(at.version, f) for f in files[at.index : upto]]
+            at = _Position(at.version + 1, 0, False)
+        by_path = {f.file.path: f for f in picked}
+        groups = split_files([f.file for f in picked], READ_SPLIT_BYTES, READ_MIN_SPLITS)
+        log.info(
+            "stream of %s: versions %d..%d, %d files in %d tasks",
+            self.opts.table,
+            first.version,
+            stop.version,
+            len(picked),
+            len(groups),
+        )
+        return [_StreamSplit(tuple(by_path[f.path] for f in group)) for group in groups]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        # Versions before the committed offset are never read again: forget their files.
+        done = _Position.of(end).version
+        for cache in (self._changes, self._snapshots):
+            for version in [v for v in cache if v < done]:
+                del cache[version]
+
+    # -- executors ----------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        assert isinstance(partition, _StreamSplit)
+        schema = StructType.fromJson(json.loads(self.schema_json))
+        target = to_arrow_schema(schema, timezone="UTC")
+        for item in partition.files:
+            if not os.path.exists(item.file.path):
+                raise VersionVacuumedError(
+                    f"percolake: file {item.file.path} of version {item.version} of table "
+                    f"{self.opts.table!r} is gone (vacuumed?); the stream cannot read that "
+                    "version"
+                )
+            yield from read_files([item.file], target, self.partition_by)
+
+
+def _to_read(location: str, entries: Sequence[FileEntry]) -> list[FileToRead]:
+    return [FileToRead(os.path.join(location, e.path), e.size_bytes, e.partition) for e in entries]
+
+
 # --- the source -----------------------------------------------------------------------
 
 
@@ -472,6 +695,12 @@ class PercolakeDataSource(DataSource):
         return "percolake"
 
     def schema(self) -> StructType:
+        if any(k.lower() in STREAM_READ_OPTIONS for k in self.options):
+            # A streaming read (Spark asks for the schema before it knows which reader):
+            # its options are checked here, a batch reader refuses them by name.
+            stream_opts = stream_read_options(self.options)
+            with _gateway(stream_opts.gateway) as catalog:
+                return _schema_of(catalog.meta(stream_opts.table))
         opts = read_options(self.options)
         with _gateway(opts.gateway) as catalog:
             version = _resolve_version(catalog, opts)
@@ -502,6 +731,9 @@ class PercolakeDataSource(DataSource):
             len(splits),
         )
         return PercolakeReader(schema.json(), meta.partition_by, splits)
+
+    def streamReader(self, schema: StructType) -> PercolakeStreamReader:
+        return PercolakeStreamReader(stream_read_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> PercolakeBatchWriter:
         opts = write_options(self.options)
@@ -542,10 +774,13 @@ def register(spark: SparkSession) -> None:
 
 
 __all__ = [
+    "ChangeCommitError",
     "FilesWritten",
     "PercolakeBatchWriter",
     "PercolakeDataSource",
     "PercolakeReader",
+    "PercolakeStreamReader",
     "PercolakeStreamWriter",
+    "VersionVacuumedError",
     "register",
 ]

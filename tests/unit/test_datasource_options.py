@@ -12,6 +12,7 @@ from spark_integration._datasource_options import (
     parse_timestamp_ms,
     query_id_of_checkpoint,
     read_options,
+    stream_read_options,
     stream_write_options,
     write_options,
 )
@@ -106,3 +107,25 @@ def test_a_stream_is_named_by_its_checkpoint_or_txn_app_id(tmp_path: Path) -> No
     assert query_id_of_checkpoint(f"file:{tmp_path}") == "q-1"
     with pytest.raises(ValueError, match="not a local path"):
         query_id_of_checkpoint("s3a://bucket/ckpt")
+
+
+def test_stream_read_options_default_to_the_snapshot_and_refuse_batch_options() -> None:
+    opts = stream_read_options({"path": "t"})
+    assert (opts.starting_version, opts.only_new, opts.max_files) == (None, False, None)
+    assert not opts.skip_change_commits
+    opts = stream_read_options(
+        {
+            "path": "t",
+            "startingVersion": "3",
+            "maxFilesPerTrigger": "2",
+            "skipChangeCommits": "TRUE",
+        }
+    )
+    assert (opts.starting_version, opts.max_files, opts.skip_change_commits) == (3, 2, True)
+    assert stream_read_options({"path": "t", "startingversion": "latest"}).only_new
+    with pytest.raises(ValueError, match="timestampAsOf is for batch reads"):
+        stream_read_options({"path": "t", "timestampAsOf": "2024-01-01"})
+    with pytest.raises(ValueError, match="maxFilesPerTrigger must be at least 1"):
+        stream_read_options({"path": "t", "maxFilesPerTrigger": "0"})
+    with pytest.raises(ValueError, match="startingVersion is for streaming reads"):
+        read_options({"path": "t", "startingVersion": "1"})
