@@ -537,6 +537,8 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._snapshots: dict[int, list[FileToRead]] = {}
         #: Versions that removed files, and their operation.
         self._change_commits: dict[int, str] = {}
+        #: Versions below the oldest readable one whose added files were all found.
+        self._present: set[int] = set()
         #: With ``Trigger.AvailableNow``: the last version this run reads.
         self._until: int | None = None
 
@@ -574,15 +576,18 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def _files(self, version: int, snapshot: bool, head: Head) -> list[FileToRead]:
         """The files a read of ``version`` takes (all of its snapshot, or what it added)."""
         cache = self._snapshots if snapshot else self._changes
+        outdated = version < head.min_readable_version
         if version not in cache:
-            if version < head.min_readable_version:
-                raise VersionVacuumedError(
-                    f"percolake: version {version} of table {self.opts.table!r} is no "
-                    "longer readable: vacuum removed its files (the oldest readable version "
-                    f"is {head.min_readable_version}); restart the query with a new "
-                    "checkpoint and a later startingVersion"
-                )
+            # Below min_readable_version vacuum may have removed files: a snapshot there
+            # is gone; a version's own added files may still all be there (an append
+            # that no overwrite replaced), so they are looked for.
+            if outdated and snapshot:
+                raise self._vacuumed(version, head)
             self._fetch(version, snapshot, head)
+        if outdated and version not in self._present:
+            if not all(os.path.exists(f.path) for f in cache.get(version, [])):
+                raise self._vacuumed(version, head)
+            self._present.add(version)
         removed_by = self._change_commits.get(version)
         if not snapshot and removed_by is not None and not self.opts.skip_change_commits:
             raise ChangeCommitError(
@@ -591,6 +596,14 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 "that add files. Set option skipChangeCommits=true to skip such versions"
             )
         return cache.get(version, [])
+
+    def _vacuumed(self, version: int, head: Head) -> VersionVacuumedError:
+        return VersionVacuumedError(
+            f"percolake: version {version} of table {self.opts.table!r} is no longer "
+            "readable: vacuum removed its files (the oldest fully readable version is "
+            f"{head.min_readable_version}); restart the query with a new checkpoint and a "
+            "later startingVersion"
+        )
 
     def _fetch(self, version: int, snapshot: bool, head: Head) -> None:
         with _gateway(self.opts.gateway) as catalog:

@@ -189,6 +189,26 @@ def test_an_overwrite_stops_the_stream_unless_change_commits_are_skipped(
     assert ids_in(ds, sink) == list(range(15))
 
 
+def test_a_version_whose_files_vacuum_removed_fails_the_stream_naming_it(
+    ds: SparkSession, env: Env
+) -> None:
+    table = env.table()
+    append(ds, env, table, range(0, 10))  # version 1: its files go with the overwrite
+    env.lh.overwrite(table, rows(ds, range(100, 103)))  # version 2
+    append(ds, env, table, range(10, 15))  # version 3
+    assert env.lh.vacuum(table, retain_seconds=0)
+    with pytest.raises(Exception, match=r"version 1 of table .* vacuum removed its files"):
+        run_available_now(
+            stream(ds, env, table, startingVersion="0", skipChangeCommits="true"),
+            f"vac_{table}",
+            env.checkpoint(),
+        )
+    # The version after the overwrite reads as usual.
+    sink = f"vac3_{table}"
+    run_available_now(stream(ds, env, table, startingVersion="3"), sink, env.checkpoint())
+    assert ids_in(ds, sink) == list(range(10, 15))
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
