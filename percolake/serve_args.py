@@ -47,6 +47,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="lakehouse appends to one table committed together in one transaction, at most",
     )
     parser.add_argument(
+        "--max-group-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long a lakehouse group commit may wait for more appends (0: never)",
+    )
+    parser.add_argument(
         "--max-group-kb",
         type=int,
         default=4096,

@@ -289,6 +289,7 @@ def serve_from_args(
             lakehouse_limits=LakehouseLimits(
                 max_group_commits=args.max_group_commits,
                 max_group_bytes=args.max_group_kb * 1024,
+                max_group_wait_ms=args.max_group_wait_ms,
             ),
             txn_config=TransactionConfig(
                 lease_ms=args.lease_ms,

@@ -214,3 +214,40 @@ def test_a_failed_group_transaction_reaches_every_member(tm: TransactionManager)
     # The worker survived: the next commit goes through.
     committer.after_group = lambda name, requests: None  # type: ignore[method-assign]
     assert committer.commit(catalog, "t", append("after")).version == 4
+
+
+def test_a_group_waits_briefly_for_as_many_members_as_the_last_one() -> None:
+    """Writers answered together come back a round trip apart; the group waits for them."""
+    committer = GroupCommitter(LakehouseLimits(max_group_wait_ms=1000))
+    queue = _Queue(last_size=3, last_commit_s=60.0)  # allows the full second of waiting
+    queue.pending.append(_Member(append("first")))
+
+    def arrive() -> None:
+        for job in ("second", "third"):
+            with committer._lock:
+                queue.pending.append(_Member(append(job)))
+                committer._lock.notify_all()
+
+    with committer._lock:
+        threading.Timer(0.05, arrive).start()
+        committer._gather(queue)
+        assert [m.request.job_id for m in committer._take(queue)] == ["first", "second", "third"]
+
+
+class CountingCondition(threading.Condition):
+    waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        return super().wait(timeout)
+
+
+def test_no_waiting_without_a_bigger_last_group_or_with_waiting_off() -> None:
+    for limits, last_size in ((LakehouseLimits(), 1), (LakehouseLimits(max_group_wait_ms=0), 8)):
+        committer = GroupCommitter(limits)
+        committer._lock = lock = CountingCondition()
+        queue = _Queue(last_size=last_size, last_commit_s=60.0)
+        queue.pending.append(_Member(append("only")))
+        with lock:
+            committer._gather(queue)
+        assert lock.waits == 0 and len(queue.pending) == 1
