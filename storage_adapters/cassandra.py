@@ -75,6 +75,11 @@ of the shard: 101,000 cleaned cells made every scan of the table fail. Now:
   read it in ranges, and a hot cell's index row is rewritten at every put (leveled
   keeps one copy per level); it is never deleted, so its gc_grace is the default.
 
+The cost kept: a cell whose every version was cleaned keeps its index row, so scans
+read it (and its one tombstone) for ever; where live cells are rare among dead ones a
+scan is slow, never failing. Pruning dead runs of the index with range deletes needs
+a sweeper that knows those cells are dead below a safe point: garbage collection's.
+
 A keyspace of format 1 (a ``versions`` table, or ``format`` = 1 in ``store_meta``) is
 refused with ``ValueError`` naming the problem, before anything is created in it;
 nothing is converted. Clients of format 1 and 2 must not share a keyspace.
