@@ -3,13 +3,15 @@
 Starts ``percolake serve`` on the embedded SQLite store, then runs a small pipeline
 against it with a local Spark session: two writers appending concurrently, a job
 that crashes half-way and leaves the table untouched, an idempotent replay, a
-time-travel read (by version and by timestamp), a commit to two tables in one
-transaction, and a vacuum, and prints what it saw at each step.
+batch write and a streaming query through ``format("percolake")``, time-travel reads
+(by version and by timestamp), a commit to two tables in one transaction, and a
+vacuum, and prints what it saw at each step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -29,6 +31,7 @@ SCHEMA = "id BIGINT, writer STRING, amount DOUBLE"
 AUDIT = "audit"
 AUDIT_SCHEMA = "job STRING, row_count BIGINT"
 READY_TIMEOUT_S = 60.0
+STREAM_TIMEOUT_S = 300
 
 
 @contextlib.contextmanager
@@ -86,6 +89,38 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:100] if lines else ''}"
 
 
+def _through_the_data_source(spark: SparkSession, gateway: str, workdir: Path) -> int:
+    """A batch write and a bounded streaming query, both ``format("percolake")``."""
+    from spark_integration import register
+
+    register(spark)
+    _batch(spark, "source-batch", 70_000, 200).write.format("percolake").mode("append").option(
+        "gateway", gateway
+    ).save(TABLE)
+    incoming = workdir / "stream-in"
+    incoming.mkdir()
+    for part in range(3):
+        rows = [
+            {"id": 80_000 + part * 100 + i, "writer": "stream", "amount": float(i)}
+            for i in range(100)
+        ]
+        (incoming / f"part-{part}.json").write_text("\n".join(json.dumps(r) for r in rows))
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(incoming))
+    query = (
+        stream.writeStream.format("percolake")
+        .option("gateway", gateway)
+        .option("checkpointLocation", str(workdir / "stream-checkpoint"))
+        .trigger(availableNow=True)
+        .start(TABLE)
+    )
+    try:
+        if not query.awaitTermination(STREAM_TIMEOUT_S):
+            raise RuntimeError(f"the streaming query did not finish in {STREAM_TIMEOUT_S} s")
+    finally:
+        query.stop()
+    return 500
+
+
 def run_pipeline(workdir: Path, out: TextIO) -> int:
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
@@ -128,6 +163,13 @@ def run_pipeline(workdir: Path, out: TextIO) -> int:
             say(
                 "two writers appended 1000 rows each, concurrently, through gRPC: "
                 f"versions {sorted(versions.values())}, no failed commit"
+            )
+
+            rows_source = _through_the_data_source(spark, address, workdir)
+            say(
+                "format('percolake'): a batch write and a streaming query (3 micro-batches, "
+                f"each committed exactly once) appended {rows_source} rows to the same table: "
+                f"now version {lh.version(TABLE)}, {lh.read(spark, TABLE).count()} rows"
             )
 
             before = lh.version(TABLE)
@@ -199,8 +241,8 @@ def run_pipeline(workdir: Path, out: TextIO) -> int:
                 f"overwritten ones); the latest version still reads {kept} rows"
             )
             say(f"done in {time.monotonic() - started:.1f}s")
-            ok = rows_now == 2000 and replay == first_replay and kept == expected_kept
-            return 0 if ok and as_of == 2500 else 1
+            ok = rows_now == 2500 and replay == first_replay and kept == expected_kept
+            return 0 if ok and as_of == 3000 else 1
         finally:
             tm.close()
             spark.stop()
