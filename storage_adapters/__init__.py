@@ -23,6 +23,7 @@ from storage_adapters._base import (
     ScanEntry,
     StoreClaimedError,
     Version,
+    VersionStamp,
     VersionWrite,
     check_table,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "StoreTimeoutError",
     "StoreUnavailableError",
     "Version",
+    "VersionStamp",
     "VersionWrite",
     "check_table",
     "open_store",

@@ -95,19 +95,27 @@ class Cell(NamedTuple):
 
 
 class Version(NamedTuple):
-    """One version of a cell: written by the transaction that started at ``ts``."""
+    """One version of a cell: written by the transaction that started at ``ts``.
+
+    ``commit_ts`` is the writer's commit stamp once garbage collection wrote one
+    (:meth:`KVStore.stamp_versions`): a stamped version's outcome needs no lookup in the
+    transactions table (rule S9). ``None`` means not stamped, not "not committed".
+    """
 
     ts: int
     value: bytes | None  # None is a tombstone
+    commit_ts: int | None = None
 
 
 class ScanEntry(NamedTuple):
-    """A cell and its newest version below the scan timestamp."""
+    """A cell and its newest version below the scan timestamp (``commit_ts``: its
+    commit stamp, as in :class:`Version`)."""
 
     row: bytes
     column: bytes
     ts: int
     value: bytes | None
+    commit_ts: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +126,17 @@ class VersionWrite:
     column: bytes
     ts: int
     value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class VersionStamp:
+    """A commit stamp to write on the version ``(row, column, ts)``: its writer
+    committed at ``commit_ts``."""
+
+    row: bytes
+    column: bytes
+    ts: int
+    commit_ts: int
 
 
 class CasResult(NamedTuple):
@@ -361,6 +380,23 @@ def check_deletes(versions: Iterable[tuple[bytes, bytes, int]]) -> list[tuple[Ce
     return out
 
 
+def check_stamps(stamps: Iterable[VersionStamp]) -> list[VersionStamp]:
+    """Validate a batch of commit stamps before any I/O: a stamp is above its version."""
+    out = []
+    for s in stamps:
+        if not isinstance(s, VersionStamp):
+            raise TypeError(f"expected VersionStamp, got {type(s).__name__}")
+        check_cell(s.row, s.column)
+        check_ts("ts", s.ts)
+        check_ts("commit_ts", s.commit_ts)
+        if s.commit_ts <= s.ts:
+            raise ValueError(
+                f"commit_ts {s.commit_ts} of version {s.ts} must be above the version's ts"
+            )
+        out.append(s)
+    return out
+
+
 def clamp_scan_bounds(
     start_row: bytes,
     start_column: bytes,
@@ -497,6 +533,35 @@ class KVStore(abc.ABC):
         transactions settled ABORTED, which are invisible whatever the delete does.
         """
 
+    @abc.abstractmethod
+    def get_versions(
+        self,
+        table: str,
+        cells: Sequence[tuple[bytes, bytes]],
+        *,
+        below_ts: int = MAX_TIMESTAMP,
+        limit: int | None = None,
+    ) -> dict[Cell, list[Version]]:
+        """For each cell, its versions with ``ts < below_ts``, values and commit stamps
+        included, newest first, at most ``limit`` per cell. Cells without such versions
+        are left out. Used by garbage collection, which decides per version.
+        """
+
+    @abc.abstractmethod
+    def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
+        """Write each version's commit stamp (rule S9); reads return it as ``commit_ts``.
+
+        Idempotent, and a stamp is only ever written with the one commit timestamp its
+        writer has. A version that does not exist (never written, or deleted, also
+        concurrently) is left absent: a stamp never creates a version or brings a
+        deleted one back, on any backend and whatever the clients' clocks. Rewriting a
+        stamped version with its same value keeps the stamp.
+        """
+
+    @abc.abstractmethod
+    def tables(self) -> list[str]:
+        """The names of the tables that hold, or once held, versions; sorted."""
+
     # --- system rows -----------------------------------------------------------
 
     @abc.abstractmethod
@@ -524,6 +589,15 @@ class KVStore(abc.ABC):
     @abc.abstractmethod
     def get_system(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         """Read system rows linearizably (Cassandra: SERIAL); absent keys left out."""
+
+    @abc.abstractmethod
+    def delete_system(self, table: str, key: bytes, expected: bytes) -> CasResult:
+        """Delete ``key`` only if its value is ``expected``: linearizable, like
+        :meth:`compare_and_set`. Returns ``CasResult(True, None)`` when this call deleted
+        it, else ``CasResult(False, current)`` (``current`` is ``None`` when the row was
+        already absent). A ``put_unless_exists`` of the key afterwards applies again.
+        Raises :class:`StoreTimeoutError` when the outcome is unknown.
+        """
 
     # --- exclusive roles -------------------------------------------------------
 

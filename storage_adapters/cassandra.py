@@ -2,7 +2,7 @@
 
 Physical layout (format 2; fixed, logical tables need no DDL at run time)::
 
-    cell_versions ((tbl, cell), ts DESC)    -> value, deleted   -- cell = cell_key(row, col)
+    cell_versions ((tbl, cell), ts DESC)    -> value, deleted, commit_ts  -- cell_key(row, col)
     cells         ((tbl, shard), row, col)                      -- the index scans page
     system_rows   ((tbl, key))              -> value
     store_meta    (name)                    -> value   -- the layout format, the shard count
@@ -163,11 +163,13 @@ from storage_adapters._base import (
     KVStore,
     ScanEntry,
     Version,
+    VersionStamp,
     VersionWrite,
     check_cells,
     check_deletes,
     check_limit,
     check_scan,
+    check_stamps,
     check_system_key,
     check_system_write,
     check_table,
@@ -263,7 +265,10 @@ class _Statements:
     latest: Any  # cell IN ?
     version_ts_one: Any
     version_ts: Any
+    versions_one: Any  # cell = ?: every version below ts, values and stamps
+    versions: Any  # cell IN ?
     write_time: Any  # cell IN ?, ts = ?
+    stamp: Any
     delete_version: Any
     index_from: Any  # (row, col) >= cursor
     index_after: Any  # (row, col) > cursor
@@ -272,12 +277,14 @@ class _Statements:
     put_unless_exists: Any
     compare_and_set: Any
     get_system: Any
+    delete_system: Any
+    tables: Any
 
 
 _DDL = {
     "cell_versions": f"""
         CREATE TABLE IF NOT EXISTS {{ks}}.cell_versions (
-            tbl text, cell blob, ts bigint, value blob, deleted boolean,
+            tbl text, cell blob, ts bigint, value blob, deleted boolean, commit_ts bigint,
             PRIMARY KEY ((tbl, cell), ts)
         ) WITH CLUSTERING ORDER BY (ts DESC) AND ID = {{id}}
         AND gc_grace_seconds = {VERSIONS_GC_GRACE_S}
@@ -436,6 +443,11 @@ class CassandraStore(KVStore):
             if table not in existing:
                 table_id = uuid.uuid5(_TABLE_ID_NAMESPACE, f"{s.keyspace}.{table}")
                 self._ddl(ddl.format(ks=ks, id=table_id))
+        versions = metadata.tables.get("cell_versions") if metadata is not None else None
+        if versions is not None and "commit_ts" not in versions.columns:
+            # A format-2 keyspace from before commit stamps (rule S9): add the column.
+            log.info("adding commit_ts to %s.cell_versions", ks)
+            self._ddl(f"ALTER TABLE {ks}.cell_versions ADD commit_ts bigint")
 
     def _ddl(self, statement: str) -> None:
         """Run a schema change and wait until every node has it.
@@ -464,7 +476,9 @@ class CassandraStore(KVStore):
             statement.is_idempotent = idempotent
             return statement
 
-        versions = "SELECT cell, ts, value, deleted FROM {ks}.cell_versions WHERE tbl = ? AND "
+        versions = (
+            "SELECT cell, ts, value, deleted, commit_ts FROM {ks}.cell_versions WHERE tbl = ? AND "
+        )
         stamps = "SELECT cell, ts FROM {ks}.cell_versions WHERE tbl = ? AND "
         until = "AND (row) < (?) "
         return _Statements(
@@ -478,6 +492,14 @@ class CassandraStore(KVStore):
             latest=prepare(versions + "cell IN ? AND ts < ? PER PARTITION LIMIT 1"),
             version_ts_one=prepare(stamps + "cell = ? AND ts > ? AND ts < ? LIMIT ?"),
             version_ts=prepare(stamps + "cell IN ? AND ts > ? AND ts < ? PER PARTITION LIMIT ?"),
+            versions_one=prepare(versions + "cell = ? AND ts < ? LIMIT ?"),
+            versions=prepare(versions + "cell IN ? AND ts < ? PER PARTITION LIMIT ?"),
+            # A stamp carries its version's write time: a delete of the version (above
+            # that time) removes the stamp too, and a stamp never brings a version back.
+            stamp=prepare(
+                "UPDATE {ks}.cell_versions USING TIMESTAMP ? SET commit_ts = ? "
+                "WHERE tbl = ? AND cell = ? AND ts = ?"
+            ),
             write_time=prepare(
                 "SELECT cell, WRITETIME(deleted) FROM {ks}.cell_versions "
                 "WHERE tbl = ? AND cell IN ? AND ts = ?"
@@ -499,6 +521,11 @@ class CassandraStore(KVStore):
                 idempotent=False,
             ),
             get_system=prepare("SELECT value FROM {ks}.system_rows WHERE tbl = ? AND key = ?"),
+            delete_system=prepare(
+                "DELETE FROM {ks}.system_rows WHERE tbl = ? AND key = ? IF value = ?",
+                idempotent=False,
+            ),
+            tables=prepare("SELECT DISTINCT tbl, shard FROM {ks}.cells"),
         )
 
     def _agree_on_shards(self) -> int:
@@ -569,8 +596,8 @@ class CassandraStore(KVStore):
         )
         out: dict[Cell, Version] = {}
         for rows in self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY):
-            for key, ts, value, deleted in rows:
-                out[keys[_bytes(key)]] = Version(ts, _value(value, deleted))
+            for key, ts, value, deleted, commit_ts in rows:
+                out[keys[_bytes(key)]] = Version(ts, _value(value, deleted), commit_ts)
         return out
 
     def scan(
@@ -666,6 +693,88 @@ class CassandraStore(KVStore):
             tss.sort(reverse=True)  # one partition's rows come newest first; this is cheap
         return out
 
+    def get_versions(
+        self,
+        table: str,
+        cells: Sequence[tuple[bytes, bytes]],
+        *,
+        below_ts: int = MAX_TIMESTAMP,
+        limit: int | None = None,
+    ) -> dict[Cell, list[Version]]:
+        check_table(table)
+        wanted = check_cells(cells)
+        check_ts("below_ts", below_ts)
+        limit = check_limit(limit)
+        self._check_open()
+        keys = {cell_key(c.row, c.column): c for c in wanted}
+        per_cell = MAX_PAGE_SIZE if limit is None else min(limit, MAX_PAGE_SIZE)
+        queries = self._per_cell(
+            self._stmts.versions_one, self._stmts.versions, table, list(keys), (below_ts, per_cell)
+        )
+        out: dict[Cell, list[Version]] = {}
+        for rows in self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY):
+            for key, ts, value, deleted, commit_ts in rows:
+                out.setdefault(keys[_bytes(key)], []).append(
+                    Version(ts, _value(value, deleted), commit_ts)
+                )
+        for found in out.values():
+            found.sort(key=lambda v: v.ts, reverse=True)
+        return out
+
+    def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
+        """Write each stamp at its version's write time, read first.
+
+        At the version's own write time a stamp is shadowed by any delete of the version
+        (deletes go above the write time, :meth:`delete_versions`), whether it lands
+        before or after the stamp: a stamp never makes a deleted version reappear (as
+        a row holding only ``commit_ts``). A version not found is not stamped.
+        """
+        check_table(table)
+        wanted = {(s.row, s.column, s.ts): s.commit_ts for s in check_stamps(stamps)}
+        self._check_open()
+        if not wanted:
+            return
+        written = self._write_times(table, list(wanted))
+        updates: list[tuple[Hashable, tuple[Any, ...], int]] = []
+        for (row, column, ts), commit_ts in wanted.items():
+            key = cell_key(row, column)
+            write_time = written.get((key, ts))
+            if write_time is not None:
+                updates.append(
+                    (self._replica(table, key), (write_time, commit_ts, table, key, ts), 60)
+                )
+        self._execute_all(
+            _batched(self._stmts.stamp, updates, _CROSS_PARTITION_ROWS),
+            write=True,
+            concurrency=_IN_CONCURRENCY,
+        )
+
+    def tables(self) -> list[str]:
+        self._check_open()
+        rows = self._execute_all([(self._stmts.tables, ())], write=False)[0]
+        return sorted({tbl for tbl, _ in rows})
+
+    def _write_times(
+        self, table: str, versions: Sequence[tuple[bytes, bytes, int]]
+    ) -> dict[tuple[bytes, int], int]:
+        """The write time of each existing version, by (cell key, ts); ``_IN_LIMIT`` cells
+        of one timestamp a request."""
+        by_ts: dict[int, list[bytes]] = {}
+        for row, column, ts in versions:
+            by_ts.setdefault(ts, []).append(cell_key(row, column))
+        reads = [
+            (self._stmts.write_time, (table, keys[i : i + _IN_LIMIT], ts))
+            for ts, keys in by_ts.items()
+            for i in range(0, len(keys), _IN_LIMIT)
+        ]
+        written: dict[tuple[bytes, int], int] = {}
+        found = self._execute_all(reads, write=False, concurrency=_IN_CONCURRENCY)
+        for (_, (_, _, ts)), rows in zip(reads, found, strict=True):
+            for key, write_time in rows:
+                if write_time is not None:
+                    written[_bytes(key), ts] = write_time
+        return written
+
     def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
         """Delete each version above its write time, not at this client's clock.
 
@@ -691,27 +800,14 @@ class CassandraStore(KVStore):
         self._check_open()
         if not doomed:
             return
-        by_ts: dict[int, list[bytes]] = {}
-        for cell, ts in doomed:
-            by_ts.setdefault(ts, []).append(cell_key(cell.row, cell.column))
-        reads = [
-            (self._stmts.write_time, (table, keys[i : i + _IN_LIMIT], ts))
-            for ts, keys in by_ts.items()
-            for i in range(0, len(keys), _IN_LIMIT)
-        ]
-        written: dict[tuple[bytes, int], int] = {}
-        found = self._execute_all(reads, write=False, concurrency=_IN_CONCURRENCY)
-        for (_, (_, _, ts)), rows in zip(reads, found, strict=True):
-            for key, write_time in rows:
-                if write_time is not None:
-                    written[_bytes(key), ts] = write_time
+        written = self._write_times(table, [(cell.row, cell.column, ts) for cell, ts in doomed])
         now = self._session.cluster.timestamp_generator()
         deletes: list[tuple[Hashable, tuple[Any, ...], int]] = []
-        for ts, keys in by_ts.items():
-            for key in keys:
-                write_time = written.get((key, ts))
-                at = now if write_time is None else min(max(now, write_time + 1), _MAX_WRITE_TIME)
-                deletes.append((self._replica(table, key), (at, table, key, ts), 60))
+        for cell, ts in doomed:
+            key = cell_key(cell.row, cell.column)
+            write_time = written.get((key, ts))
+            at = now if write_time is None else min(max(now, write_time + 1), _MAX_WRITE_TIME)
+            deletes.append((self._replica(table, key), (at, table, key, ts), 60))
         self._execute_all(
             _batched(self._stmts.delete_version, deletes, _CROSS_PARTITION_ROWS),
             write=True,
@@ -780,6 +876,14 @@ class CassandraStore(KVStore):
             profile="serial_read",
         )
         return {k: _bytes(rows[0][0]) for k, rows in zip(wanted, results, strict=True) if rows}
+
+    def delete_system(self, table: str, key: bytes, expected: bytes) -> CasResult:
+        check_system_write(table, key, expected)
+        self._check_open()
+        applied, current = self._execute_lwt(self._stmts.delete_system, (table, key, expected))
+        if applied:
+            return CasResult(True, None)
+        return CasResult(False, None if current is None else _bytes(current))
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -913,14 +1017,14 @@ class _ShardScan:
         while page is not None:
             cells, resolving = page
             page = self._next_page()  # read and resolve the next page meanwhile
-            found: dict[bytes, tuple[int, bytes | None]] = {}
+            found: dict[bytes, tuple[int, bytes | None, int | None]] = {}
             for future in resolving:
-                for key, ts, value, deleted in self._result(future):
-                    found[_bytes(key)] = (ts, _value(value, deleted))
+                for key, ts, value, deleted, commit_ts in self._result(future):
+                    found[_bytes(key)] = (ts, _value(value, deleted), commit_ts)
             for row, column, key in cells:
                 version = found.get(key)
                 if version is not None:
-                    yield ScanEntry(row, column, version[0], version[1])
+                    yield ScanEntry(row, column, *version)
 
     def _next_page(self) -> tuple[list[tuple[bytes, bytes, bytes]], list[_Request]] | None:
         """The next index page and the requests resolving it; ``None`` at the end."""

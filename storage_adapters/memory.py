@@ -16,12 +16,14 @@ from storage_adapters._base import (
     ScanEntry,
     StoreClaimedError,
     Version,
+    VersionStamp,
     VersionWrite,
     check_cells,
     check_deletes,
     check_limit,
     check_role,
     check_scan,
+    check_stamps,
     check_system_key,
     check_system_write,
     check_table,
@@ -46,6 +48,8 @@ class MemoryStore(KVStore):
         self._lock = threading.Lock()
         self._tables: dict[str, SortedDict] = {}  # table -> SortedDict[Cell, _Versions]
         self._system: dict[str, dict[bytes, bytes]] = {}
+        #: Commit stamps: table -> (row, column, ts) -> commit_ts, for existing versions.
+        self._stamps: dict[str, dict[tuple[bytes, bytes, int], int]] = {}
         self._claims: dict[str, Claim] = {}
         self._closed = False
 
@@ -84,10 +88,11 @@ class MemoryStore(KVStore):
             stored = self._tables.get(table)
             if stored is None:
                 return out
+            stamps = self._stamps.get(table, {})
             for cell in wanted:
                 version = _newest_below(stored.get(cell), below_ts)
                 if version is not None:
-                    out[cell] = version
+                    out[cell] = version._replace(commit_ts=stamps.get((*cell, version.ts)))
         return out
 
     def scan(
@@ -122,6 +127,7 @@ class MemoryStore(KVStore):
                 if stored is None:
                     return
                 keys = stored.irange(minimum=cursor, inclusive=(inclusive, False))
+                stamps = self._stamps.get(table, {})
                 last: Cell | None = None
                 for key in keys:
                     if end_row is not None and key.row >= end_row:
@@ -129,7 +135,10 @@ class MemoryStore(KVStore):
                     last = key
                     version = _newest_below(stored[key], below_ts)
                     if version is not None:
-                        page.append(ScanEntry(key.row, key.column, version.ts, version.value))
+                        stamp = stamps.get((key.row, key.column, version.ts))
+                        page.append(
+                            ScanEntry(key.row, key.column, version.ts, version.value, stamp)
+                        )
                     if len(page) >= page_size:
                         break
             yield from page
@@ -166,6 +175,51 @@ class MemoryStore(KVStore):
                     out[cell] = tss
         return out
 
+    def get_versions(
+        self,
+        table: str,
+        cells: Sequence[tuple[bytes, bytes]],
+        *,
+        below_ts: int = MAX_TIMESTAMP,
+        limit: int | None = None,
+    ) -> dict[Cell, list[Version]]:
+        check_table(table)
+        wanted = check_cells(cells)
+        check_ts("below_ts", below_ts)
+        limit = check_limit(limit)
+        out: dict[Cell, list[Version]] = {}
+        with self._lock:
+            self._check_open()
+            stored = self._tables.get(table)
+            if stored is None:
+                return out
+            stamps = self._stamps.get(table, {})
+            for cell in wanted:
+                per_cell = stored.get(cell) or {}
+                tss = sorted((ts for ts in per_cell if ts < below_ts), reverse=True)[:limit]
+                if tss:
+                    out[cell] = [Version(ts, per_cell[ts], stamps.get((*cell, ts))) for ts in tss]
+        return out
+
+    def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
+        check_table(table)
+        wanted = check_stamps(stamps)
+        with self._lock:
+            self._check_open()
+            stored = self._tables.get(table)
+            if stored is None:
+                return
+            table_stamps = self._stamps.setdefault(table, {})
+            for s in wanted:
+                per_cell = stored.get(Cell(s.row, s.column))
+                if per_cell is not None and s.ts in per_cell:
+                    table_stamps[s.row, s.column, s.ts] = s.commit_ts
+
+    def tables(self) -> list[str]:
+        with self._lock:
+            self._check_open()
+            return sorted(self._tables)
+
     def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
         check_table(table)
         doomed = check_deletes(versions)
@@ -174,7 +228,9 @@ class MemoryStore(KVStore):
             stored = self._tables.get(table)
             if stored is None:
                 return
+            stamps = self._stamps.get(table, {})
             for cell, ts in doomed:
+                stamps.pop((*cell, ts), None)
                 per_cell = stored.get(cell)
                 if per_cell is None:
                     continue
@@ -213,6 +269,17 @@ class MemoryStore(KVStore):
             self._check_open()
             rows = self._system.get(table, {})
             return {k: rows[k] for k in wanted if k in rows}
+
+    def delete_system(self, table: str, key: bytes, expected: bytes) -> CasResult:
+        check_system_write(table, key, expected)
+        with self._lock:
+            self._check_open()
+            rows = self._system.get(table, {})
+            current = rows.get(key)
+            if current != expected:
+                return CasResult(False, current)
+            del rows[key]
+            return CasResult(True, None)
 
     def claim(self, role: str) -> Claim:
         """Exclusive per store object: a ``memory://`` store lives in one process only."""

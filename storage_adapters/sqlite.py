@@ -34,12 +34,14 @@ from storage_adapters._base import (
     ScanEntry,
     StoreClaimedError,
     Version,
+    VersionStamp,
     VersionWrite,
     check_cells,
     check_deletes,
     check_limit,
     check_role,
     check_scan,
+    check_stamps,
     check_system_key,
     check_system_write,
     check_table,
@@ -52,6 +54,7 @@ log = logging.getLogger(__name__)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS versions (
     tbl TEXT NOT NULL, row BLOB NOT NULL, col BLOB NOT NULL, ts INTEGER NOT NULL, value BLOB,
+    commit_ts INTEGER,
     PRIMARY KEY (tbl, row, col, ts)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS system_rows (
@@ -69,7 +72,7 @@ DEFAULT_BUSY_TIMEOUT_MS = 30_000
 # Bare columns next to max() take their values from the row holding the maximum: a
 # documented SQLite rule that gives "newest version per cell" in one indexed pass.
 _SCAN_SQL = """
-SELECT row, col, max(ts), value FROM versions
+SELECT row, col, max(ts), value, commit_ts FROM versions
 WHERE tbl = ? AND (row, col) {op} (?, ?) AND ts < ? {end}
 GROUP BY row, col ORDER BY row, col LIMIT ?
 """
@@ -159,6 +162,9 @@ class SQLiteStore(KVStore):
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute(f"PRAGMA synchronous={sync}")
             self._conn.executescript(_SCHEMA)
+            columns = {r[1] for r in self._conn.execute("PRAGMA table_info(versions)")}
+            if "commit_ts" not in columns:  # a store written before commit stamps (S9)
+                self._conn.execute("ALTER TABLE versions ADD COLUMN commit_ts INTEGER")
         except sqlite3.Error as exc:
             self._conn.close()
             raise _store_error(exc, path, writes=True) from exc
@@ -198,7 +204,9 @@ class SQLiteStore(KVStore):
         with self._using(writes=True) as cur:
             cur.execute("BEGIN")
             cur.executemany(
-                "INSERT OR REPLACE INTO versions (tbl, row, col, ts, value) VALUES (?, ?, ?, ?, ?)",
+                # An upsert, not INSERT OR REPLACE: rewriting a version keeps its stamp.
+                "INSERT INTO versions (tbl, row, col, ts, value) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (tbl, row, col, ts) DO UPDATE SET value = excluded.value",
                 rows,
             )
             cur.execute("COMMIT")
@@ -213,12 +221,12 @@ class SQLiteStore(KVStore):
         with self._using(writes=False) as cur:
             for cell in wanted:
                 found = cur.execute(
-                    "SELECT ts, value FROM versions WHERE tbl = ? AND row = ? AND col = ? "
-                    "AND ts < ? ORDER BY ts DESC LIMIT 1",
+                    "SELECT ts, value, commit_ts FROM versions WHERE tbl = ? AND row = ? "
+                    "AND col = ? AND ts < ? ORDER BY ts DESC LIMIT 1",
                     (table, cell.row, cell.column, below_ts),
                 ).fetchone()
                 if found is not None:
-                    out[cell] = Version(found[0], found[1])
+                    out[cell] = Version(found[0], found[1], found[2])
         return out
 
     def scan(
@@ -252,8 +260,8 @@ class SQLiteStore(KVStore):
             params.append(page_size)
             with self._using(writes=False) as cur:
                 page = cur.execute(sql, params).fetchall()
-            for row, col, ts, value in page:
-                yield ScanEntry(row, col, ts, value)
+            for row, col, ts, value, commit_ts in page:
+                yield ScanEntry(row, col, ts, value, commit_ts)
             if len(page) < page_size:
                 return
             cursor_row, cursor_col, op = page[-1][0], page[-1][1], ">"
@@ -291,6 +299,65 @@ class SQLiteStore(KVStore):
                 if tss:
                     out[cell] = tss
         return out
+
+    def get_versions(
+        self,
+        table: str,
+        cells: Sequence[tuple[bytes, bytes]],
+        *,
+        below_ts: int = MAX_TIMESTAMP,
+        limit: int | None = None,
+    ) -> dict[Cell, list[Version]]:
+        check_table(table)
+        wanted = check_cells(cells)
+        check_ts("below_ts", below_ts)
+        limit = check_limit(limit)
+        out: dict[Cell, list[Version]] = {}
+        with self._using(writes=False) as cur:
+            for cell in wanted:
+                found = [
+                    Version(ts, value, commit_ts)
+                    for ts, value, commit_ts in cur.execute(
+                        "SELECT ts, value, commit_ts FROM versions WHERE tbl = ? AND row = ? "
+                        "AND col = ? AND ts < ? ORDER BY ts DESC LIMIT ?",
+                        (
+                            table,
+                            cell.row,
+                            cell.column,
+                            below_ts,
+                            -1 if limit is None else min(limit, _SQL_INT_MAX),
+                        ),
+                    )
+                ]
+                if found:
+                    out[cell] = found
+        return out
+
+    def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
+        check_table(table)
+        rows = [(s.commit_ts, table, s.row, s.column, s.ts) for s in check_stamps(stamps)]
+        if not rows:
+            return
+        with self._using(writes=True) as cur:
+            cur.execute("BEGIN")
+            cur.executemany(
+                "UPDATE versions SET commit_ts = ? WHERE tbl = ? AND row = ? AND col = ? "
+                "AND ts = ?",
+                rows,
+            )
+            cur.execute("COMMIT")
+
+    def tables(self) -> list[str]:
+        with self._using(writes=False) as cur:
+            # A skip-scan of the primary key: one probe per table, not per version.
+            names: list[str] = []
+            found = cur.execute("SELECT min(tbl) FROM versions").fetchone()
+            while found is not None and found[0] is not None:
+                names.append(found[0])
+                found = cur.execute(
+                    "SELECT min(tbl) FROM versions WHERE tbl > ?", (found[0],)
+                ).fetchone()
+            return names
 
     def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
         check_table(table)
@@ -351,6 +418,23 @@ class SQLiteStore(KVStore):
         return out
 
     # --- claims ----------------------------------------------------------------
+
+    def delete_system(self, table: str, key: bytes, expected: bytes) -> CasResult:
+        check_system_write(table, key, expected)
+        with self._using(writes=True) as cur:
+            cur.execute("BEGIN IMMEDIATE")
+            deleted = cur.execute(
+                "DELETE FROM system_rows WHERE tbl = ? AND key = ? AND value = ?",
+                (table, key, expected),
+            ).rowcount
+            current = None
+            if not deleted:
+                found = cur.execute(
+                    "SELECT value FROM system_rows WHERE tbl = ? AND key = ?", (table, key)
+                ).fetchone()
+                current = None if found is None else found[0]
+            cur.execute("COMMIT")
+        return CasResult(bool(deleted), current)
 
     def claim_file(self, role: str) -> str:
         """The lock file that holds ``role``'s claim: next to the database file."""

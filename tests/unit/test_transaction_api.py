@@ -10,7 +10,7 @@ import pytest
 
 from lockserver import LockTable
 from lockserver._table import MAX_DESCRIPTOR_BYTES
-from storage_adapters import CasResult, Cell, KVStore, ScanEntry, Version, VersionWrite
+from storage_adapters import CasResult, Cell, KVStore, ScanEntry, Version, VersionStamp, VersionWrite
 from storage_adapters._base import MAX_CELL_KEY_BYTES, MAX_ROW_BYTES, MAX_VALUE_BYTES, Claim
 from storage_adapters.memory import MemoryStore
 from tso import TimestampBatcher, TimestampOracle
@@ -338,6 +338,18 @@ class _RecordingStore(KVStore):
 
     def get_version_timestamps(self, *args: Any, **kwargs: Any) -> dict[Cell, list[int]]:
         return self.inner.get_version_timestamps(*args, **kwargs)
+
+    def get_versions(self, *args: Any, **kwargs: Any) -> dict[Cell, list[Version]]:
+        return self.inner.get_versions(*args, **kwargs)
+
+    def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
+        self.inner.stamp_versions(table, stamps)
+
+    def tables(self) -> list[str]:
+        return self.inner.tables()
+
+    def delete_system(self, table: str, key: bytes, expected: bytes) -> CasResult:
+        return self.inner.delete_system(table, key, expected)
 
     def compare_and_set(
         self, table: str, key: bytes, expected: bytes | None, value: bytes

@@ -1,0 +1,114 @@
+"""What garbage collection needs from every ``KVStore`` backend: every version of a cell
+with its stamp, commit stamps that never bring a version back, the list of tables and a
+linearizable compare-and-delete of system rows. Run against each backend of
+``conftest.py`` (Cassandra included)."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage_adapters import MAX_TIMESTAMP, Cell, KVStore, ScanEntry, Version, VersionWrite
+from storage_adapters._base import MAX_CELL_KEY_BYTES, VersionStamp
+
+pytestmark = pytest.mark.contract
+
+CELL = Cell(b"r", b"c")
+
+
+def _history(store: KVStore, table: str = "t") -> None:
+    store.put_versions(
+        table,
+        [
+            VersionWrite(b"r", b"c", 10, b"a"),
+            VersionWrite(b"r", b"c", 20, None),
+            VersionWrite(b"r", b"c", 30, b"c"),
+            VersionWrite(b"r", b"d", 15, b"x"),
+        ],
+    )
+
+
+def test_get_versions_lists_every_version_below_ts_newest_first(store: KVStore) -> None:
+    _history(store)
+    assert store.get_versions("t", [CELL, (b"r", b"d"), (b"r", b"none")]) == {
+        CELL: [Version(30, b"c"), Version(20, None), Version(10, b"a")],
+        Cell(b"r", b"d"): [Version(15, b"x")],
+    }
+    assert store.get_versions("t", [CELL], below_ts=30) == {
+        CELL: [Version(20, None), Version(10, b"a")]
+    }
+    assert store.get_versions("t", [CELL], below_ts=30, limit=1) == {CELL: [Version(20, None)]}
+    assert store.get_versions("t", [CELL], below_ts=10) == {}
+    assert store.get_versions("nothing", [CELL]) == {}
+
+
+def test_a_stamp_is_returned_by_every_read_of_its_version(store: KVStore) -> None:
+    _history(store)
+    store.stamp_versions("t", [VersionStamp(b"r", b"c", 20, 25), VersionStamp(b"r", b"c", 30, 31)])
+    store.stamp_versions("t", [VersionStamp(b"r", b"c", 30, 31)])  # idempotent
+    assert store.get_latest("t", [CELL], MAX_TIMESTAMP) == {CELL: Version(30, b"c", 31)}
+    assert store.get_latest("t", [CELL], 30) == {CELL: Version(20, None, 25)}
+    assert store.get_latest("t", [CELL], 20) == {CELL: Version(10, b"a", None)}
+    assert store.get_versions("t", [CELL]) == {
+        CELL: [Version(30, b"c", 31), Version(20, None, 25), Version(10, b"a", None)]
+    }
+    assert list(store.scan("t", b"", None, MAX_TIMESTAMP)) == [
+        ScanEntry(b"r", b"c", 30, b"c", 31),
+        ScanEntry(b"r", b"d", 15, b"x", None),
+    ]
+
+
+def test_a_stamp_never_creates_or_revives_a_version(store: KVStore) -> None:
+    _history(store)
+    store.stamp_versions("t", [VersionStamp(b"r", b"c", 11, 12), VersionStamp(b"r", b"e", 5, 6)])
+    store.delete_versions("t", [(b"r", b"c", 30)])
+    store.stamp_versions("t", [VersionStamp(b"r", b"c", 30, 31)])  # after its delete
+    assert store.get_versions("t", [CELL, (b"r", b"e")]) == {
+        CELL: [Version(20, None), Version(10, b"a")]
+    }
+    assert store.get_latest("t", [CELL, (b"r", b"e")], MAX_TIMESTAMP) == {CELL: Version(20, None)}
+    assert [e.column for e in store.scan("t", b"", None, MAX_TIMESTAMP)] == [b"c", b"d"]
+
+
+def test_a_delete_removes_the_stamp_with_its_version(store: KVStore) -> None:
+    _history(store)
+    store.stamp_versions("t", [VersionStamp(b"r", b"c", 30, 31)])
+    store.delete_versions("t", [(b"r", b"c", 30)])
+    assert store.get_latest("t", [CELL], MAX_TIMESTAMP) == {CELL: Version(20, None)}
+
+
+def test_rewriting_a_stamped_version_keeps_the_stamp(store: KVStore) -> None:
+    _history(store)
+    store.stamp_versions("t", [VersionStamp(b"r", b"c", 10, 12)])
+    store.put_versions("t", [VersionWrite(b"r", b"c", 10, b"a")])
+    assert store.get_latest("t", [CELL], 11) == {CELL: Version(10, b"a", 12)}
+
+
+def test_stamps_are_checked_before_any_io(store: KVStore) -> None:
+    _history(store)
+    with pytest.raises(ValueError, match="commit_ts 10 of version 10"):
+        store.stamp_versions("t", [VersionStamp(b"r", b"c", 10, 10)])
+    with pytest.raises(TypeError, match="expected VersionStamp"):
+        store.stamp_versions("t", [(b"r", b"c", 10, 12)])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="MAX_CELL_KEY_BYTES"):
+        store.stamp_versions("t", [VersionStamp(b"r" * MAX_CELL_KEY_BYTES, b"c", 10, 12)])
+    assert store.get_latest("t", [CELL], 11) == {CELL: Version(10, b"a", None)}
+
+
+def test_tables_lists_the_tables_holding_versions(store: KVStore) -> None:
+    assert store.tables() == []
+    _history(store, "b-table")
+    _history(store, "a.table")
+    store.put_unless_exists("_system", b"k", b"v")
+    assert store.tables() == ["a.table", "b-table"]
+
+
+def test_delete_system_is_a_compare_and_delete(store: KVStore) -> None:
+    store.put_unless_exists("_s", b"k", b"v")
+    assert store.delete_system("_s", b"k", b"other") == (False, b"v")
+    assert store.get_system("_s", [b"k"]) == {b"k": b"v"}
+    assert store.delete_system("_s", b"k", b"v") == (True, None)
+    assert store.get_system("_s", [b"k"]) == {}
+    assert store.delete_system("_s", b"k", b"v") == (False, None)
+    # The key can be written again afterwards, and only once.
+    assert store.put_unless_exists("_s", b"k", b"w") == (True, b"w")
+    assert store.put_unless_exists("_s", b"k", b"x") == (False, b"w")
