@@ -92,6 +92,11 @@ class TransactionConflictError(TransactionAbortedError):
     """Aborted because of a concurrent transaction; retrying may succeed."""
 
 
+class SnapshotTooOldError(TransactionAbortedError):
+    """The transaction's snapshot fell below the garbage-collection safe point: versions it
+    could read may be swept, so it reads and commits nothing more; start a new one."""
+
+
 class CommitUnknownError(TransactionError):
     """The commit point was attempted but its outcome could not be settled (rule S6).
 
@@ -138,6 +143,7 @@ __all__ = [
     "OracleFencedError",
     "PercolakeError",
     "ServiceUnavailableError",
+    "SnapshotTooOldError",
     "StaleTokenError",
     "StoreError",
     "StoreTimeoutError",

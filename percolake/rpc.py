@@ -38,6 +38,7 @@ UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.Health/",)
 # Reasons (see proto/percolake/v1/transaction.proto).
 CONFLICT = "conflict"
 ABORTED = "aborted"
+SNAPSHOT_TOO_OLD = "snapshot-too-old"
 COMMIT_UNKNOWN = "commit-unknown"
 UNKNOWN_TRANSACTION = "unknown-transaction"
 TRANSACTION_CLOSED = "transaction-closed"
@@ -81,6 +82,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         (root.TableExistsError, grpc.StatusCode.ALREADY_EXISTS, TABLE_EXISTS),
         (root.VersionNotFoundError, grpc.StatusCode.OUT_OF_RANGE, VERSION_NOT_FOUND),
         (root.TransactionConflictError, grpc.StatusCode.ABORTED, CONFLICT),
+        (root.SnapshotTooOldError, grpc.StatusCode.ABORTED, SNAPSHOT_TOO_OLD),
         (root.TransactionAbortedError, grpc.StatusCode.ABORTED, ABORTED),
         (root.CommitUnknownError, grpc.StatusCode.UNKNOWN, COMMIT_UNKNOWN),
         (root.TransactionNotFoundError, grpc.StatusCode.NOT_FOUND, UNKNOWN_TRANSACTION),
@@ -126,6 +128,7 @@ def error_from(err: grpc.RpcError) -> Exception:
     by_reason: dict[str, Callable[[str], Exception]] = {
         CONFLICT: root.TransactionConflictError,
         ABORTED: root.TransactionAbortedError,
+        SNAPSHOT_TOO_OLD: root.SnapshotTooOldError,
         UNKNOWN_TRANSACTION: root.TransactionNotFoundError,
         TRANSACTION_CLOSED: root.TransactionClosedError,
         NOT_OWNER: root.NotTransactionOwnerError,

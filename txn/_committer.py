@@ -186,6 +186,9 @@ class Commit:
 
     def _commit_point(self) -> None:
         assert self.commit_ts is not None
+        # The conflict check and validation read below the snapshot: they count only
+        # if garbage collection swept nothing they needed meanwhile (rule S8).
+        self._rt.guard.check(self.start_ts)
         self.outcome = _commit_point(self._rt, self.start_ts, self.commit_ts)
         if self.outcome == ABORTED:
             raise TransactionConflictError(
@@ -250,9 +253,12 @@ def _check_table_conflicts(rt: Runtime, table: str, keys: list[Cell], start_ts: 
     # only cells with long histories need more reads.
     page = rt.store.get_version_timestamps(table, keys, limit=_CONFLICT_PAGE)
     newer: set[int] = set()
+    where: dict[int, tuple[str, Cell]] = {}  # a cell of each writer, for the resolver
     older: dict[Cell, list[int]] = {}
     below_bound: dict[Cell, int] = {}  # where to read on when the page was full
     for cell, tss in page.items():
+        for ts in tss:
+            where.setdefault(ts, (table, cell))
         newer.update(ts for ts in tss if ts > start_ts)
         older[cell] = [ts for ts in tss if ts < start_ts]
         if len(tss) == _CONFLICT_PAGE:
@@ -261,23 +267,28 @@ def _check_table_conflicts(rt: Runtime, table: str, keys: list[Cell], start_ts: 
                 rest = rt.store.get_version_timestamps(
                     table, [cell], above_ts=start_ts, below_ts=lowest
                 )
-                newer.update(rest.get(cell, []))
+                for ts in rest.get(cell, []):
+                    newer.add(ts)
+                    where.setdefault(ts, (table, cell))
             below_bound[cell] = min(lowest, start_ts)
+    # A writer whose version is GONE (deleted since it was listed) was aborted, or was
+    # swept below the safe point, which a live transaction's start_ts is above: it is
+    # skipped like an aborted one (rule S9).
     if newer:
-        outcomes = rt.resolver.resolve(newer)
+        outcomes = rt.resolver.resolve(newer, where=where)
         for ts in sorted(newer):
-            if outcomes[ts] != ABORTED:
+            if outcomes[ts] >= 0:
                 raise TransactionConflictError(
                     f"write-write conflict in {table!r}: transaction {ts} started after "
                     f"{start_ts} and committed first"
                 )
     while older:
-        outcomes = rt.resolver.resolve({ts for tss in older.values() for ts in tss})
+        outcomes = rt.resolver.resolve({ts for tss in older.values() for ts in tss}, where=where)
         next_bound: dict[Cell, int] = {}
         for cell, tss in older.items():
             for ts in tss:
                 outcome = outcomes[ts]
-                if outcome == ABORTED:
+                if outcome < 0:  # ABORTED or GONE
                     continue
                 if outcome > start_ts:
                     raise TransactionConflictError(
@@ -296,6 +307,8 @@ def _check_table_conflicts(rt: Runtime, table: str, keys: list[Cell], start_ts: 
             )
             for cell, tss in got.items():
                 older[cell] = tss
+                for ts in tss:
+                    where.setdefault(ts, (table, cell))
                 if len(tss) == _CONFLICT_PAGE:
                     below_bound[cell] = tss[-1]
 
@@ -400,7 +413,9 @@ def _abandon(
     """Mark ourselves aborted so readers need not wait, then queue our versions' removal."""
     if not entry_written:
         try:
-            outcome = rt.resolver.settle_aborted(start_ts)
+            # Our own ABORTED: we never try the commit point again, so once the cleaner
+            # removed our versions it removes this entry too (rule S9).
+            outcome = rt.resolver.settle_aborted(start_ts, own=True)
         except StoreError as exc:
             # Readers will settle us (S3); until then the versions stay, invisible.
             log.debug("could not record abort of %d: %s", start_ts, exc)
@@ -408,5 +423,7 @@ def _abandon(
         if outcome != ABORTED:  # pragma: no cover - we never attempted the commit point
             log.error("transaction %d found committed while abandoning it", start_ts)
             return
-    for table, cells in writes.tables():
-        rt.cleaner.submit(table, [(c.row, c.column, start_ts) for c in cells])
+    rt.cleaner.submit_abandoned(
+        start_ts,
+        [(table, [(c.row, c.column, start_ts) for c in cells]) for table, cells in writes.tables()],
+    )

@@ -29,6 +29,9 @@ class TransactionConfig:
     scan_page_size: int = 500
     #: Commit statuses remembered (they never change once written).
     status_cache_size: int = 200_000
+    #: How often a manager publishes its oldest open transaction for garbage
+    #: collection (rule S8; liveness only: a late one may cost a SnapshotTooOldError).
+    gc_publish_interval_ms: int = 10_000
 
     def __post_init__(self) -> None:
         for name in (
@@ -41,9 +44,11 @@ class TransactionConfig:
             "gateway_settle_pause_ms",
             "scan_page_size",
             "status_cache_size",
+            "gc_publish_interval_ms",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be int, got {type(value).__name__}")
-            if value < 0 or (value == 0 and name in ("lease_ms", "scan_page_size")):
+            positive = ("lease_ms", "scan_page_size", "gc_publish_interval_ms")
+            if value < 0 or (value == 0 and name in positive):
                 raise ValueError(f"{name} must be positive, got {value}")

@@ -164,7 +164,10 @@ class TransactionManager:
             start_ts = self._rt.timestamps.next_timestamp()
         except (StoreError, OracleFencedError) as exc:
             raise ServiceUnavailableError(f"no start timestamp: {exc}") from exc
-        return EmbeddedTransaction(self._rt, start_ts, isolation)
+        txn = EmbeddedTransaction(self._rt, start_ts, isolation)
+        self._rt.active.add(txn)
+        self._rt.registration.start()
+        return txn
 
     def run(
         self,
@@ -191,6 +194,7 @@ class TransactionManager:
             if self._closed:
                 return
             self._closed = True
+        self._rt.registration.close()
         self._rt.cleaner.drain()
         self._rt.cleaner.close()
         for resource in self._owns:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from storage_adapters import Cell, KVStore, ScanEntry
+from storage_adapters import Cell, KVStore, ScanEntry, Version
 from txn._status import ABORTED, StatusResolver
 
 #: Reports versions of aborted writers found on the way, for asynchronous cleanup.
@@ -24,7 +24,8 @@ class SnapshotReader:
         self._garbage = garbage
 
     def _visible(self, writer_ts: int, outcome: int | None, snapshot_ts: int) -> bool:
-        return outcome is not None and outcome != ABORTED and outcome < snapshot_ts
+        # ABORTED and GONE are negative: never visible.
+        return outcome is not None and 0 <= outcome < snapshot_ts
 
     def read_cells(
         self,
@@ -47,10 +48,12 @@ class SnapshotReader:
             groups: dict[int, list[Cell]] = {}
             for cell, bound in bounds.items():
                 groups.setdefault(bound, []).append(cell)
-            found = {}
+            found: dict[Cell, Version] = {}
             for bound, group in groups.items():
                 found.update(self._store.get_latest(table, group, bound))
-            outcomes = self._resolver.resolve({v.ts for v in found.values() if v.ts != skip_ts})
+            outcomes = self._outcomes(
+                table, [(cell, v.ts, v.commit_ts) for cell, v in found.items()], skip_ts
+            )
             next_bounds: dict[Cell, int] = {}
             garbage = []
             for cell, version in found.items():
@@ -64,6 +67,24 @@ class SnapshotReader:
             if garbage:
                 self._garbage(table, garbage)
             bounds = next_bounds
+        return out
+
+    def _outcomes(
+        self, table: str, versions: list[tuple[Cell, int, int | None]], skip_ts: int | None
+    ) -> dict[int, int]:
+        """Each writer's outcome: a version's commit stamp when it has one (rule S9: no
+        lookup), else the transactions table through the resolver."""
+        out: dict[int, int] = {}
+        where: dict[int, tuple[str, Cell]] = {}
+        for cell, ts, commit_ts in versions:
+            if ts == skip_ts:
+                continue
+            if commit_ts is not None:
+                out[ts] = commit_ts
+            else:
+                where.setdefault(ts, (table, cell))
+        if where:
+            out.update(self._resolver.resolve(where, where=where))
         return out
 
     def scan(
@@ -98,7 +119,9 @@ class SnapshotReader:
     def _resolve_page(
         self, table: str, page: list[ScanEntry], snapshot_ts: int, skip_ts: int | None
     ) -> Iterator[tuple[bytes, bytes, bytes | None]]:
-        outcomes = self._resolver.resolve({e.ts for e in page if e.ts != skip_ts})
+        outcomes = self._outcomes(
+            table, [(Cell(e.row, e.column), e.ts, e.commit_ts) for e in page], skip_ts
+        )
         older: dict[Cell, int] = {}
         garbage = []
         for e in page:

@@ -5,22 +5,33 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from storage_adapters import KVStore, StoreError
+from storage_adapters import Cell, KVStore, StoreError
 from txn._config import TransactionConfig
 from txn._services import LockService, commit_lock
 
 log = logging.getLogger(__name__)
 
 #: The transactions table: start_ts -> commit_ts or ABORTED, written only with
-#: put-unless-exists, never changed afterwards (rule S1).
+#: put-unless-exists, never changed afterwards (rule S1); garbage collection deletes
+#: entries no reader needs any more (rule S9).
 TXN_TABLE = "_txn"
 
 #: A writer's final outcome: its commit timestamp, or ABORTED.
 ABORTED = -1
+#: Not an outcome: the version asked about is gone (deleted since it was read), so the
+#: reader reads its cell again below it. Only :meth:`StatusResolver.resolve` with
+#: ``where`` answers it.
+GONE = -2
 
+#: ABORTED written by someone else than the writer (a reader, a conflict check, garbage
+#: collection settling it): the writer may still be alive and reach its commit point,
+#: which this entry fences for ever, so it is never deleted.
 _ABORTED_VALUE = b"A"
+#: ABORTED written by the writer itself while abandoning its commit: it never tries
+#: its commit point again, so once its versions are gone the entry may go too (S9).
+OWN_ABORTED_VALUE = b"a"
 _COMMITTED_PREFIX = b"C"
 
 
@@ -28,14 +39,15 @@ def txn_key(start_ts: int) -> bytes:
     return start_ts.to_bytes(8, "big")
 
 
-def encode_outcome(outcome: int) -> bytes:
+def encode_outcome(outcome: int, *, own: bool = False) -> bytes:
+    """An entry's value; ``own`` marks an ABORTED the writer wrote itself."""
     if outcome == ABORTED:
-        return _ABORTED_VALUE
+        return OWN_ABORTED_VALUE if own else _ABORTED_VALUE
     return _COMMITTED_PREFIX + outcome.to_bytes(8, "big")
 
 
 def decode_outcome(raw: bytes) -> int:
-    if raw == _ABORTED_VALUE:
+    if raw in (_ABORTED_VALUE, OWN_ABORTED_VALUE):
         return ABORTED
     if len(raw) == 9 and raw[:1] == _COMMITTED_PREFIX:
         return int.from_bytes(raw[1:], "big")
@@ -87,8 +99,22 @@ class StatusResolver:
                     self.remember(ts, out[ts])
         return out
 
-    def resolve(self, start_tss: Iterable[int]) -> dict[int, int]:
-        """Final outcomes of every writer, settling undecided ones."""
+    def resolve(
+        self,
+        start_tss: Iterable[int],
+        *,
+        where: Mapping[int, tuple[str, Cell]] | None = None,
+    ) -> dict[int, int]:
+        """Final outcomes of every writer, settling undecided ones.
+
+        ``where`` names, for a writer, a cell where the caller found one of its
+        versions. A writer with no entry is then checked there before it is settled:
+        garbage collection deletes a committed writer's entry only after stamping or
+        deleting every version of it (rule S9), so a version read before that may have
+        lost its entry since. Found stamped, the stamp is the outcome; found gone, the
+        answer is :data:`GONE` (read the cell again); found unstamped, the writer never
+        committed before the entry went and is settled as usual.
+        """
         wanted = set(start_tss)
         out = self.read(wanted)
         undecided = wanted - out.keys()
@@ -105,13 +131,30 @@ class StatusResolver:
             log.debug("lock server unavailable while resolving %s: %s", sorted(undecided), exc)
         out.update(self.read(undecided))
         for ts in sorted(undecided - out.keys()):
-            out[ts] = self.settle_aborted(ts)
+            found = self._recheck(ts, where[ts]) if where and ts in where else None
+            out[ts] = self.settle_aborted(ts) if found is None else found
         return out
 
-    def settle_aborted(self, start_ts: int) -> int:
-        """Try to write ABORTED for ``start_ts``; returns the outcome that stands."""
+    def _recheck(self, start_ts: int, at: tuple[str, Cell]) -> int | None:
+        """The outcome a version of ``start_ts`` carries now: its stamp, :data:`GONE`, or
+        ``None`` (present, unstamped)."""
+        table, cell = at
+        versions = self._store.get_versions(table, [cell], below_ts=start_ts + 1, limit=1)
+        newest = versions.get(cell)
+        if not newest or newest[0].ts != start_ts:
+            return GONE
+        if newest[0].commit_ts is not None:
+            self.remember(start_ts, newest[0].commit_ts)
+            return newest[0].commit_ts
+        return None
+
+    def settle_aborted(self, start_ts: int, *, own: bool = False) -> int:
+        """Try to write ABORTED for ``start_ts``; returns the outcome that stands.
+
+        ``own``: the writer itself gives up (see :data:`OWN_ABORTED_VALUE`).
+        """
         result = self._store.put_unless_exists(
-            TXN_TABLE, txn_key(start_ts), encode_outcome(ABORTED)
+            TXN_TABLE, txn_key(start_ts), encode_outcome(ABORTED, own=own)
         )
         if result.current is None:
             # The store broke its contract: neither applied nor showed the row that

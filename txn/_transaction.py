@@ -43,13 +43,18 @@ class ReadSet:
 
 
 def _pull(
-    rows: Iterator[tuple[bytes, bytes, bytes | None]], table: str
+    rows: Iterator[tuple[bytes, bytes, bytes | None]], table: str, rt: Runtime, start_ts: int
 ) -> tuple[bytes, bytes, bytes | None] | None:
-    """The next row of a store scan; a store failure is a transaction error, as in ``get``."""
+    """The next row of a store scan; a store failure is a transaction error, as in ``get``.
+
+    Checked against the garbage-collection safe point after the read (rule S8).
+    """
     try:
-        return next(rows, None)
+        row = next(rows, None)
+        rt.guard.check(start_ts)
     except StoreError as exc:
         raise ServiceUnavailableError(f"scan of {table!r} failed: {exc}") from exc
+    return row
 
 
 class EmbeddedTransaction:
@@ -123,6 +128,7 @@ class EmbeddedTransaction:
         if from_store:
             try:
                 visible = self._rt.reader.read_cells(table, from_store, self.start_ts)
+                self._rt.guard.check(self.start_ts)  # after the read (rule S8)
             except StoreError as exc:
                 raise ServiceUnavailableError(f"read of {table!r} failed: {exc}") from exc
             if self._reads is not None:
@@ -168,7 +174,7 @@ class EmbeddedTransaction:
             self.start_ts,
             page_size=self._rt.config.scan_page_size,
         )
-        next_stored = _pull(stored, record.table)
+        next_stored = _pull(stored, record.table, self._rt, self.start_ts)
         cursor: Cell | None = None
         while True:
             self._check_active()
@@ -186,12 +192,12 @@ class EmbeddedTransaction:
                 cell, value = buffered
                 if next_stored is not None and cell == stored_cell:
                     self._observe(record, next_stored)  # shadowed by our own write
-                    next_stored = _pull(stored, record.table)
+                    next_stored = _pull(stored, record.table, self._rt, self.start_ts)
             else:
                 assert next_stored is not None and stored_cell is not None
                 cell, value = stored_cell, next_stored[2]
                 self._observe(record, next_stored)
-                next_stored = _pull(stored, record.table)
+                next_stored = _pull(stored, record.table, self._rt, self.start_ts)
             record.upto = cursor = cell
             if value is not None:
                 yield cell.row, cell.column, value
