@@ -40,6 +40,28 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     add_serve_arguments(serve)
 
+    gc = commands.add_parser(
+        "gc",
+        help="run one garbage-collection pass: sweep old versions, collect the transactions table",
+        description="Sweeps versions no transaction younger than the retention (nor any "
+        "registered live one) can read, and deletes transactions-table entries no reader "
+        "needs any more (rules S8, S9).",
+    )
+    gc.add_argument("--store", required=True, help="store URL")
+    gc.add_argument(
+        "--retention-s",
+        type=float,
+        default=600.0,
+        help="keep what transactions younger than this may read (default %(default)s)",
+    )
+    gc.add_argument(
+        "--grace-ms",
+        type=int,
+        default=None,
+        help="wait this long after raising the safe point before deleting (default 5000)",
+    )
+    gc.add_argument("--json", action="store_true", help="print the report as JSON")
+
     from percolake.cassandra import add_cassandra_commands
     from percolake.chaos.cli import add_chaos_commands
 
@@ -83,6 +105,39 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return bench_main(argv)
 
 
+def _gc(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import json
+    from dataclasses import asdict
+
+    from tqdm import tqdm
+
+    from storage_adapters import open_store
+    from txn import GarbageCollector
+    from txn._safepoint import DEFAULT_GRACE_MS
+
+    try:
+        store = open_store(args.store)
+        collector = GarbageCollector(
+            store,
+            retention_s=args.retention_s,
+            grace_ms=DEFAULT_GRACE_MS if args.grace_ms is None else args.grace_ms,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        with tqdm(unit="table", desc="gc", file=sys.stderr, disable=args.json) as bar:
+
+            def progress(table: str) -> None:
+                bar.set_postfix_str(table)
+                bar.update(1)
+
+            report = collector.run_once(progress)
+    finally:
+        store.close()
+    print(json.dumps(asdict(report)) if args.json else report.summary())
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
@@ -107,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from percolake.server import serve_from_args
 
         return serve_from_args(args, parser)
+    if args.command == "gc":
+        return _gc(args, parser)
     if args.command == "bench":
         return _bench(args, parser)
     if args.command == "demo":

@@ -59,6 +59,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="size bound of one lakehouse group commit (its file entries), in KiB",
     )
     parser.add_argument("--grace-s", type=float, default=30.0, help="drain time on SIGTERM")
+    parser.add_argument(
+        "--gc-interval-s",
+        type=float,
+        default=None,
+        help="run a garbage-collection pass every N seconds in the background (default: off)",
+    )
+    parser.add_argument(
+        "--gc-retention-s",
+        type=float,
+        default=600.0,
+        help="garbage collection keeps every version a transaction younger than this may "
+        "read (default %(default)s)",
+    )
     parser.add_argument("--ready-file", help="write the bound port here once serving")
     protocol = TransactionConfig()
     parser.add_argument(

@@ -40,8 +40,9 @@ from spark_integration.server import LakehouseLimits, LakehouseServicer, serve_l
 from storage_adapters import KVStore, open_store
 from tso import OracleAlreadyRunningError, TimestampBatcher, TimestampOracle
 from tso.server import RemoteTimestampSource, TimestampServicer
-from txn import TransactionConfig, TransactionManager
+from txn import GarbageCollector, GcLoop, TransactionConfig, TransactionManager
 from txn._committer import STEPS
+from txn._services import LockService, TimestampSource
 from txn.server import GatewayLimits, TransactionServicer
 
 log = logging.getLogger("percolake.server")
@@ -73,6 +74,9 @@ class ServeConfig:
     txn_config: TransactionConfig = field(default_factory=TransactionConfig)
     grace_s: float = 30.0
     ready_file: str | None = None
+    #: Garbage collection in the background: a pass every this many seconds (None: off).
+    gc_interval_s: float | None = None
+    gc_retention_s: float = 600.0
     #: Test builds only (``python -m percolake.chaos.serve``), to show that the checks
     #: catch what they break: commit steps other than ``STEPS``, oracles that do not
     #: claim their store (rule S7), and a gateway with test fail points. The installed
@@ -93,6 +97,12 @@ class ServeConfig:
                 parse_address(address)
         if self.max_message_bytes < 1024:
             raise ValueError("max message size must be at least 1 KiB")
+        if self.gc_interval_s is not None and self.gc_interval_s <= 0:
+            raise ValueError(f"--gc-interval-s must be positive, got {self.gc_interval_s}")
+        if self.gc_retention_s < 0:
+            raise ValueError(f"--gc-retention-s must be >= 0, got {self.gc_retention_s}")
+        if self.gc_interval_s is not None and self.role not in ("all", "txn"):
+            raise ValueError("--gc-interval-s runs with a gateway: role all or txn")
 
 
 class RunningServer:
@@ -176,13 +186,12 @@ class RunningServer:
             names.append(_SERVICE_NAMES["locks"])
         if role in ("all", "txn"):
             assert store is not None
+            timestamps: TimestampSource
+            locks: LockService
             if role == "all":
+                timestamps, locks = TimestampBatcher(oracle.next_range), table
                 manager = TransactionManager(
-                    store,
-                    TimestampBatcher(oracle.next_range),
-                    table,
-                    config.txn_config,
-                    commit_steps=config.commit_steps,
+                    store, timestamps, locks, config.txn_config, commit_steps=config.commit_steps
                 )
             else:
                 assert config.tso_address and config.locks_address
@@ -191,14 +200,21 @@ class RunningServer:
                     config.locks_address, token=config.token, tls=config.client_tls
                 )
                 self._closers += [tso_conn.close, locks_conn.close]
+                timestamps = RemoteTimestampSource(tso_conn)
+                locks = RemoteLockService(locks_conn)
                 manager = TransactionManager(
-                    store,
-                    RemoteTimestampSource(tso_conn),
-                    RemoteLockService(locks_conn),
-                    config.txn_config,
-                    commit_steps=config.commit_steps,
+                    store, timestamps, locks, config.txn_config, commit_steps=config.commit_steps
                 )
             self._closers.insert(0, manager.close)
+            if config.gc_interval_s is not None:
+                collector = GarbageCollector(
+                    store,
+                    timestamps=timestamps,
+                    locks=locks,
+                    retention_s=config.gc_retention_s,
+                    config=config.txn_config,
+                )
+                self._closers.insert(0, GcLoop(collector, config.gc_interval_s).close)
             self._gateway = config.gateway_class(manager, config.limits)
             transaction_pb2_grpc.add_TransactionServiceServicer_to_server(
                 self._gateway, self.server
@@ -298,6 +314,8 @@ def serve_from_args(
             ),
             grace_s=args.grace_s,
             ready_file=args.ready_file,
+            gc_interval_s=args.gc_interval_s,
+            gc_retention_s=args.gc_retention_s,
             commit_steps=commit_steps,
             oracle_claims=oracle_claims,
             gateway_class=gateway_class,

@@ -166,11 +166,14 @@ class SafePointGuard:
 
 
 class Registration:
-    """Publishes a manager's oldest live transaction in the ``clients`` row.
+    """Publishes a manager's long-running transactions in the ``clients`` row.
 
     A daemon thread, started with the manager's first transaction, publishes every
-    ``interval_s`` while transactions are open (and once more when none are left), with
-    a lease of three intervals; :meth:`close` removes the entry.
+    ``interval_s`` (with a lease of three intervals) the oldest start_ts among the
+    transactions that were already open at the previous publication, and the newest
+    timestamp the manager was served (a sample for the retention). A transaction younger
+    than one interval is not published: the retention (minutes, against an interval of
+    seconds) covers it. :meth:`close` removes the entry.
     """
 
     def __init__(
@@ -189,7 +192,7 @@ class Registration:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        self._published: int | None = None
+        self._previous_latest = 0
         self.publications = 0
 
     def start(self) -> None:
@@ -204,9 +207,8 @@ class Registration:
             )
             self._thread.start()
 
-    def publish(self) -> None:
+    def publish(self, oldest: int | None, latest: int) -> None:
         """Write this manager's entry now (and prune expired ones)."""
-        oldest, latest = self._oldest()
         now_ms = int(self._clock() * 1000)
         lease_ms = int(self._interval_s * 3000)
         self._update(
@@ -214,7 +216,6 @@ class Registration:
                 self.id, ClientInfo(oldest, latest, now_ms, lease_ms)
             )
         )
-        self._published = oldest
         self.publications += 1
 
     def _update(self, change: Callable[[dict[str, ClientInfo]], object]) -> None:
@@ -231,18 +232,23 @@ class Registration:
         raise StoreError("could not update the garbage-collection clients row: contention")
 
     def tick(self) -> None:
-        oldest, _ = self._oldest()
-        if oldest is None and self._published is None and self.publications:
-            return  # nothing open now or at the last publication: nothing to say
-        self.publish()
+        oldest, latest = self._oldest()
+        if oldest is not None and oldest > self._previous_latest:
+            oldest = None  # began since the last publication: the retention covers it
+        self._previous_latest = latest
+        if latest:
+            self.publish(oldest, latest)
 
     def close(self) -> None:
+        """Publish that nothing is open any more. The entry stays until its lease runs
+        out (others prune it): its timestamp sample still serves the retention."""
         self._stop.set()
-        if self.publications:
+        _, latest = self._oldest()
+        if latest:
             try:
-                self._update(lambda clients: clients.pop(self.id, None))
+                self.publish(None, latest)
             except (StoreError, ValueError) as exc:
-                log.debug("could not remove garbage-collection registration: %s", exc)
+                log.debug("could not update garbage-collection registration: %s", exc)
 
 
 def _publish_loop(ref: weakref.ref[Registration], stop: threading.Event, interval_s: float) -> None:

@@ -1,0 +1,350 @@
+"""Garbage collection: sweep versions below the safe point, collect the transactions
+table (rules S8, S9; see docs/design.md).
+
+One pass (:meth:`GarbageCollector.run_once`):
+
+1. **Safe point.** ``sp = min(retention point, oldest live registered transaction)``,
+   never lower than the last one. The retention point is the newest timestamp known to
+   have been served at least ``retention_s`` ago (samples of ``(wall time, timestamp)``
+   from this collector's oracle and the managers' registrations). A higher ``sp`` is
+   written to the ``_gc`` state row first; then nothing is deleted until ``grace_ms``
+   later (by this process's monotonic clock, counted from when it read or wrote the
+   row), which is what lets readers hold a lease on the row (``SafePointGuard``).
+2. **Sweep**, every table, page by page of cells: of the versions below ``sp`` each
+   writer's outcome is its stamp or its entry (a writer with no entry is settled
+   ABORTED, rule S3: it started below the safe point). Aborted versions are deleted.
+   Committed ones are stamped with their commit timestamp (a commit stamp, like
+   Percolator's write record). Of those committed below ``sp`` the newest is kept, the
+   older ones deleted, and the kept one deleted too, last, if it is a delete.
+3. **Transactions table.** The entry of a writer that committed below ``sp`` is deleted
+   (compare-and-delete) once the whole sweep is done: it committed before a timestamp
+   this pass read before sweeping, so every version it wrote existed when the sweep
+   began and was stamped or deleted by it (S9). A writer's own ABORTED (it abandoned its
+   commit) is deleted once its versions are; an ABORTED written by anyone else stays:
+   it fences a writer that may still be alive from reaching its commit point.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from lockserver import LockTable
+from storage_adapters import MAX_TIMESTAMP, Cell, KVStore, Version, VersionStamp
+from txn._config import TransactionConfig
+from txn._safepoint import (
+    CLIENTS_KEY,
+    DEFAULT_GRACE_MS,
+    GC_TABLE,
+    STATE_KEY,
+    GcState,
+    decode_clients,
+    read_state,
+)
+from txn._services import LockService, TimestampSource
+from txn._status import (
+    ABORTED,
+    OWN_ABORTED_VALUE,
+    TXN_TABLE,
+    StatusResolver,
+    encode_outcome,
+    txn_key,
+)
+
+log = logging.getLogger(__name__)
+
+#: Samples of (wall time, timestamp) kept beyond the retention, at most.
+MAX_SAMPLES = 1000
+
+
+@dataclass(slots=True)
+class GcReport:
+    """What one pass did."""
+
+    safe_point: int = 0
+    tables: int = 0
+    cells: int = 0
+    versions_deleted: int = 0
+    versions_stamped: int = 0
+    entries_deleted: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+    def summary(self) -> str:
+        if self.note:
+            return self.note
+        return (
+            f"safe point {self.safe_point}: {self.tables} tables, {self.cells} cells; "
+            f"deleted {self.versions_deleted} versions, stamped {self.versions_stamped}, "
+            f"deleted {self.entries_deleted} transactions-table entries "
+            f"in {self.seconds:.1f} s"
+        )
+
+
+@dataclass(slots=True)
+class _Pass:
+    safe_point: int
+    report: GcReport
+    #: Entries of writers committed below this were collected by a finished pass.
+    collected_below: int = 0
+    #: Writers committed below the safe point (start_ts -> commit_ts): entries to delete.
+    committed: dict[int, int] = field(default_factory=dict)
+    #: Writers found aborted whose versions this pass deleted: own entries to try.
+    aborted: set[int] = field(default_factory=set)
+
+
+class GarbageCollector:
+    """Runs passes of garbage collection over one store. Safe to run in several
+    processes at once (each step is idempotent, the safe point only rises)."""
+
+    def __init__(
+        self,
+        store: KVStore,
+        *,
+        timestamps: TimestampSource | None = None,
+        locks: LockService | None = None,
+        retention_s: float = 600.0,
+        grace_ms: int = DEFAULT_GRACE_MS,
+        page_cells: int = 500,
+        max_versions_per_s: float | None = None,
+        config: TransactionConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if retention_s < 0:
+            raise ValueError(f"retention_s must be >= 0, got {retention_s}")
+        if grace_ms < 0:
+            raise ValueError(f"grace_ms must be >= 0, got {grace_ms}")
+        if page_cells < 1:
+            raise ValueError(f"page_cells must be positive, got {page_cells}")
+        if max_versions_per_s is not None and max_versions_per_s <= 0:
+            raise ValueError(f"max_versions_per_s must be positive, got {max_versions_per_s}")
+        self._store = store
+        self._timestamps = timestamps
+        self._resolver = StatusResolver(store, locks or LockTable(), config or TransactionConfig())
+        self._retention_ms = int(retention_s * 1000)
+        self._grace_ms = grace_ms
+        self._page_cells = page_cells
+        self._rate = max_versions_per_s
+        self._clock = clock
+        self._monotonic = monotonic
+        self._sleep = sleep
+        #: The safe point this process last saw in the row, and since when (monotonic).
+        self._seen: tuple[int, float] | None = None
+
+    # --- the safe point -------------------------------------------------------------
+
+    def _raise_safe_point(self) -> tuple[int, int, int]:
+        """Publish the pass's safe point; returns it, the grace still to wait (ms) and
+        the row's ``collected_below``."""
+        for _ in range(20):
+            read_at = self._monotonic()
+            state, raw = read_state(self._store)
+            now_ms = int(self._clock() * 1000)
+            samples = list(state.samples)
+            if self._timestamps is not None:
+                samples.append((now_ms, self._timestamps.next_timestamp()))
+            clients = decode_clients(
+                self._store.get_system(GC_TABLE, [CLIENTS_KEY]).get(CLIENTS_KEY)
+            )
+            samples.extend((c.wall_ms, c.latest_ts) for c in clients.values() if c.latest_ts)
+            samples = _thin(sorted(set(samples)), now_ms - self._retention_ms)
+            old_enough = [ts for wall, ts in samples if wall <= now_ms - self._retention_ms]
+            candidate = max(old_enough, default=0)
+            oldest = [c.oldest for c in clients.values() if c.live(now_ms) and c.oldest]
+            if oldest:
+                candidate = min(candidate, *oldest)
+            safe_point = max(state.safe_point, candidate)
+            grace_ms = max(state.grace_ms, self._grace_ms)
+            new = GcState(
+                safe_point, self._grace_ms, state.collected_below, tuple(samples), state.last_pass
+            )
+            if self._store.compare_and_set(GC_TABLE, STATE_KEY, raw, new.encode()).applied:
+                collected = state.collected_below
+                if self._seen is not None and self._seen[0] == safe_point:
+                    waited_ms = (read_at - self._seen[1]) * 1000
+                    return safe_point, max(0, int(grace_ms - waited_ms)), collected
+                self._seen = (safe_point, read_at)
+                return safe_point, grace_ms, collected
+        raise RuntimeError("could not update the garbage-collection state row: contention")
+
+    def _finish(self, run: _Pass) -> None:
+        for _ in range(20):
+            state, raw = read_state(self._store)
+            new = GcState(
+                state.safe_point,
+                state.grace_ms,
+                max(state.collected_below, run.safe_point),
+                state.samples,
+                asdict(run.report),
+            )
+            if self._store.compare_and_set(GC_TABLE, STATE_KEY, raw, new.encode()).applied:
+                return
+        log.warning("could not record the garbage-collection pass: contention on the state row")
+
+    # --- a pass ---------------------------------------------------------------------
+
+    def run_once(self, progress: Callable[[str], None] | None = None) -> GcReport:
+        """One pass: raise the safe point, sweep every table, collect entries."""
+        started = self._monotonic()
+        safe_point, wait_ms, collected_below = self._raise_safe_point()
+        report = GcReport(safe_point=safe_point)
+        if safe_point <= 0:
+            report.note = (
+                "nothing to collect yet: no timestamp is known to be "
+                f"{self._retention_ms / 1000:g} s old (this pass recorded the time, so a "
+                "later one can)"
+            )
+            return report
+        if wait_ms:
+            log.info("garbage collection waits %d ms before sweeping below %d", wait_ms, safe_point)
+            self._sleep(wait_ms / 1000)
+        run = _Pass(safe_point, report, collected_below)
+        for table in self._store.tables():
+            if progress is not None:
+                progress(table)
+            self._sweep_table(run, table)
+            report.tables += 1
+        self._collect_entries(run)
+        report.seconds = self._monotonic() - started
+        self._finish(run)
+        log.info("garbage collection: %s", report.summary())
+        return report
+
+    def _sweep_table(self, run: _Pass, table: str) -> None:
+        page: list[Cell] = []
+        for entry in self._store.scan(table, b"", None, MAX_TIMESTAMP, page_size=self._page_cells):
+            page.append(Cell(entry.row, entry.column))
+            if len(page) >= self._page_cells:
+                self._sweep_cells(run, table, page)
+                page = []
+        if page:
+            self._sweep_cells(run, table, page)
+
+    def _sweep_cells(self, run: _Pass, table: str, cells: list[Cell]) -> None:
+        found = self._store.get_versions(table, cells, below_ts=run.safe_point)
+        run.report.cells += len(cells)
+        where = {v.ts: (table, cell) for cell, versions in found.items() for v in versions}
+        unstamped = {v.ts for versions in found.values() for v in versions if v.commit_ts is None}
+        outcomes = (
+            self._resolver.resolve(unstamped, where={ts: where[ts] for ts in unstamped})
+            if unstamped
+            else {}
+        )
+        stamps: list[VersionStamp] = []
+        doomed: list[tuple[bytes, bytes, int]] = []
+        last: list[tuple[bytes, bytes, int]] = []  # deletes kept below sp: after the rest
+        for cell, versions in found.items():
+            self._decide(run, cell, versions, outcomes, stamps, doomed, last)
+        # Stamps first (a kept version carries its outcome before any entry goes), then
+        # the older versions, then the kept deletes: a reader never sees an older value
+        # come back from under a delete that went first.
+        if stamps:
+            self._store.stamp_versions(table, stamps)
+            run.report.versions_stamped += len(stamps)
+        for batch in (doomed, last):
+            if batch:
+                self._store.delete_versions(table, batch)
+                run.report.versions_deleted += len(batch)
+                self._throttle(len(batch))
+
+    def _decide(
+        self,
+        run: _Pass,
+        cell: Cell,
+        versions: list[Version],
+        outcomes: dict[int, int],
+        stamps: list[VersionStamp],
+        doomed: list[tuple[bytes, bytes, int]],
+        last: list[tuple[bytes, bytes, int]],
+    ) -> None:
+        kept = False
+        for v in versions:  # newest first, all below the safe point
+            outcome = v.commit_ts if v.commit_ts is not None else outcomes.get(v.ts, ABORTED)
+            key = (cell.row, cell.column, v.ts)
+            if outcome < 0:  # ABORTED, or GONE (deleted meanwhile)
+                if outcome == ABORTED:
+                    doomed.append(key)
+                    run.aborted.add(v.ts)
+                continue
+            stamp = VersionStamp(cell.row, cell.column, v.ts, outcome)
+            if outcome >= run.safe_point:
+                # Visible only above the safe point: kept, stamped, its entry kept.
+                if v.commit_ts is None:
+                    stamps.append(stamp)
+                continue
+            if v.commit_ts is None or outcome >= run.collected_below:
+                # (Stamped and below a finished pass's safe point: that pass deleted
+                # the entry already.)
+                run.committed[v.ts] = outcome
+            if kept:
+                doomed.append(key)  # hidden below the safe point by a newer commit
+                continue
+            kept = True
+            if v.value is None:  # a delete below the safe point hides nothing left
+                last.append(key)
+            elif v.commit_ts is None:
+                stamps.append(stamp)
+
+    def _collect_entries(self, run: _Pass) -> None:
+        expected = [(ts, encode_outcome(c)) for ts, c in run.committed.items()]
+        expected += [(ts, OWN_ABORTED_VALUE) for ts in run.aborted]
+
+        def delete(item: tuple[int, bytes]) -> bool:
+            return self._store.delete_system(TXN_TABLE, txn_key(item[0]), item[1]).applied
+
+        if self._store.concurrent_requests and len(expected) > 1:
+            with ThreadPoolExecutor(16, thread_name_prefix="percolake-gc") as pool:
+                deleted = sum(pool.map(delete, expected))
+        else:
+            deleted = sum(map(delete, expected))
+        run.report.entries_deleted += deleted
+
+    def _throttle(self, versions: int) -> None:
+        if self._rate is not None:
+            self._sleep(versions / self._rate)
+
+
+def _thin(samples: list[tuple[int, int]], horizon_ms: int) -> list[tuple[int, int]]:
+    """Samples worth keeping: the newest one at or before ``horizon_ms`` and every later
+    one, at most :data:`MAX_SAMPLES` (every other one of the oldest half dropped)."""
+    older = [s for s in samples if s[0] <= horizon_ms]
+    kept = older[-1:] + [s for s in samples if s[0] > horizon_ms]
+    while len(kept) > MAX_SAMPLES:
+        half = len(kept) // 2
+        kept = kept[:half:2] + kept[half:]
+    return kept
+
+
+class GcLoop:
+    """Runs a pass every ``interval_s`` on a daemon thread until :meth:`close`
+    (``percolake serve --gc-interval-s``). A failed pass is logged and retried at the
+    next interval: every step of a pass is idempotent."""
+
+    def __init__(self, collector: GarbageCollector, interval_s: float) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self._collector = collector
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self.passes = 0
+        self.last: GcReport | None = None
+        self._thread = threading.Thread(target=self._run, name="percolake-gc", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self.last = self._collector.run_once()
+                self.passes += 1
+            except Exception:
+                log.exception("garbage-collection pass failed; the next one retries")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
