@@ -74,6 +74,11 @@ class StatusResolver:
         with self._cache_lock:
             return self._cache.get(start_ts)
 
+    def clear_cache(self) -> None:
+        """Forget every remembered outcome (tests: a reader in another process)."""
+        with self._cache_lock:
+            self._cache.clear()
+
     def remember(self, start_ts: int, outcome: int) -> None:
         with self._cache_lock:
             self._cache[start_ts] = outcome

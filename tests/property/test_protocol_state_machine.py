@@ -2,10 +2,13 @@
 
 Each rule is one protocol step of one transaction (begin, read, append, one commit
 step) or one fault (a committer crashing between two steps, leases expiring under
-a paused committer, a lock server restart, an ambiguous commit point). The machine
-records a list-append history and checks it with the history checker at teardown.
-A deliberately broken protocol (conflict check before the version write, no locks)
-must be caught by the same machine.
+a paused committer, a lock server restart, an ambiguous commit point), or a pass of
+garbage collection (rules S8, S9: sweep below the safe point, stamp, collect the
+transactions table) with the open transactions registered or not. The machine records
+a list-append history and checks it with the history checker at teardown. A
+deliberately broken protocol (conflict check before the version write, no locks) and a
+broken collection (entries deleted without stamping their versions) must be caught by
+the same machine.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from lockserver import LockTable
 from percolake.checker import check_history
 from storage_adapters import StoreTimeoutError, open_store
 from tso import TimestampBatcher, TimestampOracle
-from txn import Isolation, Transaction, TransactionConfig, TransactionManager
+from txn import GarbageCollector, Isolation, Transaction, TransactionConfig, TransactionManager
 from txn import failpoints as fp
 from txn._committer import STEPS, Commit
-from txn.errors import CommitUnknownError, TransactionAbortedError
+from txn._safepoint import GC_TABLE, STATE_KEY, GcState
+from txn.errors import CommitUnknownError, SnapshotTooOldError, TransactionAbortedError
 
 pytestmark = pytest.mark.property
 
@@ -67,14 +71,23 @@ class ProtocolMachine(RuleBasedStateMachine):
     isolation: ClassVar[Isolation] = Isolation.SNAPSHOT
     steps: ClassVar[tuple[str, ...]] = STEPS
     store_url: ClassVar[str] = "memory://"
+    #: The broken collection: stamps are never written, entries are deleted anyway.
+    stamps: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
         store = open_store(type(self).store_url)
+        # Collection's grace is 0 here (a rule runs whole): the state row says so before
+        # any reader takes a lease on it.
+        store.put_unless_exists(GC_TABLE, STATE_KEY, GcState(grace_ms=0).encode())
         oracle = TimestampOracle(store, window=1000)
         config = TransactionConfig(
-            lease_ms=LEASE_MS, lock_wait_ms=0, resolve_wait_ms=0, settle_backoff_ms=0
+            lease_ms=LEASE_MS,
+            lock_wait_ms=0,
+            resolve_wait_ms=0,
+            settle_backoff_ms=0,
+            gc_publish_interval_ms=10**9,  # the machine publishes registrations itself
         )
         self.tm = TransactionManager(
             store,
@@ -82,6 +95,17 @@ class ProtocolMachine(RuleBasedStateMachine):
             LockTable(self.clock),
             config,
             owns=(store,),
+        )
+        if not type(self).stamps:
+            store.stamp_versions = lambda table, stamps: None  # type: ignore[method-assign]
+        # grace 0: a rule runs whole, so no read is ever in flight during a pass.
+        self.gc = GarbageCollector(
+            store,
+            timestamps=self.tm._rt.timestamps,
+            locks=self.tm.locks,
+            retention_s=0,
+            grace_ms=0,
+            config=config,
         )
         self.open: dict[int, Open] = {}
         self.history: list[dict[str, Any]] = []
@@ -137,24 +161,40 @@ class ProtocolMachine(RuleBasedStateMachine):
         raw = o.tx.get(TABLE, key.encode(), COLUMN)
         return [] if raw is None else list(json.loads(raw))
 
+    def _too_old(self, o: Open) -> None:
+        """Its snapshot fell below the safe point: it ends, having committed nothing."""
+        o.tx.abort()
+        self._complete(o, "fail")
+
     @precondition(lambda self: bool(self._active()))
     @rule(data=st.data(), key=st.sampled_from(KEYS))
     def read(self, data: st.DataObject, key: str) -> None:
         o = data.draw(st.sampled_from(self._active()))
-        o.ops.append(["r", key, self._read_list(o, key)])
+        try:
+            o.ops.append(["r", key, self._read_list(o, key)])
+        except SnapshotTooOldError:
+            self._too_old(o)
 
     @precondition(lambda self: bool(self._active()))
     @rule(data=st.data())
     def read_all_by_scan(self, data: st.DataObject) -> None:
         o = data.draw(st.sampled_from(self._active()))
-        seen = {row.decode(): json.loads(v) for row, _, v in o.tx.scan(TABLE)}
+        try:
+            seen = {row.decode(): json.loads(v) for row, _, v in o.tx.scan(TABLE)}
+        except SnapshotTooOldError:
+            self._too_old(o)
+            return
         o.ops.extend(["r", k, list(seen.get(k, []))] for k in KEYS)
 
     @precondition(lambda self: bool(self._active()))
     @rule(data=st.data(), key=st.sampled_from(KEYS))
     def append(self, data: st.DataObject, key: str) -> None:
         o = data.draw(st.sampled_from(self._active()))
-        current = self._read_list(o, key)
+        try:
+            current = self._read_list(o, key)
+        except SnapshotTooOldError:
+            self._too_old(o)
+            return
         value = next(self.values)
         o.tx.put(TABLE, key.encode(), COLUMN, json.dumps([*current, value]).encode())
         o.ops.append(["r", key, current])
@@ -269,6 +309,25 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.tm.replace_locks(LockTable(self.clock))
         self.log.append("lock server restart")
 
+    # --- garbage collection --------------------------------------------------------
+
+    @rule(protect=st.booleans())
+    def collect_garbage(self, protect: bool) -> None:
+        """A pass of garbage collection with retention 0: the safe point is a fresh
+        timestamp, or (``protect``) the oldest open transaction's start, as when the
+        manager registered it as long-running."""
+        registration = self.tm._rt.registration
+        oldest, latest = self.tm._rt.active.oldest()
+        registration.publish(oldest if protect else None, latest)
+        report = self.gc.run_once()
+        # Readers from here on know outcomes only from the store, as a reader in another
+        # process would (this manager remembers every outcome it saw).
+        self.tm._rt.resolver.clear_cache()
+        self.log.append(
+            f"gc below {report.safe_point}: deleted {report.versions_deleted} versions, "
+            f"{report.entries_deleted} entries"
+        )
+
     # --- the verdict ---------------------------------------------------------------
 
     def teardown(self) -> None:
@@ -309,6 +368,10 @@ class BrokenProtocolMachine(ProtocolMachine):
     steps = BROKEN_STEPS
 
 
+class BrokenCollectionMachine(ProtocolMachine):
+    stamps = False
+
+
 MACHINE_SETTINGS = settings(
     max_examples=250,
     stateful_step_count=40,
@@ -344,6 +407,23 @@ def test_broken_protocol_is_caught() -> None:
                 phases=[Phase.generate],  # finding it is the point; shrinking is slow
                 report_multiple_bugs=False,
                 derandomize=True,  # the same exploration on every run: no flaky verdicts
+                database=None,
+            ),
+        )
+
+
+def test_collection_that_deletes_entries_without_stamps_is_caught() -> None:
+    """Entries of committed writers deleted while their versions carry no stamp: a reader
+    settles such a writer ABORTED and reads an older value (S9 broken)."""
+    with pytest.raises(AssertionError, match=r"INVALID under snapshot-isolation"):
+        run_state_machine_as_test(
+            BrokenCollectionMachine,
+            settings=settings(
+                MACHINE_SETTINGS,
+                max_examples=2000,
+                phases=[Phase.generate],
+                report_multiple_bugs=False,
+                derandomize=True,
                 database=None,
             ),
         )
