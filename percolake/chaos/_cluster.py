@@ -215,6 +215,16 @@ class Cluster:
                     str(c.lock_wait_ms),
                     "--resolve-wait-ms",
                     str(c.resolve_wait_ms),
+                    *(
+                        []
+                        if c.gc_interval_s is None
+                        else [
+                            "--gc-interval-s",
+                            str(c.gc_interval_s),
+                            "--gc-retention-s",
+                            str(c.gc_retention_s),
+                        ]
+                    ),
                 ],
                 self.work,
                 self.registry,

@@ -70,6 +70,10 @@ class RunConfig:
     #: Test only: oracles start without claiming their store, so two may serve at once.
     unsafe_no_oracle_claim: bool = False
     gzip_history: bool = False
+    #: Garbage collection in every gateway: a pass every this many seconds (None: off),
+    #: keeping what transactions younger than the retention read (rules S8, S9).
+    gc_interval_s: float | None = None
+    gc_retention_s: float = 1.0
     cassandra_heap_mb: int = 1024
     #: Scratch folder (stores, Cassandra data, client logs); default ``out_dir/work``.
     work_dir: Path | None = None
@@ -106,6 +110,10 @@ class RunConfig:
                 f"store {self.store_url!r}: a chaos run needs a store several processes share "
                 "(sqlite:///... or cassandra://...)"
             )
+        if self.gc_interval_s is not None and not 0.5 <= self.gc_interval_s <= 3600:
+            raise ValueError(f"--gc-interval-s must be 0.5-3600, got {self.gc_interval_s}")
+        if self.gc_retention_s < 0:
+            raise ValueError(f"--gc-retention-s must be >= 0, got {self.gc_retention_s}")
         if not 1 <= self.gateways <= 8:
             raise ValueError(f"--gateways must be 1-8, got {self.gateways}")
         if not 1 <= self.clients <= 64:

@@ -465,6 +465,10 @@ def replay_command(config: RunConfig) -> str:
         parts.append(f"--cassandra-nodes {config.cassandra_nodes}")
     if config.store_url:
         parts.append(f"--store {shlex.quote(config.store_url)}")
+    if config.gc_interval_s is not None:
+        parts.append(
+            f"--gc-interval-s {config.gc_interval_s:g} --gc-retention-s {config.gc_retention_s:g}"
+        )
     if config.unsafe_broken_protocol:
         parts.append("--unsafe-broken-protocol")
     if config.unsafe_no_oracle_claim:

@@ -78,6 +78,18 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--gzip-history", action="store_true", help="write history.jsonl.gz")
     run.add_argument(
+        "--gc-interval-s",
+        type=float,
+        default=None,
+        help="garbage collection in every gateway, a pass every N s (default: off)",
+    )
+    run.add_argument(
+        "--gc-retention-s",
+        type=float,
+        default=1.0,
+        help="with --gc-interval-s: keep what transactions younger than this read (1)",
+    )
+    run.add_argument(
         "--unsafe-broken-protocol",
         action="store_true",
         help="TEST ONLY: commit without locks, conflict check before write; must find anomalies",
@@ -149,6 +161,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         unsafe_broken_protocol=args.unsafe_broken_protocol,
         unsafe_no_oracle_claim=args.unsafe_no_oracle_claim,
         gzip_history=args.gzip_history,
+        gc_interval_s=args.gc_interval_s,
+        gc_retention_s=args.gc_retention_s,
     )
 
 
