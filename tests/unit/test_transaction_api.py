@@ -10,7 +10,15 @@ import pytest
 
 from lockserver import LockTable
 from lockserver._table import MAX_DESCRIPTOR_BYTES
-from storage_adapters import CasResult, Cell, KVStore, ScanEntry, Version, VersionStamp, VersionWrite
+from storage_adapters import (
+    CasResult,
+    Cell,
+    KVStore,
+    ScanEntry,
+    Version,
+    VersionStamp,
+    VersionWrite,
+)
 from storage_adapters._base import MAX_CELL_KEY_BYTES, MAX_ROW_BYTES, MAX_VALUE_BYTES, Claim
 from storage_adapters.memory import MemoryStore
 from tso import TimestampBatcher, TimestampOracle
