@@ -60,6 +60,12 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="wait this long after raising the safe point before deleting (default 5000)",
     )
+    gc.add_argument(
+        "--max-versions-per-s",
+        type=float,
+        default=None,
+        help="delete at most this many versions a second (default: no limit)",
+    )
     gc.add_argument("--json", action="store_true", help="print the report as JSON")
 
     from percolake.cassandra import add_cassandra_commands
@@ -121,6 +127,7 @@ def _gc(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             store,
             retention_s=args.retention_s,
             grace_ms=DEFAULT_GRACE_MS if args.grace_ms is None else args.grace_ms,
+            max_versions_per_s=args.max_versions_per_s,
         )
     except ValueError as exc:
         parser.error(str(exc))
