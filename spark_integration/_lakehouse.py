@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
@@ -44,6 +45,9 @@ from spark_integration._vacuum import sweep
 from txn import Manager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager
+
+if TYPE_CHECKING:
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 log = logging.getLogger(__name__)
 
@@ -408,13 +412,16 @@ class Lakehouse:
 
     def read(
         self,
-        spark: SparkSession,
+        spark: SparkSession | ConnectSession,
         name: str,
         version: int | None = None,
         timestamp: datetime.datetime | str | int | None = None,
     ) -> DataFrame:
         """The rows of the latest version, or exactly those of ``version`` or of the
-        version that was the latest at ``timestamp`` (see :meth:`version_at`)."""
+        version that was the latest at ``timestamp`` (see :meth:`version_at`).
+
+        ``spark`` may be a classic session or a Spark Connect one; the DataFrame is
+        of that session's kind."""
         if not _is_spark_session(spark):
             raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
         _check_name(name)

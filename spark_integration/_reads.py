@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from spark_integration._model import FileEntry
 from spark_integration._schema import JOB_COLUMN, quote
 
+if TYPE_CHECKING:
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
 
 def read_version(
-    spark: SparkSession,
+    spark: SparkSession | ConnectSession,
     schema: StructType,
     partition_by: tuple[str, ...],
     location: str,
@@ -36,4 +39,6 @@ def read_version(
     read_schema = StructType([*data, StructField(JOB_COLUMN, StringType(), True), *partitions])
     paths = [os.path.join(location, f.path) for f in files]
     scanned = spark.read.schema(read_schema).option("basePath", location).parquet(*paths)
-    return scanned.select(*[F.col(quote(name)) for name in schema.fieldNames()])
+    # Column names as strings, not ``F.col``: a process that has a classic SparkContext
+    # would build classic Columns, which a Spark Connect DataFrame cannot take.
+    return scanned.select(*[quote(name) for name in schema.fieldNames()])

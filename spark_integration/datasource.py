@@ -100,6 +100,7 @@ from txn.remote import RemoteTransactionManager
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 log = logging.getLogger(__name__)
 
@@ -780,9 +781,10 @@ class PercolakeDataSource(DataSource):
         )
 
 
-def register(spark: SparkSession) -> None:
-    """Register ``format("percolake")`` with ``spark`` (not needed once the package is
-    installed: Spark then finds it by itself, through ``pyspark_percolake``)."""
+def register(spark: SparkSession | ConnectSession) -> None:
+    """Register ``format("percolake")`` with ``spark``, a classic or a Spark Connect
+    session (not needed once the package is installed: Spark then finds it by itself,
+    through ``pyspark_percolake``, also in a Connect server)."""
     spark.dataSource.register(PercolakeDataSource)
 
 

@@ -2,8 +2,11 @@
 
 ``spark`` (session scope) is a ``local[2]`` SparkSession bound to 127.0.0.1 with
 the UI off, two shuffle partitions and quiet logs; it is stopped when the
-session ends. Tests that use it are skipped when pyspark is not installed or no
-Java is found, and fail loudly when a session cannot start otherwise.
+session ends. ``spark_connect`` (session scope) is a Spark Connect client session
+on a Connect server that runs in ``spark``'s driver, as ``start-connect-server.sh``
+would run it, on a free loopback port. Tests that use them are skipped when pyspark
+is not installed or no Java is found, and fail loudly when a session cannot start
+otherwise.
 
 Register with ``pytest_plugins = ["tests.spark_plugin"]`` in ``tests/conftest.py``
 (or ``-p tests.spark_plugin`` on the command line).
@@ -22,8 +25,12 @@ import pytest
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 log = logging.getLogger(__name__)
+
+#: The Spark Connect server's service object (Scala), from the jar pyspark ships.
+CONNECT_SERVICE = "org.apache.spark.sql.connect.service.SparkConnectService"
 
 #: Settings that keep a test session small and private to this machine.
 SPARK_TEST_CONF = {
@@ -71,3 +78,37 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect(spark: SparkSession) -> Iterator[ConnectSession]:
+    """A Spark Connect session: a gRPC client of a Connect server in ``spark``'s JVM.
+
+    ``SparkSession.builder.remote("local[2]")`` would start such a server too, but only
+    in a process that has no SparkContext yet, and it switches the whole process to
+    Connect mode (an environment variable every later ``SparkSession`` call reads).
+    Starting the server on the shared context instead costs no second JVM and leaves
+    the classic tests alone; the client talks to it over gRPC like any remote client.
+    Everything the Connect session runs goes through the server: plans, the Python
+    data sources it looks up, their Python workers.
+    """
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    context = spark.sparkContext._jsc.sc()
+    # Read by the service when it starts: a free port, loopback only.
+    context.conf().set("spark.connect.grpc.binding.address", "127.0.0.1")
+    context.conf().set("spark.connect.grpc.binding.port", "0")
+    service = getattr(jvm, CONNECT_SERVICE)
+    service.start(context)
+    # The port is known only from the running server (a field of the Scala object).
+    module = jvm.java.lang.Class.forName(CONNECT_SERVICE + "$").getField("MODULE$").get(None)
+    port = int(module.server().getPort())
+    log.info("Spark Connect server on 127.0.0.1:%d", port)
+    session = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+    try:
+        yield session
+    finally:
+        session.stop()
+        service.stop(getattr(service, "stop$default$1")(), getattr(service, "stop$default$2")())

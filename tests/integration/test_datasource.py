@@ -211,7 +211,7 @@ def _exploding(spark: SparkSession, ids: range, bad_id: int) -> DataFrame:
             raise RuntimeError(f"task failure on row {i}")
         return f"d{i % 3}"
 
-    # Not Arrow-optimized: that path needs pandas, which the spark extra does not bring.
+    # Not Arrow-optimized: a plain row-at-a-time Python UDF fails its task on one row.
     explode = F.udf(check, StringType(), useArrow=False)
     return rows(spark, ids).repartition(2).select("id", explode("id").alias("day"))
 
