@@ -92,9 +92,10 @@ class TransactionConflictError(TransactionAbortedError):
     """Aborted because of a concurrent transaction; retrying may succeed."""
 
 
-class SnapshotTooOldError(TransactionAbortedError):
+class SnapshotTooOldError(TransactionConflictError):
     """The transaction's snapshot fell below the garbage-collection safe point: versions it
-    could read may be swept, so it reads and commits nothing more; start a new one."""
+    could read may be swept, so it reads and commits nothing more. A conflict with the
+    collector: a new transaction (what ``run`` retries with) reads above it."""
 
 
 class CommitUnknownError(TransactionError):
