@@ -21,7 +21,7 @@ from spark_integration._errors import (
     TableNotFoundError,
     VersionNotFoundError,
 )
-from spark_integration._model import Commit, DataFile
+from spark_integration._model import ColumnStats, Commit, DataFile
 
 if TYPE_CHECKING:
     from spark_integration._cells import write_cells
@@ -46,6 +46,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ColumnStats",
     "Commit",
     "ConcurrentModificationError",
     "DataFile",

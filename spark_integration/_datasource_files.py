@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from spark_integration._hook import parse_partition
 from spark_integration._model import FileEntry
+from spark_integration._stats import file_stats
 
 #: Row groups of at most this many rows (Spark's writer makes groups of ~128 MB; for
 #: narrow rows this is about that, and readers can still skip groups by statistics).
@@ -51,7 +52,8 @@ def write_batches(
     partition_by: Sequence[str],
     tag: str,
 ) -> list[FileEntry]:
-    """Write Arrow record batches as Parquet files under ``staging``; describe each file.
+    """Write Arrow record batches as Parquet files under ``staging``; describe each file
+    (path, size, row count, partition values and column statistics, from its footer).
 
     ``columns`` is the table's column order; the batches carry the same names in
     any order. Paths in the returned entries are relative to ``location``; files
@@ -80,12 +82,14 @@ def write_batches(
     def visit(written_file: Any) -> None:
         path = str(written_file.path)
         folder = os.path.relpath(os.path.dirname(path), staging)
+        footer = written_file.metadata
         written.append(
             FileEntry(
                 path=os.path.relpath(path, location),
                 size_bytes=int(written_file.size),
-                record_count=int(written_file.metadata.num_rows),
+                record_count=int(footer.num_rows),
                 partition=parse_partition("" if folder == "." else folder, tuple(partition_by)),
+                stats=file_stats(footer) or None,
             )
         )
 

@@ -36,6 +36,7 @@ from spark_integration._model import (
     Commit,
     DataFile,
     FileEntry,
+    FileStats,
     TableMeta,
 )
 from spark_integration._reads import read_version
@@ -396,8 +397,14 @@ class Lakehouse:
         _check_version(version)
         prefix = self._catalog.meta(name).location + os.sep
 
-        def public(path: str, size: int, records: int, part: dict[str, str | None]) -> DataFile:
-            return DataFile(prefix + path, size, records, part)
+        def public(
+            path: str,
+            size: int,
+            records: int,
+            part: dict[str, str | None],
+            stats: FileStats | None,
+        ) -> DataFile:
+            return DataFile(prefix + path, size, records, part, stats)
 
         return self._catalog.files(name, version, public)[2]
 
@@ -708,4 +715,4 @@ def _relative_entry(meta: TableMeta, f: DataFile) -> FileEntry:
     for label, value in (("size_bytes", f.size_bytes), ("record_count", f.record_count)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{f.path!r}: {label} must be a non-negative int, got {value!r}")
-    return FileEntry(rel, f.size_bytes, f.record_count, dict(f.partition))
+    return FileEntry(rel, f.size_bytes, f.record_count, dict(f.partition), f.stats)

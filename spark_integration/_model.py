@@ -12,7 +12,8 @@ kind       row                                      value (JSON)
 ``head``   ``name``                                 :class:`Head`: current version
 ``log``    ``name NUL version``                     :class:`LogRecord`, column ``c``;
                                                     its commit timestamp, column ``ts``
-``files``  ``name NUL gen version index``           :class:`FileEntry`
+``files``  ``name NUL gen version index``           :class:`FileEntry` (and its
+                                                    :class:`ColumnStats`, if any)
 ``gens``   ``name NUL gen``                         :class:`Generation`
 ``marks``  ``name NUL {a: app_id, b: batch_id}``   the version that batch committed;
            ``name NUL {j: job_id}``                 the version that job committed
@@ -70,6 +71,37 @@ _U32 = 4
 
 # --- what callers see ----------------------------------------------------------------
 
+#: A statistic's value: JSON scalars only (a date is kept as its ISO string).
+StatValue = int | str | bool
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnStats:
+    """One column of one data file, from its Parquet footer (Delta's ``stats``).
+
+    ``null_count`` is ``None`` when a row group did not record it; ``min_value`` and
+    ``max_value`` are ``None`` when unknown: a row group with values but no
+    statistics, only nulls, or a type not kept. Only integers, booleans, dates (as
+    ISO strings) and strings of at most ``_stats.MAX_STAT_CHARS`` characters are:
+    float statistics leave NaN out, so they could not bound a filter.
+    """
+
+    null_count: int | None
+    min_value: StatValue | None = None
+    max_value: StatValue | None = None
+
+    def to_json(self) -> list[Any]:
+        return [self.null_count, self.min_value, self.max_value]
+
+    @classmethod
+    def from_json(cls, item: Any) -> ColumnStats:
+        nulls, low, high = item
+        return cls(nulls, low, high)
+
+
+#: Per-column statistics of one file, by column name.
+FileStats = dict[str, ColumnStats]
+
 
 @dataclass(frozen=True, slots=True)
 class DataFile:
@@ -77,12 +109,15 @@ class DataFile:
 
     ``partition`` maps each partition column to its value as written in the
     file's path (``None`` for a null value), the way Delta's ``partitionValues`` do.
+    ``stats`` are the data columns' statistics when the writer recorded them (the
+    ``percolake`` data source does), else ``None``.
     """
 
     path: str
     size_bytes: int
     record_count: int
     partition: dict[str, str | None] = field(default_factory=dict)
+    stats: FileStats | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,37 +261,91 @@ class LogRecord:
 
 @dataclass(frozen=True, slots=True)
 class FileEntry:
-    """A data file as recorded: ``path`` relative to the table location."""
+    """A data file as recorded: ``path`` relative to the table location.
+
+    ``stats`` is optional everywhere it is stored (the file row's ``st``, a fifth
+    element in checkpoint chunks, ``stats_json`` on the wire): records written before
+    statistics existed, or by writers that do not collect them, read as ``None``.
+    """
 
     path: str
     size_bytes: int
     record_count: int
     partition: dict[str, str | None] = field(default_factory=dict)
+    stats: FileStats | None = None
 
     def encode(self) -> bytes:
         d: dict[str, Any] = {"p": self.path, "s": self.size_bytes, "n": self.record_count}
         if self.partition:
             d["pv"] = self.partition
+        if self.stats:
+            d["st"] = stats_to_json(self.stats)
         return _dump(d)
 
     @classmethod
     def decode(cls, raw: bytes) -> FileEntry:
-        d = _load(raw)
-        return cls(str(d["p"]), int(d["s"]), int(d["n"]), dict(d.get("pv", {})))
+        return decode_file(raw, cls)
+
+
+def stats_to_json(stats: FileStats) -> dict[str, list[Any]]:
+    return {column: s.to_json() for column, s in stats.items()}
+
+
+def stats_from_json(d: dict[str, Any] | None) -> FileStats | None:
+    if not d:
+        return None
+    return {column: ColumnStats.from_json(item) for column, item in d.items()}
+
+
+def encode_stats(stats: FileStats | None) -> str:
+    """Statistics as one JSON string (the wire's ``stats_json``); ``""`` for none."""
+    if not stats:
+        return ""
+    return json.dumps(stats_to_json(stats), separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_stats(text: str) -> FileStats | None:
+    """Statistics from ``encode_stats``'s JSON, checked: ``ValueError`` if malformed."""
+    if not text:
+        return None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"file statistics are not JSON: {exc}") from None
+    if not isinstance(d, dict):
+        raise ValueError("file statistics must be a JSON object of columns")
+    out: FileStats = {}
+    for column, item in d.items():
+        if not isinstance(item, list) or len(item) != 3:
+            raise ValueError(f"statistics of column {column!r} must be [nulls, min, max]")
+        nulls, low, high = item
+        if nulls is not None and (isinstance(nulls, bool) or not isinstance(nulls, int)):
+            raise ValueError(f"null count of column {column!r} must be an integer or null")
+        for value in (low, high):
+            if value is not None and not isinstance(value, int | str):  # bool is an int
+                raise ValueError(f"min/max of column {column!r} must be JSON scalars")
+        out[column] = ColumnStats(nulls, low, high)
+    return out or None
 
 
 def encode_chunk(entries: Sequence[FileEntry]) -> bytes:
-    """Many entries in one cell: a JSON array of ``[path, size, records, partition]``."""
+    """Many entries in one cell: a JSON array of ``[path, size, records, partition]``,
+    with the statistics as a fifth element when the file has them."""
     return json.dumps(
-        [[e.path, e.size_bytes, e.record_count, e.partition or None] for e in entries],
+        [
+            [e.path, e.size_bytes, e.record_count, e.partition or None, stats_to_json(e.stats)]
+            if e.stats
+            else [e.path, e.size_bytes, e.record_count, e.partition or None]
+            for e in entries
+        ],
         separators=(",", ":"),
         ensure_ascii=False,
     ).encode()
 
 
-#: Builds what a listing returns from ``(path, size_bytes, record_count, partition)``:
-#: a ``FileEntry``, or straight away the caller's public object (no second copy).
-EntryFactory = Callable[[str, int, int, dict[str, str | None]], E]
+#: Builds what a listing returns from ``(path, size_bytes, record_count, partition,
+#: stats)``: a ``FileEntry``, or straight away the caller's public object (no second copy).
+EntryFactory = Callable[[str, int, int, dict[str, str | None], FileStats | None], E]
 
 
 def decode_chunk(raw: bytes, make: EntryFactory[E]) -> list[E]:
@@ -264,13 +353,29 @@ def decode_chunk(raw: bytes, make: EntryFactory[E]) -> list[E]:
     if not isinstance(items, list):
         raise ValueError(f"corrupt lakehouse checkpoint chunk: {raw[:80]!r}")
     # Hot path of listing (one call per live file): values are trusted, as written.
-    return [make(p, s, n, dict(pv) if pv else {}) for p, s, n, pv in items]
+    # Chunks written before statistics existed have four elements per file.
+    return [
+        make(
+            item[0],
+            item[1],
+            item[2],
+            dict(item[3]) if item[3] else {},
+            stats_from_json(item[4]) if len(item) > 4 else None,
+        )
+        for item in items
+    ]
 
 
 def decode_file(raw: bytes, make: EntryFactory[E]) -> E:
     """A file row's value, built by ``make``."""
     d = _load(raw)
-    return make(str(d["p"]), int(d["s"]), int(d["n"]), dict(d.get("pv", {})))
+    return make(
+        str(d["p"]),
+        int(d["s"]),
+        int(d["n"]),
+        dict(d.get("pv", {})),
+        stats_from_json(d.get("st")),
+    )
 
 
 @dataclass(frozen=True, slots=True)

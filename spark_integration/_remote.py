@@ -38,6 +38,7 @@ from spark_integration._model import (
     Layout,
     LogRecord,
     TableMeta,
+    decode_stats,
 )
 from spark_integration._vacuum_plan import VacuumPlan
 from spark_integration._wire import (
@@ -137,7 +138,13 @@ class RemoteCatalog:
                 meta = meta_from_pb(batch.meta)
             at = batch.version
             out += [
-                make(f.path, f.size_bytes, f.record_count, partition_from_pb(f.partition))
+                make(
+                    f.path,
+                    f.size_bytes,
+                    f.record_count,
+                    partition_from_pb(f.partition),
+                    decode_stats(f.stats_json),
+                )
                 for f in batch.files
             ]
         assert meta is not None, "the gateway's first batch carries the table's metadata"

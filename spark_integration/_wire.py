@@ -10,7 +10,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from percolake.v1 import lakehouse_pb2 as pb
-from spark_integration._model import APPEND, OVERWRITE, FileEntry, Head, TableMeta
+from spark_integration._model import (
+    APPEND,
+    OVERWRITE,
+    FileEntry,
+    FileStats,
+    Head,
+    TableMeta,
+    decode_stats,
+    encode_stats,
+)
 
 OPERATIONS = {APPEND: pb.COMMIT_OPERATION_APPEND, OVERWRITE: pb.COMMIT_OPERATION_OVERWRITE}
 OPERATION_NAMES = {v: k for k, v in OPERATIONS.items()}
@@ -55,7 +64,11 @@ def head_from_pb(msg: pb.Head) -> Head:
 
 
 def file_to_pb(
-    path: str, size: int, records: int, partition: dict[str, str | None]
+    path: str,
+    size: int,
+    records: int,
+    partition: dict[str, str | None],
+    stats: FileStats | None = None,
 ) -> pb.FileEntry:
     """A listed file (an ``EntryFactory``: listings build messages directly)."""
     return pb.FileEntry(
@@ -63,11 +76,14 @@ def file_to_pb(
         size_bytes=size,
         record_count=records,
         partition=[pb.PartitionValue(column=c, value=v) for c, v in partition.items()],
+        stats_json=encode_stats(stats),
     )
 
 
 def entry_to_pb(entry: FileEntry) -> pb.FileEntry:
-    return file_to_pb(entry.path, entry.size_bytes, entry.record_count, entry.partition)
+    return file_to_pb(
+        entry.path, entry.size_bytes, entry.record_count, entry.partition, entry.stats
+    )
 
 
 def entries_to_pb(entries: Iterable[FileEntry]) -> list[pb.FileEntry]:
@@ -79,7 +95,14 @@ def partition_from_pb(values: Iterable[pb.PartitionValue]) -> dict[str, str | No
 
 
 def entry_from_pb(msg: pb.FileEntry) -> FileEntry:
-    return FileEntry(msg.path, msg.size_bytes, msg.record_count, partition_from_pb(msg.partition))
+    """A file entry; malformed statistics raise ``ValueError`` (the service checks them)."""
+    return FileEntry(
+        msg.path,
+        msg.size_bytes,
+        msg.record_count,
+        partition_from_pb(msg.partition),
+        decode_stats(msg.stats_json),
+    )
 
 
 def mark_to_pb(app_id: str | None, batch_id: int | str | None) -> pb.BatchMark | None:

@@ -136,10 +136,15 @@ class FileEntry(_message.Message):
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     RECORD_COUNT_FIELD_NUMBER: _builtins.int
     PARTITION_FIELD_NUMBER: _builtins.int
+    STATS_JSON_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """relative to the table's location"""
     size_bytes: _builtins.int
     record_count: _builtins.int
+    stats_json: _builtins.str
+    """Per-column statistics, JSON {column: [null_count, min, max]}; empty: none
+    recorded (older files, writers that collect none). Opaque to the service.
+    """
     @_builtins.property
     def partition(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionValue]: ...
     def __init__(
@@ -149,10 +154,11 @@ class FileEntry(_message.Message):
         size_bytes: _builtins.int = ...,
         record_count: _builtins.int = ...,
         partition: _abc.Iterable[Global___PartitionValue] | None = ...,
+        stats_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "path", b"path", "record_count", b"record_count", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "path", b"path", "record_count", b"record_count", "size_bytes", b"size_bytes", "stats_json", b"stats_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -88,6 +88,7 @@ def run_threads(*targets: Callable[[], Any]) -> list[Any]:
 
 def test_public_exports() -> None:
     assert set(spark_integration.__all__) == {
+        "ColumnStats",
         "Commit",
         "ConcurrentModificationError",
         "DataFile",
