@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import importlib
 import logging
 import multiprocessing
 import os
@@ -127,6 +128,14 @@ class Spec:
     warehouse: str = ""
     table: str = ""
     source: str = ""  # a 10-row Parquet file to hard-link for each commit
+    #: Stop after this many successful commits (0: run until the deadline only).
+    commits: int = 0
+    #: Added to this writer's part-file numbers: a later run of one table's writers
+    #: goes on where the last left off.
+    part_offset: int = 0
+    #: ``"module:Class"`` of a writer another suite brings (built as ``Class(spec)``);
+    #: empty: the writer of ``system``.
+    writer: str = ""
 
 
 @dataclass(slots=True)
@@ -221,11 +230,12 @@ class IcebergWriter:
 
 
 def _commit_loop(writer: Writer, spec: Spec, start_at: float) -> WriterRun:
-    """Commit until ``start_at + spec.seconds``; every loop ends at that deadline."""
+    """Commit until ``start_at + spec.seconds`` (or ``spec.commits`` succeeded, when
+    set); every loop ends at that deadline."""
     out = WriterRun()
     stop = start_at + spec.seconds
-    k = spec.index * PART_STRIDE
-    while time.monotonic() < stop:
+    k = spec.index * PART_STRIDE + spec.part_offset
+    while time.monotonic() < stop and not 0 < spec.commits <= out.done:
         k += 1
         began = time.perf_counter()
         try:
@@ -266,7 +276,10 @@ def _writer_main(conn: Connection, go: Event, start_at: Any, systems: tuple[str,
                 return
             try:
                 writer: Writer
-                if spec.system == PERCOLAKE:
+                if spec.writer:
+                    module, _, name = spec.writer.partition(":")
+                    writer = getattr(importlib.import_module(module), name)(spec)
+                elif spec.system == PERCOLAKE:
                     writer = PercolakeWriter(spec)
                 elif spec.system == DELTA:
                     writer = DeltaWriter(spec)
@@ -431,9 +444,12 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def gateway(store_url: str, workdir: Path, label: str) -> Iterator[Gateway]:
-    """A ``percolake serve`` process (oracle, locks and gateway) on ``store_url``,
-    under a profiler when :data:`PROFILE_ENV` asks for one; stopped on exit."""
+def gateway(
+    store_url: str, workdir: Path, label: str, args: Sequence[str] = ()
+) -> Iterator[Gateway]:
+    """A ``percolake serve`` process (oracle, locks and gateway) on ``store_url``, with
+    ``args`` added to its command line, under a profiler when :data:`PROFILE_ENV` asks
+    for one; stopped on exit."""
     from tests.servers import SERVE, ServerProcess
 
     mode = _profile_mode()
@@ -441,7 +457,7 @@ def gateway(store_url: str, workdir: Path, label: str) -> Iterator[Gateway]:
     command: Sequence[str] = SERVE
     if mode == "cprofile" and profile is not None:
         command = ("bench.bench_lakehouse_deployed", "profile-serve", f"{profile}.prof", "serve")
-    server = ServerProcess("all", ["--store", store_url], workdir, command=command).start()
+    server = ServerProcess("all", ["--store", store_url, *args], workdir, command=command).start()
     spy: subprocess.Popen[bytes] | None = None
     if mode == "py-spy" and profile is not None:
         spy = subprocess.Popen(
@@ -477,7 +493,6 @@ def gateway(store_url: str, workdir: Path, label: str) -> Iterator[Gateway]:
 
 def _rpc_methods() -> set[str]:
     """The names of every gRPC method percolake serves (from the generated modules)."""
-    import importlib
     import pkgutil
 
     import percolake.v1

@@ -1,0 +1,93 @@
+"""The garbage-collection benchmark's own arithmetic: how batches are split over the
+writer processes, how a store's size is counted, and which figures a run reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench._results import Figure, Growth
+from bench.bench_gc import (
+    CELLS,
+    GATEWAY_GC,
+    LAKEHOUSE,
+    NO_GC,
+    Curve,
+    Sample,
+    StoreSize,
+    _split,
+    batch_specs,
+    curve_figures,
+    sqlite_size,
+)
+from bench.bench_lakehouse_deployed import CASSANDRA1, SQLITE
+from txn import TransactionConfig, TransactionManager
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_batch_splits_its_commits_and_each_writer_goes_on_from_its_own_count() -> None:
+    specs = batch_specs(CELLS, 4, 10, [3, 3, 2, 2], 60.0, "127.0.0.1:1")
+    assert [s.commits for s in specs] == [3, 3, 2, 2]
+    assert [s.part_offset for s in specs] == [3, 3, 2, 2]
+    assert [s.index for s in specs] == [0, 1, 2, 3]
+    assert all(s.writer.endswith(":HotCellWriter") and s.table == "hot" for s in specs)
+    lakehouse = batch_specs(LAKEHOUSE, 2, 5, [0, 0], 60.0, "gw", "/wh", "/src.parquet")
+    assert [(s.commits, s.writer, s.warehouse, s.source) for s in lakehouse] == [
+        (3, "", "/wh", "/src.parquet"),
+        (2, "", "/wh", "/src.parquet"),
+    ]
+
+
+def test_a_short_batch_is_taken_from_the_last_writers() -> None:
+    specs = batch_specs(CELLS, 4, 12, [0] * 4, 60.0, "gw")
+    assert _split(12, specs) == [3, 3, 3, 3]
+    assert _split(7, specs) == [3, 3, 1, 0]
+    assert _split(0, specs) == [0, 0, 0, 0]
+
+
+def test_sqlite_size_counts_versions_entries_and_pages_in_use(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    tm = TransactionManager.embedded(
+        f"sqlite:///{path}", config=TransactionConfig(gc_publish_interval_ms=10**9)
+    )
+    try:
+        for i in range(3):
+            with tm.begin() as tx:
+                tx.put("hot", b"hot0", b"v", bytes([i]))
+        size = sqlite_size(path)
+    finally:
+        tm.close()
+    assert (size.versions, size.entries) == (3, 3)
+    assert size.rows == 6 + size.system
+    assert size.bytes_used and size.file_bytes and size.bytes_used <= size.file_bytes
+
+
+def _curve(store: str, workload: str, gc: str, rows: list[tuple[int, int]]) -> Curve:
+    return Curve(
+        store,
+        workload,
+        gc,
+        [Sample(n, StoreSize(r, 0, 0), elapsed_s=n / 100) for n, r in rows],
+    )
+
+
+def test_the_contract_ratio_is_sqlite_hot_cells_at_the_last_size_both_curves_reached() -> None:
+    curves = [
+        _curve(SQLITE, CELLS, NO_GC, [(10, 20), (100, 200), (1000, 2000)]),
+        _curve(SQLITE, CELLS, GATEWAY_GC, [(10, 8), (100, 9)]),
+        _curve(CASSANDRA1, CELLS, NO_GC, [(10, 30)]),
+        _curve(CASSANDRA1, CELLS, GATEWAY_GC, [(10, 15)]),
+    ]
+    results = curve_figures(curves, [10, 100, 1000])
+    figures = {r.name: r for r in results if isinstance(r, Figure)}
+    contract = figures["gc.store_rows.with_vs_without.ratio"]
+    assert contract.value == pytest.approx(9 / 200)
+    assert "100 commits" in contract.anchor
+    assert figures["gc.store_rows.cells.cassandra1.with_vs_without.ratio"].value == 0.5
+    assert figures["gc.store_rows.cells.sqlite.commits1000.without_gc"].value == 2000
+    assert "gc.store_rows.cells.sqlite.commits1000.with_gc" not in figures
+    growth = [r for r in results if isinstance(r, Growth)]
+    assert [g.name for g in growth] == ["gc.store_rows.cells.by_commits"]
+    assert len(growth[0].lines) == 4
