@@ -22,7 +22,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from spark_integration._hook import parse_partition
-from spark_integration._model import FileEntry
+from spark_integration._model import FileEntry, FileStats
 from spark_integration._stats import file_stats
 
 #: Row groups of at most this many rows (Spark's writer makes groups of ~128 MB; for
@@ -36,11 +36,13 @@ READ_BATCH_ROWS = 1 << 16
 
 @dataclass(frozen=True, slots=True)
 class FileToRead:
-    """One file of a pinned snapshot: absolute path and its partition values."""
+    """One file of a pinned snapshot: absolute path, partition values, rows, statistics."""
 
     path: str
     size_bytes: int
     partition: dict[str, str | None]
+    record_count: int
+    stats: FileStats | None = None
 
 
 def write_batches(

@@ -37,19 +37,24 @@ plain values; each driver-side step opens its own connection to the gateway.
   removed files (an overwrite) fails the query unless ``skipChangeCommits``; a
   version vacuum removed files of fails it naming the version.
 
-Partition filters are not pushed down: PySpark 4.3 fails every read of a source
-whose reader implements ``pushFilters`` unless the session sets
-``spark.sql.python.filterPushdown.enabled``, which a source cannot check for.
+- **Filters.** With ``spark.sql.python.filterPushdown.enabled`` the reader takes the
+  query's filters (``pushFilters``): filters on partition columns drop files by their
+  partition values and are not applied again; filters on data columns skip files whose
+  column statistics prove no row matches and stay for Spark (``_pruning``). PySpark
+  fails every read of a reader with ``pushFilters`` when that setting is off, and a
+  source cannot read the session's settings, so that reader is handed only to the
+  worker Spark runs when it is on (``_planning_with_pushdown``).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -60,6 +65,7 @@ from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamArrowWriter,
     DataSourceStreamReader,
+    Filter,
     InputPartition,
     WriterCommitMessage,
 )
@@ -92,6 +98,7 @@ from spark_integration._datasource_options import (
 from spark_integration._errors import TableExistsError, TableNotFoundError, VersionNotFoundError
 from spark_integration._hook import new_job
 from spark_integration._model import APPEND, OVERWRITE, FileEntry, Head, TableMeta
+from spark_integration._pruning import Candidate, prune
 from spark_integration._remote import RemoteCatalog
 from spark_integration._schema import check_dataframe_schema
 from txn import TransactionManager
@@ -443,14 +450,23 @@ class _Split(InputPartition):
 class PercolakeReader(DataSourceReader):
     """A pinned snapshot: the files were listed once, at planning, on the driver."""
 
-    def __init__(self, schema_json: str, partition_by: tuple[str, ...], splits: list[_Split]):
+    def __init__(
+        self,
+        table: str,
+        schema_json: str,
+        partition_by: tuple[str, ...],
+        files: list[FileToRead],
+    ) -> None:
+        self.table = table
         self.schema_json = schema_json
         self.partition_by = partition_by
-        self.splits = splits
+        self.files = files
 
     def partitions(self) -> Sequence[InputPartition]:
+        groups = split_files(self.files, READ_SPLIT_BYTES, READ_MIN_SPLITS)
+        log.info("read of %s: %d files in %d tasks", self.table, len(self.files), len(groups))
         # Spark wants at least one partition; an empty table reads one with no files.
-        return self.splits or [_Split(())]
+        return [_Split(tuple(group)) for group in groups] or [_Split(())]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -459,6 +475,53 @@ class PercolakeReader(DataSourceReader):
         schema = StructType.fromJson(json.loads(self.schema_json))
         target = to_arrow_schema(schema, timezone="UTC")
         yield from read_files(partition.files, target, self.partition_by)
+
+
+class PercolakePushdownReader(PercolakeReader):
+    """A snapshot read that drops the files a query's filters rule out (``pushFilters``).
+
+    Filters on partition columns are decided per file and not returned; filters on
+    data columns skip files whose column statistics prove no row matches, and go back
+    to Spark for the rows of the files kept (see ``_pruning``).
+    """
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        schema = StructType.fromJson(json.loads(self.schema_json))
+        candidates = [Candidate(f.partition, f.record_count, f.stats) for f in self.files]
+        pruned = prune(candidates, filters, schema, self.partition_by)
+        log.info(
+            "read of %s: %d filters pushed, %d of %d files kept, %d filters left to Spark",
+            self.table,
+            len(filters),
+            len(pruned.kept),
+            len(self.files),
+            len(pruned.remaining),
+        )
+        self.files = [self.files[i] for i in pruned.kept]
+        return pruned.remaining
+
+
+#: The PySpark worker that plans a read with filter pushdown. Spark runs it instead of
+#: its plain read planner only when the session sets
+#: ``spark.sql.python.filterPushdown.enabled``; the plain planner fails every read of
+#: a reader that implements ``pushFilters``, and a data source cannot read the
+#: session's configuration. So the reader with ``pushFilters`` goes only to this worker.
+_PUSHDOWN_WORKER = "pyspark.sql.worker.data_source_pushdown_filters"
+
+
+def _planning_with_pushdown() -> bool:
+    """Whether Spark's filter pushdown worker called this (looked up on the stack).
+
+    A PySpark that renamed the worker only loses the pruning: the plain reader is
+    always safe.
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        spec = frame.f_globals.get("__spec__")
+        if _PUSHDOWN_WORKER in (frame.f_globals.get("__name__"), getattr(spec, "name", None)):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _resolve_version(catalog: _Catalog, opts: ReadOptions) -> int:
@@ -692,7 +755,10 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
 
 def _to_read(location: str, entries: Sequence[FileEntry]) -> list[FileToRead]:
-    return [FileToRead(os.path.join(location, e.path), e.size_bytes, e.partition) for e in entries]
+    return [
+        FileToRead(os.path.join(location, e.path), e.size_bytes, e.partition, e.record_count)
+        for e in entries
+    ]
 
 
 # --- the source -----------------------------------------------------------------------
@@ -731,20 +797,20 @@ class PercolakeDataSource(DataSource):
             meta, _, entries = catalog.files(opts.table, version, FileEntry)
         check_dataframe_schema(opts.table, _schema_of(meta), schema)
         files = [
-            FileToRead(os.path.join(meta.location, e.path), e.size_bytes, e.partition)
+            FileToRead(
+                os.path.join(meta.location, e.path),
+                e.size_bytes,
+                e.partition,
+                e.record_count,
+                e.stats,
+            )
             for e in entries
         ]
-        splits = [
-            _Split(tuple(group)) for group in split_files(files, READ_SPLIT_BYTES, READ_MIN_SPLITS)
-        ]
-        log.info(
-            "read of %s version %d: %d files in %d tasks",
-            opts.table,
-            version,
-            len(files),
-            len(splits),
-        )
-        return PercolakeReader(schema.json(), meta.partition_by, splits)
+        log.info("read of %s version %d: %d files", opts.table, version, len(files))
+        # Spark refuses a reader with pushFilters unless the session enabled Python
+        # filter pushdown, and then asks for the reader in a worker of its own.
+        kind = PercolakePushdownReader if _planning_with_pushdown() else PercolakeReader
+        return kind(opts.table, schema.json(), meta.partition_by, files)
 
     def streamReader(self, schema: StructType) -> PercolakeStreamReader:
         return PercolakeStreamReader(stream_read_options(self.options), schema)
@@ -793,6 +859,7 @@ __all__ = [
     "FilesWritten",
     "PercolakeBatchWriter",
     "PercolakeDataSource",
+    "PercolakePushdownReader",
     "PercolakeReader",
     "PercolakeStreamReader",
     "PercolakeStreamWriter",

@@ -13,6 +13,7 @@ import itertools
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -254,6 +255,84 @@ def test_a_replayed_txn_version_adds_nothing(ds: SparkSession, env: Env) -> None
     assert len(job_folders(env, table)) == 2
 
 
+# --- filter pushdown ------------------------------------------------------------------
+
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+@contextmanager
+def filter_pushdown(spark: SparkSession, enabled: bool) -> Iterator[None]:
+    """The shared session with Python filter pushdown switched on or off, then restored."""
+    before = str(spark.conf.get(PUSHDOWN_CONF, "false"))
+    spark.conf.set(PUSHDOWN_CONF, str(enabled).lower())
+    try:
+        yield
+    finally:
+        spark.conf.set(PUSHDOWN_CONF, before)
+
+
+def spark_filters(df: DataFrame) -> str:
+    """The conditions of the Filter nodes Spark runs above the scan."""
+    plan = str(df._jdf.queryExecution().executedPlan().toString())
+    return "\n".join(line for line in plan.splitlines() if "Filter " in line)
+
+
+def test_partition_filters_prune_files_when_pushdown_is_enabled(ds: SparkSession, env: Env) -> None:
+    table = env.table(partition_by=("day",))
+    env.writer(rows(ds, range(30))).save(table)  # type: ignore[attr-defined]
+    env.writer(rows(ds, range(30, 45))).save(table)  # type: ignore[attr-defined]
+    files = env.lh.files(table)
+    assert {f.partition["day"] for f in files} == {"d0", "d1", "d2"}
+    # Only day=d1's files stay on disk: a read that opens any other file fails.
+    for f in files:
+        if f.partition["day"] != "d1":
+            os.remove(f.path)
+    d1 = [i for i in range(45) if i % 3 == 1]
+    queries = {
+        "day = 'd1'": d1,
+        "day IN ('d1', 'd7')": d1,
+        "day > 'd0' AND day < 'd2'": d1,
+        "NOT (day <> 'd1')": d1,
+        "day LIKE 'd1%' AND id >= 20": [i for i in d1 if i >= 20],
+        "day = 'd1' AND id % 2 = 0": [i for i in d1 if i % 2 == 0],
+    }
+    with filter_pushdown(ds, True):
+        for where, expected in queries.items():
+            got = env.reader(ds).load(table).where(where)  # type: ignore[attr-defined]
+            assert ids_of(got) == expected, where
+            # Partition filters are decided per file: Spark does not filter on day again.
+            assert "day#" not in spark_filters(got), where
+    # The same reads without pushdown open every file (and so fail here); with it off,
+    # the source still reads (Spark refuses a reader with pushFilters then).
+    with filter_pushdown(ds, False), pytest.raises(Exception, match=r"No such file|FileNotFound"):
+        ids_of(env.reader(ds).load(table).where("day = 'd1'"))  # type: ignore[attr-defined]
+
+
+def test_statistics_skip_files_and_spark_still_filters_their_rows(
+    ds: SparkSession, env: Env
+) -> None:
+    table = env.table()
+    env.writer(rows(ds, range(10)).coalesce(1)).save(table)  # type: ignore[attr-defined]
+    env.writer(rows(ds, range(100, 110)).coalesce(1)).save(table)  # type: ignore[attr-defined]
+    low, high = env.lh.files(table)
+    # The writer recorded each file's column statistics in the log.
+    assert low.stats is not None and high.stats is not None
+    assert (low.stats["id"].min_value, low.stats["id"].max_value) == (0, 9)
+    assert (high.stats["id"].min_value, high.stats["id"].max_value) == (100, 109)
+    assert low.stats["id"].null_count == 0
+    assert (low.stats["day"].min_value, low.stats["day"].max_value) == ("d0", "d2")
+    os.remove(low.path)
+    with filter_pushdown(ds, True):
+        reader = env.reader(ds)
+        assert ids_of(reader.load(table).where("id >= 100")) == list(range(100, 110))  # type: ignore[attr-defined]
+        # A filter on a data column goes back to Spark, which filters the kept file.
+        assert ids_of(reader.load(table).where("id > 104")) == list(range(105, 110))  # type: ignore[attr-defined]
+        assert ids_of(reader.load(table).where("id IN (50, 105)")) == [105]  # type: ignore[attr-defined]
+        assert "id#" in spark_filters(reader.load(table).where("id > 104"))  # type: ignore[attr-defined]
+    with filter_pushdown(ds, True), pytest.raises(Exception, match=r"No such file|FileNotFound"):
+        ids_of(env.reader(ds).load(table).where("id < 100"))  # type: ignore[attr-defined]
+
+
 # --- what is refused before any task runs ---------------------------------------------
 
 
@@ -312,6 +391,12 @@ def test_missing_tables_bad_schemas_and_save_modes_are_refused_before_any_task_r
     for mode, shown in (("error", "ErrorIfExists"), ("ignore", "Ignore")):
         with pytest.raises(Exception, match=f'UNSUPPORTED_DATA_SOURCE_SAVE_MODE.*"{shown}"'):
             env.writer(_touching(ds, marker), mode).save(table)  # type: ignore[attr-defined]
+    # No mode at all is Spark's default, ErrorIfExists: refused the same way.
+    unset = _touching(ds, marker).write.format("percolake").option("gateway", env.gateway)
+    with pytest.raises(
+        Exception, match=r'cannot be written in the "ErrorIfExists" mode\. Please use either'
+    ):
+        unset.save(table)
     assert not marker.exists()
     assert env.lh.version(table) == 0
     with pytest.raises(Exception, match="give versionAsOf or timestampAsOf, not both"):
