@@ -22,6 +22,7 @@ from spark_integration._errors import (
     VersionNotFoundError,
 )
 from spark_integration._model import ColumnStats, Commit, DataFile
+from spark_integration._retention import ExpireResult, Retention
 
 if TYPE_CHECKING:
     from spark_integration._cells import write_cells
@@ -50,9 +51,11 @@ __all__ = [
     "Commit",
     "ConcurrentModificationError",
     "DataFile",
+    "ExpireResult",
     "Lakehouse",
     "LakehouseError",
     "PercolakeDataSource",
+    "Retention",
     "TableExistsError",
     "TableNotFoundError",
     "VersionNotFoundError",

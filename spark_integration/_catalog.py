@@ -54,6 +54,17 @@ from spark_integration._model import (
     LogRecord,
     TableMeta,
 )
+from spark_integration._retention import (
+    STEP_ROWS,
+    ExpireResult,
+    Retention,
+    describe_s,
+    expire_step,
+    publish_expiry,
+    read_expiry,
+    read_retention,
+    write_retention,
+)
 from spark_integration._vacuum_plan import VacuumPlan, fence_vacuum, plan_vacuum
 from txn import Manager, Transaction, TransactionStatus
 from txn._retry import RetriesExhaustedError, RetryPolicy, run_transaction
@@ -68,6 +79,10 @@ E = TypeVar("E")
 #: one cell; long sleeps would only leave the head idle.
 RETRY_BASE_S = 0.002
 RETRY_CAP_S = 0.05
+#: Cells the expiry that follows a checkpoint deletes at most: a commit (embedded)
+#: or the gateway's follow-up thread is not held up long by a table's first expiry
+#: after years; what is left goes after the next checkpoint.
+FOLLOW_UP_EXPIRE_ROWS = 10 * STEP_ROWS
 
 
 def now_ms() -> int:
@@ -402,7 +417,11 @@ class Catalog:
 
     def list_tables(self) -> list[str]:
         with self._tm.begin() as tx:
-            return [row.decode() for row, _, _ in tx.scan(self.layout.tables)]
+            return [
+                row.decode()
+                for row, column, _ in tx.scan(self.layout.tables)
+                if column == Layout.COL_META  # a table's row has retention cells too
+            ]
 
     def files(
         self, name: str, version: int | None, make: EntryFactory[E]
@@ -413,7 +432,7 @@ class Catalog:
             meta = self._read_meta(tx, name)
             if version is None:
                 version = head.version
-            self._check_readable(name, head, version)
+            self._check_readable(tx, name, head, version)
             gen = head.gen if version >= head.gen_start else self._gen_of(tx, name, version)
             return meta, version, list_gen(tx, self.layout, name, gen, version, make)
 
@@ -440,26 +459,36 @@ class Catalog:
                     raise VersionNotFoundError(f"table {name!r} has no log record of {version}")
                 return LogRecord.decode(raw).timestamp_ms
 
-            if at(0) > timestamp_ms:
-                raise VersionNotFoundError(
-                    f"table {name!r} was created after {timestamp_ms} ms: no version as of then"
-                )
-            lo, hi = 0, head.version  # at(lo) <= timestamp_ms; the answer is in [lo, hi]
-            while lo < hi:
+            # Below the oldest readable version log records may have expired.
+            lo, hi = head.min_readable_version, head.version
+            if at(lo) > timestamp_ms:
+                if lo == 0:
+                    raise VersionNotFoundError(
+                        f"table {name!r} was created after {timestamp_ms} ms: no version as of then"
+                    )
+                self._check_readable(tx, name, head, lo - 1)  # raises: expired or vacuumed
+            while lo < hi:  # at(lo) <= timestamp_ms; the answer is in [lo, hi]
                 mid = (lo + hi + 1) // 2
                 if at(mid) <= timestamp_ms:
                     lo = mid
                 else:
                     hi = mid - 1
-            self._check_readable(name, head, lo)
             return lo
 
-    def _check_readable(self, name: str, head: Head, version: int) -> None:
+    def _check_readable(self, tx: Transaction, name: str, head: Head, version: int) -> None:
         if version > head.version:
             raise VersionNotFoundError(
                 f"table {name!r} has no version {version}; its latest is {head.version}"
             )
         if version < head.min_readable_version:
+            if version < read_expiry(tx, self.layout, name).readable_from:
+                retention = read_retention(tx, self.layout, name)
+                raise VersionNotFoundError(
+                    f"version {version} of table {name!r} expired: it was replaced more than "
+                    f"the table's log retention ({describe_s(retention.log_retention_s)}) ago "
+                    "and its log and file records were removed (versions from "
+                    f"{head.min_readable_version} on are readable)"
+                )
             raise VersionNotFoundError(
                 f"version {version} of table {name!r} is no longer readable: vacuum removed "
                 f"its files (versions from {head.min_readable_version} on are readable)"
@@ -474,25 +503,34 @@ class Catalog:
         return gen
 
     def history(self, name: str) -> list[HistoryEntry]:
-        """Every version in order, with the files each one added and removed."""
+        """Every version in order, with the files each one added and removed; expired
+        versions (see ``_retention``) are left out."""
         with self._tm.begin() as tx:
             self._read_head(tx, name)
+            expired_below = read_expiry(tx, self.layout, name).readable_from
             records: dict[int, LogRecord] = {}
             commit_tss: dict[int, int] = {}
             for row, column, value in tx.scan(
                 self.layout.log, Layout.prefix(name), Layout.prefix_end(name)
             ):
                 version = Layout.version_of_log_row(name, row)
+                if version < expired_below:
+                    continue  # kept only while its marks are (they are found through it)
                 if column == Layout.COL_RECORD:
                     records[version] = LogRecord.decode(value)
                 elif column == Layout.COL_COMMIT_TS:
                     commit_tss[version] = int(value)
             by_version: dict[int, list[FileEntry]] = {}
-            by_gen: dict[int, list[FileEntry]] = {}
             start, end = Layout.prefix(name), Layout.prefix_end(name)
-            for (gen, version, _), entry in self._scan_files(tx, name, start, end):
+            for (_, version, _), entry in self._scan_files(tx, name, start, end):
                 by_version.setdefault(version, []).append(entry)
-                by_gen.setdefault(gen, []).append(entry)
+            # An overwrite removed the files of the generation it ended, as of the
+            # version before it: from that generation's checkpoint, which expiry keeps.
+            removed = {
+                version: list_gen(tx, self.layout, name, record.gen - 1, version - 1, FileEntry)
+                for version, record in records.items()
+                if record.operation == OVERWRITE
+            }
         if self._commit_ts_of is not None:
             looked_up: dict[int, int | None] = {}
             for version, record in records.items():
@@ -508,7 +546,7 @@ class Catalog:
                 record,
                 commit_tss.get(version),
                 by_version.get(version, []),
-                by_gen.get(record.gen - 1, []) if record.operation == OVERWRITE else [],
+                removed.get(version, []),
             )
             for version, record in sorted(records.items())
         ]
@@ -583,9 +621,31 @@ class Catalog:
                     self._tm, self.layout, name, s.gen, s.version
                 ),
             )
+        if due:
+            # Retention's work comes with checkpoints, as Delta's log cleanup does: a
+            # checkpoint is what lets old file rows go, and it comes every 100 or
+            # 1,000 versions, so expiry's reads stay a small share of the commits'.
+            newest = fresh[-1]
+            self._follow_up(
+                fp.BEFORE_EXPIRE,
+                newest.job_id,
+                f"expiry of table {name!r} after version {newest.version}",
+                lambda: self._expire_quietly(name),
+            )
 
-    def create(self, meta: TableMeta, job_id: str) -> int | None:
-        """Create the table at version 0; returns the commit timestamp."""
+    def _expire_quietly(self, name: str) -> None:
+        result = self.expire(name, now_ms(), max_rows=FOLLOW_UP_EXPIRE_ROWS)
+        if result.deleted:
+            log.info("expiry of %s: %s", name, result)
+
+    def create(
+        self, meta: TableMeta, job_id: str, retention: Retention | None = None
+    ) -> int | None:
+        """Create the table at version 0; returns the commit timestamp.
+
+        ``retention``: the table's retention properties (``None``: the defaults),
+        written in the same transaction.
+        """
         name = meta.name
 
         def attempt(tx: Transaction) -> int:
@@ -598,6 +658,8 @@ class Catalog:
             tx.put(self.layout.gens, Layout.gen_row(name, 0), Layout.COL_GEN, _gen0(ms))
             record = LogRecord(0, CREATE, ms, 0, 0, job_id, None, None, tx.start_ts)
             tx.put(self.layout.log, Layout.log_row(name, 0), Layout.COL_RECORD, record.encode())
+            if retention is not None:
+                write_retention(tx, self.layout, name, retention)
             return 0
 
         _, commit_ts = self._transact(
@@ -735,6 +797,57 @@ class Catalog:
             if fresh:
                 self._schedule_follow_ups(name, [outcome], commit_ts)  # never raises
         return out
+
+    # --- retention (the work is in _retention) ----------------------------------------
+
+    def retention(self, name: str) -> Retention:
+        """The table's retention properties (the defaults unless set)."""
+        with self._tm.begin() as tx:
+            self._read_head(tx, name)
+            return read_retention(tx, self.layout, name)
+
+    def set_retention(self, name: str, retention: Retention) -> None:
+        """Change the table's retention properties; the next expiry applies them.
+
+        No version is written (commits do not conflict with it). Lowering a
+        retention expires more at the next expiry; raising it brings nothing back.
+        """
+        if not isinstance(retention, Retention):
+            raise TypeError(f"retention must be a Retention, got {type(retention).__name__}")
+
+        def attempt(tx: Transaction) -> None:
+            self._read_head(tx, name)
+            write_retention(tx, self.layout, name, retention)
+
+        self._transact(attempt, what=f"setting the retention of table {name!r}")
+
+    def expire(self, name: str, now_ms: int, *, max_rows: int | None = None) -> ExpireResult:
+        """Expire what the table's retention no longer keeps, as of ``now_ms``.
+
+        First publishes the new bounds (one transaction; it writes the head only when
+        versions newly expire), then deletes in transactions of at most
+        ``STEP_ROWS`` cells until nothing is left or about ``max_rows`` cells went
+        (``None``: no limit; the rest goes next time). See ``_retention``. Safe to
+        run in several processes at once: every bound only rises, and two passes
+        conflict on the table's expiry cell, so one of them retries.
+        """
+
+        def publish(tx: Transaction) -> int:
+            head = self._read_head(tx, name)
+            return publish_expiry(tx, self.layout, name, head, now_ms).readable_from
+
+        readable, _ = self._transact(publish, what=f"expiry of table {name!r}")
+        total = ExpireResult(readable_from=readable)
+        while max_rows is None or total.deleted < max_rows:
+            budget = STEP_ROWS if max_rows is None else min(STEP_ROWS, max_rows - total.deleted)
+            step, _ = self._transact(
+                lambda tx, b=budget: expire_step(tx, self.layout, name, b),  # type: ignore[misc]
+                what=f"expiry of table {name!r}",
+            )
+            total.add(step.deleted)
+            if not step.more:
+                break
+        return total
 
     # --- vacuum (the work is in _vacuum_plan) -----------------------------------------
 

@@ -41,6 +41,7 @@ from spark_integration._model import (
 )
 from spark_integration._reads import read_version
 from spark_integration._remote import RemoteCatalog
+from spark_integration._retention import ExpireResult, Retention
 from spark_integration._schema import check_dataframe_schema, check_table_schema, parse_schema
 from spark_integration._vacuum import sweep
 from txn import Manager
@@ -172,13 +173,19 @@ class Lakehouse:
     # --- tables ----------------------------------------------------------------------
 
     def create_table(
-        self, name: str, schema: StructType | str, partition_by: Sequence[str] | str = ()
+        self,
+        name: str,
+        schema: StructType | str,
+        partition_by: Sequence[str] | str = (),
+        *,
+        retention: Retention | None = None,
     ) -> None:
         """Create an empty table at version 0.
 
         ``schema`` is a ``StructType`` or a DDL string (``"id BIGINT, day DATE"``,
         parsed by the active Spark session). Raises :class:`TableExistsError` when
-        the name is taken or its location already holds files.
+        the name is taken or its location already holds files. ``retention``: see
+        :meth:`expire` (``None``: 30 days of log, 7 days of batch marks).
         """
         _check_name(name)
         columns = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
@@ -195,7 +202,7 @@ class Lakehouse:
                 "a table never adopts files it did not write"
             )
         meta = TableMeta(name, struct.json(), columns, location, now_ms())
-        self._catalog.create(meta, job_id=f"create-{uuid.uuid4().hex[:16]}")
+        self._catalog.create(meta, job_id=f"create-{uuid.uuid4().hex[:16]}", retention=retention)
         os.makedirs(location, exist_ok=True)
         log.info("created table %s at %s", name, location)
 
@@ -459,6 +466,25 @@ class Lakehouse:
         ]
 
     # --- maintenance -----------------------------------------------------------------
+
+    def retention(self, name: str) -> Retention:
+        return self._catalog.retention(_check_name(name))
+
+    def set_retention(self, name: str, retention: Retention) -> None:
+        """Change the table's retention; the next expiry applies it (no new version)."""
+        self._catalog.set_retention(_check_name(name), retention)
+
+    def expire(self, name: str) -> ExpireResult:
+        """Expire what the table's retention no longer keeps (``spark_integration._retention``).
+
+        Versions replaced longer than ``log_retention_s`` ago stop being readable
+        (:class:`VersionNotFoundError` says they expired) and leave history; their log
+        and file records that no readable version needs are deleted. Batch marks of
+        versions older than ``mark_retention_s`` are deleted: **a replay of such a
+        batch id commits again**, as a new version. Runs by itself after every
+        checkpoint (in the gateway for commits made through it); this runs it now.
+        """
+        return self._catalog.expire(_check_name(name), now_ms())
 
     def vacuum(self, name: str, retain_seconds: float) -> list[str]:
         """Remove files that no version inside the retention can read; return their paths.

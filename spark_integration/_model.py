@@ -183,7 +183,8 @@ class Head:
 
     ``vacuum_cutoff_ms``: the latest cutoff of a vacuum; files of a job that
     started before it may have been removed, so such a job must not commit.
-    ``min_readable_version``: versions below it lost files to vacuum.
+    ``min_readable_version``: versions below it are no longer readable: vacuum
+    removed their files, or retention expired them (see ``_retention``).
     ``last_ms``: wall clock of the latest commit; commit times never go backwards
     even when a committer's clock does, which vacuum's retention relies on.
     """

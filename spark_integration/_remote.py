@@ -26,6 +26,7 @@ from percolake.v1 import lakehouse_pb2_grpc as pb_grpc
 from spark_integration import failpoints as fp
 from spark_integration._catalog import (
     RETRY_BASE_S,
+    Catalog,
     CommitRequest,
     Committed,
     HistoryEntry,
@@ -40,6 +41,7 @@ from spark_integration._model import (
     TableMeta,
     decode_stats,
 )
+from spark_integration._retention import ExpireResult, Retention
 from spark_integration._vacuum_plan import VacuumPlan
 from spark_integration._wire import (
     OPERATIONS,
@@ -91,6 +93,12 @@ class RemoteCatalog:
         self._commit_timeout_s = commit_timeout_s
         self.failpoints = fp.FailPoints() if failpoints is None else failpoints
         self._meta: dict[str, TableMeta] = {}
+        #: Retention runs over the gateway's transactions (its cells are plain cells,
+        #: and the service needs no call for them); the gateway itself expires tables
+        #: after checkpoints.
+        self._cells = Catalog(
+            tm, catalog, commit_timeout_s=commit_timeout_s, failpoints=self.failpoints
+        )
 
     @property
     def _catalog(self) -> str:
@@ -179,9 +187,16 @@ class RemoteCatalog:
 
     # --- changes ----------------------------------------------------------------------
 
-    def create(self, meta: TableMeta, job_id: str) -> int | None:
+    def create(
+        self, meta: TableMeta, job_id: str, retention: Retention | None = None
+    ) -> int | None:
+        """Create the table; its ``retention`` is set in a second transaction (the
+        service's CreateTable carries none), so a failure in between leaves the table
+        with the defaults, and raises."""
         request = pb.CreateTableRequest(catalog=self._catalog, meta=meta_to_pb(meta), job_id=job_id)
         got = call(self._stub.CreateTable, request, self._conn, self._commit_timeout_s)
+        if retention is not None:
+            self._cells.set_retention(meta.name, retention)
         return got.commit_ts if got.HasField("commit_ts") else None
 
     def commit_files(
@@ -291,3 +306,15 @@ class RemoteCatalog:
         )
         got = call(self._stub.FenceVacuum, request, self._conn, self._commit_timeout_s)
         return set(got.committed_since)
+
+    # --- retention ----------------------------------------------------------------------
+
+    def retention(self, name: str) -> Retention:
+        return self._cells.retention(name)
+
+    def set_retention(self, name: str, retention: Retention) -> None:
+        self._cells.set_retention(name, retention)
+
+    def expire(self, name: str, now_ms: int, *, max_rows: int | None = None) -> ExpireResult:
+        """``Catalog.expire`` over the gateway's transactions."""
+        return self._cells.expire(name, now_ms, max_rows=max_rows)

@@ -39,6 +39,8 @@ AFTER_COMMIT_POINT = "after_commit_point"
 BEFORE_RECORD_COMMIT_TS = "before_record_commit_ts"
 #: Follow-up: a checkpoint is due at this version and about to be written.
 BEFORE_CHECKPOINT = "before_checkpoint"
+#: Follow-up: a checkpoint was due; expiry (``Catalog.expire``) is about to run.
+BEFORE_EXPIRE = "before_expire"
 #: The commit and its follow-up work are done; ``append``/``overwrite`` is about to return.
 AFTER_COMMIT = "after_commit"
 
@@ -50,11 +52,17 @@ POINTS = (
     AFTER_COMMIT_POINT,
     BEFORE_RECORD_COMMIT_TS,
     BEFORE_CHECKPOINT,
+    BEFORE_EXPIRE,
     AFTER_COMMIT,
 )
 #: The points after the commit point: a failure at any of them must leave the
 #: version committed and reported as committed.
-FOLLOW_UP_POINTS = (AFTER_COMMIT_POINT, BEFORE_RECORD_COMMIT_TS, BEFORE_CHECKPOINT)
+FOLLOW_UP_POINTS = (
+    AFTER_COMMIT_POINT,
+    BEFORE_RECORD_COMMIT_TS,
+    BEFORE_CHECKPOINT,
+    BEFORE_EXPIRE,
+)
 
 Action = Callable[[str], None]
 
@@ -80,6 +88,7 @@ __all__ = [
     "AFTER_WRITE",
     "BEFORE_CHECKPOINT",
     "BEFORE_COMMIT",
+    "BEFORE_EXPIRE",
     "BEFORE_RECORD_COMMIT_TS",
     "BEFORE_WRITE",
     "FOLLOW_UP_POINTS",

@@ -83,6 +83,7 @@ FOLLOW_UP_FAULTS = [
     ("point", fp.AFTER_COMMIT_POINT),
     ("point", fp.BEFORE_RECORD_COMMIT_TS),
     ("point", fp.BEFORE_CHECKPOINT),
+    ("point", fp.BEFORE_EXPIRE),
     ("begin", 1),
     ("begin", 2),
     ("scan", 2),
