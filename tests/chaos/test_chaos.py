@@ -312,7 +312,7 @@ def test_two_oracles_serving_one_store_are_caught(tmp_path: Path) -> None:
         tmp_path / "overlap-broken",
         *ORACLE_OVERLAP,
         "--unsafe-no-oracle-claim",
-        duration_s=12,
+        duration_s=20,
         expect_exit=1,
     )
     assert report["no_oracle_claim"] is True
