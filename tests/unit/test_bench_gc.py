@@ -22,6 +22,7 @@ from bench.bench_gc import (
     sqlite_size,
 )
 from bench.bench_lakehouse_deployed import CASSANDRA1, SQLITE
+from bench.report import ahead_of_anchor
 from txn import TransactionConfig, TransactionManager
 
 pytestmark = pytest.mark.unit
@@ -91,3 +92,10 @@ def test_the_contract_ratio_is_sqlite_hot_cells_at_the_last_size_both_curves_rea
     growth = [r for r in results if isinstance(r, Growth)]
     assert [g.name for g in growth] == ["gc.store_rows.cells.by_commits"]
     assert len(growth[0].lines) == 4
+
+
+def test_a_store_left_smaller_by_collection_counts_as_ahead_in_the_plot() -> None:
+    assert ahead_of_anchor("gc.store_rows.with_vs_without", 0.004)
+    assert not ahead_of_anchor("gc.store_rows.cells.cassandra1.with_vs_without", 1.2)
+    assert ahead_of_anchor("gc.commits_per_s.cells.sqlite.with_vs_without", 1.0)
+    assert not ahead_of_anchor("spark.commit_hook.overhead", 1.3)
