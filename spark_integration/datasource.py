@@ -100,6 +100,7 @@ from spark_integration._hook import new_job
 from spark_integration._model import APPEND, OVERWRITE, FileEntry, Head, TableMeta
 from spark_integration._pruning import Candidate, prune
 from spark_integration._remote import RemoteCatalog
+from spark_integration._retention import describe_s
 from spark_integration._schema import check_dataframe_schema
 from txn import TransactionManager
 from txn.errors import TransactionAbortedError
@@ -648,6 +649,10 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if outdated and snapshot:
                 raise self._vacuumed(version, head)
             self._fetch(version, snapshot, head)
+            if version not in cache:
+                # History leaves out only what retention expired (every version up
+                # to the head has a log record until then): never read it as empty.
+                raise self._expired(version)
         if outdated and version not in self._present:
             if not all(os.path.exists(f.path) for f in cache.get(version, [])):
                 raise self._vacuumed(version, head)
@@ -667,6 +672,19 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             "readable: vacuum removed its files (the oldest fully readable version is "
             f"{head.min_readable_version}); restart the query with a new checkpoint and a "
             "later startingVersion"
+        )
+
+    def _expired(self, version: int) -> VersionNotFoundError:
+        with _gateway(self.opts.gateway) as catalog:
+            readable = catalog.prepare(self.opts.table).head.min_readable_version
+            retention = catalog.retention(self.opts.table)
+        return VersionNotFoundError(
+            f"percolake: the stream cannot read version {version} of table "
+            f"{self.opts.table!r}: it expired under the table's log retention "
+            f"({describe_s(retention.log_retention_s)}), which removed its log and file "
+            f"records (versions from {readable} on are readable). Restart the query with a "
+            f"new checkpoint and startingVersion={readable} or later; to keep versions "
+            "for streams that stay down longer, raise the retention (Lakehouse.set_retention)"
         )
 
     def _fetch(self, version: int, snapshot: bool, head: Head) -> None:

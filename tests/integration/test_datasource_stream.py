@@ -9,6 +9,7 @@ what arrived. Every wait is bounded by ``STREAM_WAIT_S``.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ pytest.importorskip("pyspark")
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from spark_integration import Lakehouse, register
+from spark_integration import Lakehouse, Retention, register
 from tests.servers import ServerProcess
 from txn import TransactionManager
 
@@ -207,6 +208,34 @@ def test_a_version_whose_files_vacuum_removed_fails_the_stream_naming_it(
     sink = f"vac3_{table}"
     run_available_now(stream(ds, env, table, startingVersion="3"), sink, env.checkpoint())
     assert ids_in(ds, sink) == list(range(10, 15))
+
+
+def test_a_stream_whose_next_version_expired_fails_naming_it_and_the_retention(
+    ds: SparkSession, env: Env
+) -> None:
+    table = f"s{next(_names)}"
+    env.lh.create_table(table, SCHEMA, retention=Retention(1, 1))
+    append(ds, env, table, range(0, 10))  # version 1
+    sink, ckpt = str(env.workdir / f"out_{table}"), env.checkpoint()
+    assert run_available_now(stream(ds, env, table, startingVersion="1"), sink, ckpt) == [10]
+    append(ds, env, table, range(10, 20))  # version 2: where the checkpoint resumes
+    append(ds, env, table, range(20, 30))  # version 3
+    time.sleep(1.5)
+    append(ds, env, table, range(30, 40))  # version 4
+    readable = env.lh.expire(table).readable_from
+    assert readable >= 3  # versions up to 2 were replaced more than the 1 s retention ago
+    with pytest.raises(
+        Exception,
+        match=r"version 2 of table '\w+': it expired under the table's log retention \(1 s\)",
+    ):
+        run_available_now(stream(ds, env, table, startingVersion="1"), sink, ckpt)
+    assert ids_in(ds, sink) == list(range(10))  # nothing read past the expired version
+    # As the error says: a new checkpoint from the oldest readable version reads on.
+    again = f"expired_{table}"
+    run_available_now(
+        stream(ds, env, table, startingVersion=str(readable)), again, env.checkpoint()
+    )
+    assert ids_in(ds, again) == list(range(10 * (readable - 1), 40))
 
 
 @pytest.mark.parametrize(

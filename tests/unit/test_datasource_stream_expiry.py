@@ -1,0 +1,154 @@
+"""A streaming read (``PercolakeStreamReader``) planning over versions that retention
+expired, without Spark: the reader's driver-side methods against an embedded catalog.
+
+History leaves expired versions out, so a stream whose next version expired used to
+read it as empty and go on. It must fail instead, naming the table, the version, the
+retention that expired it and where a restarted query can start; a stream whose
+versions are all still there reads as before.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+import spark_integration.datasource as datasource
+from spark_integration import Retention, VersionNotFoundError
+from spark_integration._catalog import Catalog
+from spark_integration._datasource_options import StreamReadOptions
+from spark_integration._hook import STAGING_PREFIX
+from spark_integration._model import APPEND, FileEntry, TableMeta
+from spark_integration.datasource import PercolakeStreamReader, _StreamSplit
+from txn import TransactionManager
+
+pytestmark = pytest.mark.unit
+
+SCHEMA = StructType([StructField("id", LongType()), StructField("day", StringType())])
+DAY_MS = 86_400_000
+#: An hour of log: a version replaced more than that before the expiry's clock expires.
+RETENTION = Retention(log_retention_s=3600, mark_retention_s=3600)
+
+
+class Table:
+    """Table ``t`` in an embedded catalog, one file per append."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.n = 0
+        catalog.create(
+            TableMeta("t", SCHEMA.json(), ("day",), "/nowhere/t", int(time.time() * 1000)),
+            "create-t",
+            retention=RETENTION,
+        )
+
+    def append(self) -> int:
+        self.n += 1
+        path = f"{STAGING_PREFIX}j{self.n}/day=d/f{self.n}.parquet"
+        return self.catalog.commit_files(
+            "t",
+            APPEND,
+            [FileEntry(path, 10, 1, {"day": "d"})],
+            job_id=f"job-{self.n}",
+            job_started_ms=int(time.time() * 1000),
+        ).version
+
+    def expire_all_but_latest(self) -> int:
+        """Expire as of two days from now: every version but the latest."""
+        now = int(time.time() * 1000) + 2 * DAY_MS
+        return self.catalog.expire("t", now).readable_from
+
+
+@pytest.fixture
+def table(monkeypatch: pytest.MonkeyPatch) -> Iterator[Table]:
+    tm = TransactionManager.embedded("memory://")
+    catalog = Catalog(tm, datasource.CATALOG)
+
+    @contextmanager
+    def gateway(address: str) -> Iterator[Catalog]:
+        yield catalog
+
+    # The reader asks the gateway for heads, history and retention; here the
+    # catalog answers itself (the same methods as the remote one).
+    monkeypatch.setattr(datasource, "_gateway", gateway)
+    yield Table(catalog)
+    tm.close()
+
+
+def reader(starting_version: int | None = None) -> PercolakeStreamReader:
+    opts = StreamReadOptions("t", "unused:0", starting_version, False, None, False)
+    return PercolakeStreamReader(opts, SCHEMA)
+
+
+def versions_read(
+    r: PercolakeStreamReader, start: dict[str, Any], end: dict[str, Any]
+) -> list[int]:
+    splits = r.partitions(start, end)
+    return sorted(f.version for s in splits if isinstance(s, _StreamSplit) for f in s.files)
+
+
+def test_a_stream_whose_next_version_expired_fails_naming_it(table: Table) -> None:
+    assert [table.append() for _ in range(3)] == [1, 2, 3]
+    r = reader(starting_version=1)
+    start = r.initialOffset()
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    assert versions_read(r, start, end) == [1, 2, 3]
+    r.commit(end)
+    assert [table.append() for _ in range(2)] == [4, 5]
+
+    assert table.expire_all_but_latest() == 5
+
+    # Version 4 is next: it expired, so the stream stops there instead of skipping it.
+    with pytest.raises(VersionNotFoundError) as caught:
+        r.latestOffset(end, r.getDefaultReadLimit())
+    message = str(caught.value)
+    assert "version 4 of table 't'" in message
+    assert "expired under the table's log retention (1 h)" in message
+    assert "versions from 5 on are readable" in message
+    assert "new checkpoint and startingVersion=5 or later" in message
+
+
+def test_a_restarted_stream_planning_a_batch_over_an_expired_version_fails(
+    table: Table,
+) -> None:
+    """After a restart Spark plans the batch its offset log recorded, from a fresh reader."""
+    assert [table.append() for _ in range(3)] == [1, 2, 3]
+    start = {"version": 1, "index": 0, "snapshot": False}
+    end = {"version": 3, "index": 1, "snapshot": False}
+    assert table.expire_all_but_latest() == 3
+    with pytest.raises(VersionNotFoundError, match=r"version 1 of table 't': it expired"):
+        reader(starting_version=1).partitions(start, end)
+
+
+def test_streams_whose_versions_are_all_retained_read_as_before(table: Table) -> None:
+    assert [table.append() for _ in range(3)] == [1, 2, 3]
+    ahead = reader(starting_version=1)  # has read every version before expiry
+    start = ahead.initialOffset()
+    end = ahead.latestOffset(start, ahead.getDefaultReadLimit())
+    assert versions_read(ahead, start, end) == [1, 2, 3]
+    ahead.commit(end)
+
+    assert table.expire_all_but_latest() == 3
+    assert table.append() == 4
+
+    after = ahead.latestOffset(end, ahead.getDefaultReadLimit())
+    assert after == {"version": 5, "index": 0, "snapshot": False}
+    assert versions_read(ahead, end, after) == [4]
+    # Started at the oldest readable version: reads it and what came after.
+    fresh = reader(starting_version=3)
+    start = fresh.initialOffset()
+    end = fresh.latestOffset(start, fresh.getDefaultReadLimit())
+    assert versions_read(fresh, start, end) == [3, 4]
+    # Without startingVersion: the latest snapshot, unaffected by expiry.
+    snap = reader()
+    start = snap.initialOffset()
+    assert start == {"version": 4, "index": 0, "snapshot": True}
+    end = snap.latestOffset(start, snap.getDefaultReadLimit())
+    assert len(snap.partitions(start, end)) >= 1
