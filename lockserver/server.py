@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 import grpc
 
 from lockserver._table import MAX_LEASE_MS, LockTable, LockToken
-from percolake.rpc import Connection, abort_with, call
+from percolake.rpc import Connection, abort_with, call, forwarded
 from percolake.v1 import lock_pb2 as pb
 from percolake.v1 import lock_pb2_grpc as pb_grpc
 
@@ -15,9 +16,70 @@ from percolake.v1 import lock_pb2_grpc as pb_grpc
 MAX_WAIT_MS = 60_000
 
 
-class LockServicer(pb_grpc.LockServiceServicer):
+class LockBackend(Protocol):
+    """What holds the locks behind the servicer: a replica's control plane, which serves
+    calls when leading and forwards them otherwise (never a call already forwarded)."""
+
+    def lock(
+        self,
+        descriptors: Iterable[bytes],
+        owner: str,
+        lease_ms: int,
+        wait_timeout_ms: int = 0,
+        *,
+        forwarded: bool = False,
+    ) -> LockToken | None: ...
+
+    def refresh(
+        self, token: LockToken, lease_ms: int | None = None, *, forwarded: bool = False
+    ) -> bool: ...
+
+    def unlock(self, token: LockToken, *, forwarded: bool = False) -> bool: ...
+
+    def wait_until_released(
+        self, descriptors: Iterable[bytes], timeout_ms: int, *, forwarded: bool = False
+    ) -> bool: ...
+
+    def epoch(self, *, forwarded: bool = False) -> int: ...
+
+
+class _Alone:
+    """A lone lock table (no replicas): every call is served here."""
+
     def __init__(self, table: LockTable) -> None:
         self._table = table
+
+    def lock(
+        self,
+        descriptors: Iterable[bytes],
+        owner: str,
+        lease_ms: int,
+        wait_timeout_ms: int = 0,
+        *,
+        forwarded: bool = False,
+    ) -> LockToken | None:
+        return self._table.lock(descriptors, owner, lease_ms, wait_timeout_ms)
+
+    def refresh(
+        self, token: LockToken, lease_ms: int | None = None, *, forwarded: bool = False
+    ) -> bool:
+        return self._table.refresh(token, lease_ms)
+
+    def unlock(self, token: LockToken, *, forwarded: bool = False) -> bool:
+        return self._table.unlock(token)
+
+    def wait_until_released(
+        self, descriptors: Iterable[bytes], timeout_ms: int, *, forwarded: bool = False
+    ) -> bool:
+        return self._table.wait_until_released(descriptors, timeout_ms)
+
+    def epoch(self, *, forwarded: bool = False) -> int:
+        return self._table.epoch
+
+
+class LockServicer(pb_grpc.LockServiceServicer):
+    def __init__(self, backend: LockTable | LockBackend) -> None:
+        self._table = _Alone(backend) if isinstance(backend, LockTable) else backend
 
     def Lock(self, request: pb.LockRequest, context: grpc.ServicerContext) -> pb.LockResponse:
         try:
@@ -27,6 +89,7 @@ class LockServicer(pb_grpc.LockServiceServicer):
                 request.owner,
                 request.lease_ms,
                 request.wait_timeout_ms,
+                forwarded=forwarded(context),
             )
         except Exception as exc:
             abort_with(context, exc)
@@ -39,14 +102,14 @@ class LockServicer(pb_grpc.LockServiceServicer):
     ) -> pb.RefreshResponse:
         try:
             lease = request.lease_ms if request.HasField("lease_ms") else None
-            held = self._table.refresh(_from_pb(request.token), lease)
+            held = self._table.refresh(_from_pb(request.token), lease, forwarded=forwarded(context))
         except Exception as exc:
             abort_with(context, exc)
         return pb.RefreshResponse(held=held)
 
     def Unlock(self, request: pb.UnlockRequest, context: grpc.ServicerContext) -> pb.UnlockResponse:
         try:
-            released = self._table.unlock(_from_pb(request.token))
+            released = self._table.unlock(_from_pb(request.token), forwarded=forwarded(context))
         except Exception as exc:
             abort_with(context, exc)
         return pb.UnlockResponse(released=released)
@@ -57,7 +120,7 @@ class LockServicer(pb_grpc.LockServiceServicer):
         try:
             _check_wait(request.timeout_ms)
             released = self._table.wait_until_released(
-                list(request.descriptors), request.timeout_ms
+                list(request.descriptors), request.timeout_ms, forwarded=forwarded(context)
             )
         except Exception as exc:
             abort_with(context, exc)
@@ -66,7 +129,11 @@ class LockServicer(pb_grpc.LockServiceServicer):
     def GetEpoch(
         self, request: pb.GetEpochRequest, context: grpc.ServicerContext
     ) -> pb.GetEpochResponse:
-        return pb.GetEpochResponse(epoch=self._table.epoch)
+        try:
+            epoch = self._table.epoch(forwarded=forwarded(context))
+        except Exception as exc:
+            abort_with(context, exc)
+        return pb.GetEpochResponse(epoch=epoch)
 
 
 def _check_wait(wait_ms: int) -> None:

@@ -10,15 +10,20 @@ token check.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import os
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, overload
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from percolake import errors as root
 from percolake.errors import TransactionError
@@ -26,6 +31,8 @@ from percolake.errors import TransactionError
 log = logging.getLogger(__name__)
 
 REASON_KEY = "percolake-reason"
+#: Metadata on a call one replica forwards to the leader: never forwarded again.
+FORWARDED_KEY = "percolake-forwarded"
 TOKEN_ENV = "PERCOLAKE_TOKEN"
 
 #: Default cap on one message either way; larger requests get RESOURCE_EXHAUSTED.
@@ -147,7 +154,12 @@ def error_from(err: grpc.RpcError) -> Exception:
         return UnauthenticatedError(message, code=code, reason=UNAUTHENTICATED)
     if code is grpc.StatusCode.INVALID_ARGUMENT:
         return ValueError(message)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+    # CANCELLED: a client of replicas closed the channel of one that stopped answering.
+    if code in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+    ):
         return ServiceUnavailableError(message, code=code, reason=reason or UNAVAILABLE)
     return RpcError(message, code=code, reason=reason or code.name.lower())
 
@@ -215,6 +227,47 @@ def parse_address(address: str) -> tuple[str, int]:
     if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ValueError(f"invalid address {address!r}: expected HOST:PORT with a port number")
     return host, int(port_text)
+
+
+def parse_addresses(addresses: str) -> list[str]:
+    """``HOST:PORT[,HOST:PORT...]``: one service, or replicas of one; ``ValueError`` naming
+    the bad part otherwise."""
+    if not isinstance(addresses, str) or not addresses.strip():
+        raise ValueError("expected HOST:PORT or several, separated by commas")
+    parts = [part.strip() for part in addresses.split(",")]
+    if any(not part for part in parts):
+        raise ValueError(f"invalid address list {addresses!r}: an empty entry")
+    for part in parts:
+        parse_address(part)
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"invalid address list {addresses!r}: an address repeats")
+    return parts
+
+
+def _replica_target(addresses: list[str]) -> str:
+    """One gRPC target for several replicas: ``ipv4:`` or ``ipv6:`` with every address
+    (names resolved now), for the ``pick_first`` policy to fail over between."""
+    resolved: list[tuple[int, str, int]] = []
+    for address in addresses:
+        host, port = parse_address(address)
+        try:
+            ip = ipaddress.ip_address(host)
+            resolved.append((ip.version, str(ip), port))
+            continue
+        except ValueError:
+            pass
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ValueError(f"cannot resolve {host!r} in {address!r}: {exc}") from exc
+        family, *_, sockaddr = min(infos, key=lambda info: info[0] != socket.AF_INET)
+        resolved.append((4 if family == socket.AF_INET else 6, str(sockaddr[0]), port))
+    versions = {version for version, _, _ in resolved}
+    if len(versions) > 1:
+        raise ValueError(f"replica addresses mix IPv4 and IPv6: {','.join(addresses)}")
+    if versions == {6}:
+        return "ipv6:" + ",".join(f"[{ip}]:{port}" for _, ip, port in resolved)
+    return "ipv4:" + ",".join(f"{ip}:{port}" for _, ip, port in resolved)
 
 
 # --- clients --------------------------------------------------------------------------
@@ -287,9 +340,19 @@ def open_channel(
     *,
     aio: bool = False,
 ) -> grpc.Channel | grpc.aio.Channel:
-    """A channel to ``address`` with percolake's options: blocking, or ``grpc.aio``."""
-    parse_address(address)
+    """A channel to ``address`` with percolake's options: blocking, or ``grpc.aio``.
+
+    Several addresses (``h1:7070,h2:7070``) are replicas: the channel uses the first
+    that answers and, when it fails or stops answering pings, the next.
+    """
+    addresses = parse_addresses(address)
     options = channel_options(max_message_bytes)
+    if len(addresses) > 1:
+        if not aio:
+            return ReplicaChannel(addresses, tls, max_message_bytes)
+        # grpc.aio clients (the oracle's asyncio client) leave failover to pick_first.
+        options += [("grpc.lb_policy_name", "pick_first")]
+        address = _replica_target(addresses)
     credentials = None if tls is None else tls.channel_credentials()
     if aio:
         if credentials is None:
@@ -347,7 +410,237 @@ def stream(
             cancel()
 
 
+# --- several replicas -----------------------------------------------------------------
+
+#: How often a client of replicas checks that the one it uses still answers, and how
+#: long an answer may take; two missed answers in a row move it to the next replica.
+PROBE_INTERVAL_S = 0.5
+PROBE_TIMEOUT_S = 1.0
+PROBE_MISSES = 2
+
+_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
+
+def _safe_to_retry(method: str) -> bool:
+    """Whether a call of ``method`` (``/package.Service/Method``) may be sent again after
+    it failed on a replica that stopped answering (the list of :data:`_SAFE_TO_RETRY`)."""
+    service, _, name = method.strip("/").partition("/")
+    return any(
+        entry["service"] == service and entry.get("method", name) == name
+        for entry in _SAFE_TO_RETRY
+    )
+
+
+class ReplicaChannel(grpc.Channel):
+    """A blocking channel over several replicas (``h1:7070,h2:7070,h3:7070``).
+
+    It uses one replica at a time, the first that answers a health check, and checks
+    it every :data:`PROBE_INTERVAL_S`. When it stops answering (killed, paused, cut off)
+    or a call finds it unavailable, the channel moves to the next replica that answers
+    and closes the old channel, which cancels the calls still waiting on it. Calls that
+    are safe to repeat (:data:`_SAFE_TO_RETRY`) are sent again on the new replica
+    within their deadline; any other call (a commit) fails, and its caller settles it
+    (rule S6).
+    """
+
+    def __init__(self, addresses: list[str], tls: TlsConfig | None, max_message_bytes: int) -> None:
+        self._addresses = addresses
+        self._tls = tls
+        self._max_message_bytes = max_message_bytes
+        self._lock = threading.Lock()
+        self._index = 0
+        self._generation = 0
+        self._current = open_channel(addresses[0], tls, max_message_bytes)
+        self._closed = threading.Event()
+        self._monitor = threading.Thread(target=self._watch, name="percolake-replicas", daemon=True)
+        self._monitor.start()
+
+    @property
+    def address(self) -> str:
+        """The replica calls go to now."""
+        return self._addresses[self._index]
+
+    def current(self) -> tuple[int, grpc.Channel]:
+        with self._lock:
+            return self._generation, self._current
+
+    # --- moving between replicas ---------------------------------------------------
+
+    def _answers(self, channel: grpc.Channel) -> bool:
+        check = channel.unary_unary(
+            _HEALTH_CHECK,
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
+        try:
+            got = check(health_pb2.HealthCheckRequest(), timeout=PROBE_TIMEOUT_S)
+        except grpc.RpcError:
+            return False
+        return bool(got.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def fail_over(self, generation: int) -> bool:
+        """Move off the replica of ``generation`` to the next one that answers.
+
+        Whether calls should go elsewhere now (another caller may have moved already).
+        """
+        with self._lock:
+            if generation != self._generation:
+                return True
+            start = self._index
+        for step in range(1, len(self._addresses)):
+            index = (start + step) % len(self._addresses)
+            candidate = open_channel(self._addresses[index], self._tls, self._max_message_bytes)
+            if self._answers(candidate):
+                with self._lock:
+                    if generation != self._generation or self._closed.is_set():
+                        candidate.close()
+                        return True
+                    old, self._current = self._current, candidate
+                    self._index, self._generation = index, self._generation + 1
+                log.warning(
+                    "replica %s stopped answering; calls go to %s",
+                    self._addresses[start],
+                    self._addresses[index],
+                )
+                old.close()  # cancels the calls still waiting on the old replica
+                return True
+            candidate.close()
+        return False
+
+    def _watch(self) -> None:
+        misses = 0
+        while not self._closed.wait(PROBE_INTERVAL_S):
+            generation, channel = self.current()
+            try:
+                answered = self._answers(channel)
+            except ValueError:  # closed under us
+                continue
+            misses = 0 if answered else misses + 1
+            if misses >= PROBE_MISSES and self.fail_over(generation):
+                misses = 0
+
+    # --- grpc.Channel --------------------------------------------------------------
+
+    def unary_unary(  # type: ignore[override]
+        self,
+        method: str,
+        request_serializer: Callable[[Any], bytes] | None = None,
+        response_deserializer: Callable[[bytes], Any] | None = None,
+        _registered_method: bool | None = False,
+    ) -> _FailoverUnary:
+        return _FailoverUnary(self, method, request_serializer, response_deserializer)
+
+    def unary_stream(  # type: ignore[override]
+        self,
+        method: str,
+        request_serializer: Callable[[Any], bytes] | None = None,
+        response_deserializer: Callable[[bytes], Any] | None = None,
+        _registered_method: bool | None = False,
+    ) -> _FailoverStream:
+        return _FailoverStream(self, method, request_serializer, response_deserializer)
+
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return self.current()[1].stream_unary(*args, **kwargs)
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return self.current()[1].stream_stream(*args, **kwargs)
+
+    def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:
+        self.current()[1].subscribe(callback, try_to_connect)
+
+    def unsubscribe(self, callback: Any) -> None:
+        self.current()[1].unsubscribe(callback)
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            channel = self._current
+        channel.close()
+
+    def __enter__(self) -> ReplicaChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _FailoverUnary:
+    """A unary method of a :class:`ReplicaChannel`: sent to the current replica, and
+    sent again on the next one when safe to repeat."""
+
+    def __init__(
+        self,
+        parent: ReplicaChannel,
+        method: str,
+        serializer: Callable[[Any], bytes] | None,
+        deserializer: Callable[[bytes], Any] | None,
+    ) -> None:
+        self._parent = parent
+        self._method = method
+        self._serializer = serializer
+        self._deserializer = deserializer
+        self._safe = _safe_to_retry(method)
+
+    def __call__(
+        self, request: Any, timeout: float | None = None, metadata: Any = None, **kwargs: Any
+    ) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.05
+        while True:
+            generation, channel = self._parent.current()
+            call = channel.unary_unary(
+                self._method,
+                request_serializer=self._serializer,
+                response_deserializer=self._deserializer,
+            )
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return call(request, timeout=remaining, metadata=metadata, **kwargs)
+            except grpc.RpcError as err:
+                code = err.code() if isinstance(err, grpc.Call) else None
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                    raise
+                moved = self._parent.fail_over(generation)
+                left = None if deadline is None else deadline - time.monotonic()
+                if not self._safe or (left is not None and left <= pause):
+                    raise
+                if not moved:
+                    time.sleep(pause)
+                    pause = min(1.0, pause * 2)
+
+
+class _FailoverStream:
+    """A server-streaming method of a :class:`ReplicaChannel`, on the current replica
+    (a stream is not resent: its caller pages again)."""
+
+    def __init__(
+        self,
+        parent: ReplicaChannel,
+        method: str,
+        serializer: Callable[[Any], bytes] | None,
+        deserializer: Callable[[bytes], Any] | None,
+    ) -> None:
+        self._parent = parent
+        self._method = method
+        self._serializer = serializer
+        self._deserializer = deserializer
+
+    def __call__(self, request: Any, **kwargs: Any) -> Any:
+        _, channel = self._parent.current()
+        call = channel.unary_stream(
+            self._method,
+            request_serializer=self._serializer,
+            response_deserializer=self._deserializer,
+        )
+        return call(request, **kwargs)
+
+
 # --- servers --------------------------------------------------------------------------
+
+
+def forwarded(context: grpc.ServicerContext) -> bool:
+    """Whether another replica forwarded this call (see :data:`FORWARDED_KEY`)."""
+    return any(key == FORWARDED_KEY for key, _ in context.invocation_metadata() or ())
 
 
 if TYPE_CHECKING:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from tso._lease import DEFAULT_LEASE_MS
 from txn import TransactionConfig
 
 
@@ -21,8 +22,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--listen", default=None, help="HOST:PORT to listen on (default 127.0.0.1:7070)"
     )
-    parser.add_argument("--tso", help="the oracle's HOST:PORT (serve txn)")
-    parser.add_argument("--locks", help="the lock server's HOST:PORT (serve txn)")
+    parser.add_argument(
+        "--tso", help="the oracle's HOST:PORT, or its replicas' separated by commas (serve txn)"
+    )
+    parser.add_argument(
+        "--locks",
+        help="the lock server's HOST:PORT, or its replicas' separated by commas (serve txn)",
+    )
+    parser.add_argument(
+        "--leader-lease-ms",
+        type=int,
+        default=DEFAULT_LEASE_MS,
+        help="replicas on one store: the leader's lease; a dead leader is replaced after "
+        "about this long (default %(default)s)",
+    )
     parser.add_argument(
         "--token-file", help="require this bearer token on every call (default: $PERCOLAKE_TOKEN)"
     )
@@ -73,6 +86,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "read (default %(default)s)",
     )
     parser.add_argument("--ready-file", help="write the bound port here once serving")
+    parser.add_argument(
+        "--metrics-listen",
+        help="serve Prometheus metrics over plain HTTP at http://HOST:PORT/metrics "
+        "(default: off; port 0 picks a free one)",
+    )
     protocol = TransactionConfig()
     parser.add_argument(
         "--lease-ms",

@@ -19,12 +19,15 @@ from grpc_reflection.v1alpha import reflection
 
 from lockserver import LockTable
 from lockserver.server import LockServicer, RemoteLockService
+from percolake.metrics import MetricsServer
+from percolake.replica import ControlPlane
 from percolake.rpc import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Connection,
     TlsConfig,
     TokenInterceptor,
     parse_address,
+    parse_addresses,
     resolve_token,
 )
 from percolake.v1 import (
@@ -39,6 +42,7 @@ from spark_integration.server import SERVICE_NAME as LAKEHOUSE_SERVICE
 from spark_integration.server import LakehouseLimits, LakehouseServicer, serve_lakehouse
 from storage_adapters import KVStore, open_store
 from tso import OracleAlreadyRunningError, TimestampBatcher, TimestampOracle
+from tso._lease import DEFAULT_LEASE_MS, check_lease_ms
 from tso.server import RemoteTimestampSource, TimestampServicer
 from txn import GarbageCollector, GcLoop, TransactionConfig, TransactionManager
 from txn._committer import STEPS
@@ -63,8 +67,11 @@ class ServeConfig:
     role: str = "all"
     store_url: str = DEFAULT_STORE
     listen: str = DEFAULT_LISTEN
+    #: One address, or several (replicas) separated by commas.
     tso_address: str | None = None
     locks_address: str | None = None
+    #: The leader lease of replicas on one store (rule S7).
+    leader_lease_ms: int = DEFAULT_LEASE_MS
     token: str | None = None
     tls: TlsConfig | None = None
     client_tls: TlsConfig | None = None  # for the gateway's calls to tso and locks
@@ -77,12 +84,17 @@ class ServeConfig:
     #: Garbage collection in the background: a pass every this many seconds (None: off).
     gc_interval_s: float | None = None
     gc_retention_s: float = 600.0
+    #: ``HOST:PORT`` of the Prometheus metrics endpoint (None: off).
+    metrics_listen: str | None = None
     #: Test builds only (``python -m percolake.chaos.serve``), to show that the checks
     #: catch what they break: commit steps other than ``STEPS``, oracles that do not
     #: claim their store (rule S7), and a gateway with test fail points. The installed
     #: command never sets them.
     commit_steps: tuple[str, ...] = STEPS
     oracle_claims: bool = True
+    leader_checks_lease: bool = True
+    #: ``serve locks --store URL``: lock server replicas, elected on the store.
+    locks_on_store: bool = False
     gateway_class: type[TransactionServicer] = TransactionServicer
     lakehouse_class: type[LakehouseServicer] = LakehouseServicer
 
@@ -94,7 +106,8 @@ class ServeConfig:
             raise ValueError("'serve txn' needs --tso HOST:PORT and --locks HOST:PORT")
         for address in (self.tso_address, self.locks_address):
             if address is not None:
-                parse_address(address)
+                parse_addresses(address)
+        check_lease_ms(self.leader_lease_ms)
         if self.max_message_bytes < 1024:
             raise ValueError("max message size must be at least 1 KiB")
         if self.gc_interval_s is not None and self.gc_interval_s <= 0:
@@ -103,6 +116,8 @@ class ServeConfig:
             raise ValueError(f"--gc-retention-s must be >= 0, got {self.gc_retention_s}")
         if self.gc_interval_s is not None and self.role not in ("all", "txn"):
             raise ValueError("--gc-interval-s runs with a gateway: role all or txn")
+        if self.metrics_listen is not None:
+            _check_metrics_listen(self.metrics_listen, self.listen)
 
 
 class RunningServer:
@@ -112,8 +127,10 @@ class RunningServer:
         self.config = config
         self._closers: list[Callable[[], None]] = []
         self._gateway: TransactionServicer | None = None
+        self.control: ControlPlane | None = None
         self._lakehouse: LakehouseServicer | None = None
         self.stopped = threading.Event()
+        self.metrics_port: int | None = None  # the metrics endpoint's, once serving
         options = [
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -150,6 +167,8 @@ class RunningServer:
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         host, _ = parse_address(config.listen)
         self.address = f"{host}:{self.port}"
+        if self.control is not None:
+            self.control.start(self.address)
         store = config.store_url if config.role != "locks" else "-"
         log.info(
             "percolake %s serving on %s (store %s, tls %s, token %s)",
@@ -159,8 +178,24 @@ class RunningServer:
             "on" if config.tls else "off",
             "required" if config.token else "off",
         )
+        if config.metrics_listen is not None:
+            self.metrics_port = self._serve_metrics(config.metrics_listen)
         if config.ready_file:
             Path(config.ready_file).write_text(f"{self.port}\n")
+
+    def _serve_metrics(self, listen: str) -> int:
+        host, port = parse_address(listen)
+        try:
+            metrics = MetricsServer(host, port)
+        except OSError as exc:
+            self.server.stop(0)
+            self._close_all()
+            raise OSError(f"cannot serve metrics on {listen}: {exc}") from exc
+        self._closers.append(metrics.close)
+        log.info(
+            "percolake %s metrics on http://%s:%d/metrics", self.config.role, host, metrics.port
+        )
+        return metrics.port
 
     def _open_store(self) -> KVStore:
         store = open_store(self.config.store_url)
@@ -170,18 +205,33 @@ class RunningServer:
     def _add_services(self) -> list[str]:
         role, config = self.config.role, self.config
         names: list[str] = []
-        store = self._open_store() if role != "locks" else None
-        if role in ("all", "tso"):
+        store = self._open_store() if role != "locks" or config.locks_on_store else None
+        plane: ControlPlane | TimestampOracle | None = None
+        if role in ("all", "tso") or (role == "locks" and store is not None):
             assert store is not None
-            # Refuses while another oracle serves the store (S7).
-            oracle = TimestampOracle(store, claim_store=config.oracle_claims)
-            self._closers.insert(0, oracle.close)
+            if not config.oracle_claims and role != "locks":
+                # The test build of two oracles on one store, each serving alone.
+                plane = TimestampOracle(store, claim_store=False)
+                self._closers.insert(0, plane.close)
+            else:
+                # Replicas on one store: the leader serves, the others forward (S7).
+                plane = self.control = ControlPlane(
+                    store,
+                    role="locks" if role == "locks" else "tso",
+                    lease_ms=config.leader_lease_ms,
+                    token=config.token,
+                    tls=config.client_tls,
+                    check_lease=config.leader_checks_lease,
+                )
+                self._closers.insert(0, plane.close)
+        if role in ("all", "tso"):
+            assert plane is not None
             timestamp_pb2_grpc.add_TimestampServiceServicer_to_server(
-                TimestampServicer(oracle), self.server
+                TimestampServicer(plane), self.server
             )
             names.append(_SERVICE_NAMES["tso"])
+        table = plane if isinstance(plane, ControlPlane) else LockTable()
         if role in ("all", "locks"):
-            table = LockTable()
             lock_pb2_grpc.add_LockServiceServicer_to_server(LockServicer(table), self.server)
             names.append(_SERVICE_NAMES["locks"])
         if role in ("all", "txn"):
@@ -189,7 +239,11 @@ class RunningServer:
             timestamps: TimestampSource
             locks: LockService
             if role == "all":
-                timestamps, locks = TimestampBatcher(oracle.next_range), table
+                if isinstance(plane, ControlPlane):
+                    timestamps, locks = plane, plane
+                else:
+                    assert isinstance(plane, TimestampOracle)
+                    timestamps, locks = TimestampBatcher(plane.next_range), table
                 manager = TransactionManager(
                     store, timestamps, locks, config.txn_config, commit_steps=config.commit_steps
                 )
@@ -246,6 +300,15 @@ class RunningServer:
         self.stopped.set()
 
 
+def _check_metrics_listen(metrics_listen: str, listen: str) -> None:
+    try:
+        host, port = parse_address(metrics_listen)
+    except ValueError as exc:
+        raise ValueError(f"--metrics-listen: {exc}") from None
+    if port != 0 and (host, port) == parse_address(listen):
+        raise ValueError(f"--metrics-listen {metrics_listen} is the gRPC address (--listen)")
+
+
 def serve(config: ServeConfig) -> int:
     """Run until SIGTERM or SIGINT, then stop gracefully."""
     running = RunningServer(config)
@@ -291,6 +354,8 @@ def serve_from_args(
             role=args.role,
             store_url=args.store or DEFAULT_STORE,
             listen=args.listen or DEFAULT_LISTEN,
+            locks_on_store=args.role == "locks" and args.store is not None,
+            leader_lease_ms=args.leader_lease_ms,
             tso_address=args.tso,
             locks_address=args.locks,
             token=resolve_token(token_file=args.token_file),
@@ -316,13 +381,12 @@ def serve_from_args(
             ready_file=args.ready_file,
             gc_interval_s=args.gc_interval_s,
             gc_retention_s=args.gc_retention_s,
+            metrics_listen=args.metrics_listen,
             commit_steps=commit_steps,
             oracle_claims=oracle_claims,
             gateway_class=gateway_class,
             lakehouse_class=lakehouse_class,
         )
-        if args.role == "locks" and args.store:
-            raise ValueError("the lock server keeps no data: --store does not apply to it")
     except ValueError as exc:
         parser.error(str(exc))
     try:

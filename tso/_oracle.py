@@ -6,11 +6,15 @@ import logging
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
+from percolake import metrics
 from percolake.errors import OracleFencedError
 from storage_adapters import KVStore, StoreError
 from storage_adapters._base import Claim, StoreClaimedError
+
+if TYPE_CHECKING:
+    from tso._lease import LeaderLease
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +85,27 @@ class TimestampOracle:
     (:meth:`KVStore.claim`; an OS file lock for SQLite) and holds it while it lives;
     a second oracle raises :class:`OracleAlreadyRunningError` before touching the
     bound. The claim is released by :meth:`close` or by closing the store, after
-    which this oracle serves nothing more. On a store that cannot enforce claims
-    (Cassandra, until leader leases exist) only the fencing below remains: a second
-    oracle changes the row, so the first one's next extension fails and it raises
-    :class:`OracleFencedError` from then on.
+    which this oracle serves nothing more.
+
+    Replicas of ``percolake serve`` on one store are kept apart by a leader lease
+    instead (:class:`tso.LeaderLease`): an oracle given ``lease`` takes no claim, is
+    built when its replica starts a term, and hands out a range only while the lease is
+    valid by this process's clock, checked after any extension of the bound. Behind
+    both, the fencing: a second oracle changes the bound row, so the first one's next
+    extension fails and it raises :class:`OracleFencedError` from then on.
     """
 
     def __init__(
-        self, store: KVStore, *, window: int = DEFAULT_WINDOW, claim_store: bool = True
+        self,
+        store: KVStore,
+        *,
+        window: int = DEFAULT_WINDOW,
+        claim_store: bool = True,
+        lease: LeaderLease | None = None,
     ) -> None:
-        """``claim_store=False`` exists only for test builds that show the checks catch
-        two oracles serving together; it removes the protection of rule S7."""
+        """``claim_store=False`` without a lease exists only for test builds that show
+        the checks catch two oracles serving together; it removes the protection of
+        rule S7."""
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive int, got {window!r}")
         self._store = store
@@ -103,15 +117,26 @@ class TimestampOracle:
         #: The bound row an extension wrote when its compare-and-set failed without
         #: saying whether it applied; settled before the next extension.
         self._in_doubt: bytes | None = None
-        if claim_store:
+        self._own_lease: LeaderLease | None = None
+        if lease is not None:
+            self._claim = KVStore.claim(store, ORACLE_ROLE)  # the lease guards instead
+        elif claim_store:
             self._claim = self._claim_store(store)
+            try:
+                lease = self._own_lease = self._lead_alone(store)
+            except BaseException:
+                self._claim.release()
+                raise
         else:
             log.critical("timestamp oracle on %s starts WITHOUT claiming its store", store.url)
             self._claim = KVStore.claim(store, ORACLE_ROLE)  # the base claim guards nothing
+        self._lease = lease
+        #: The term this oracle serves in: a later term of the same replica gets a new one.
+        self._term = None if lease is None else lease.epoch
         try:
             self._next, self._bound = self._take_over()
         except BaseException:
-            self._claim.release()
+            self._release()
             raise
         log.info(
             "timestamp oracle %s serving from %d on %s", self._owner[:8], self._next, store.url
@@ -129,6 +154,34 @@ class TimestampOracle:
                 where=exc.where,
                 holder=exc.holder,
             ) from exc
+
+    @staticmethod
+    def _lead_alone(store: KVStore) -> LeaderLease:
+        """An oracle of its own (embedded) still takes the leader lease, so that it never
+        serves beside ``percolake serve`` replicas of the same store."""
+        from tso._lease import DRIFT_MARGIN, LeaderLease
+
+        lease = LeaderLease(store, "tso")
+        # A holder that stopped renewing (it crashed) is waited out once.
+        if not lease.acquire(timeout_s=lease.lease_ms / 1000 * (1 + DRIFT_MARGIN) + 1.0):
+            lease.release()
+            leader = lease.leader()
+            where = "the leader row" if leader is None else f"epoch {leader.epoch}"
+            at = f" at {leader.address}" if leader is not None and leader.address else ""
+            raise OracleAlreadyRunningError(
+                f"a percolake serve replica{at} leads {store.url} ({where}) and renews its "
+                "lease. Only the leader may serve timestamps (rule S7): connect with "
+                "TransactionManager.remote instead, or stop the replicas first",
+                where=f"{store.url} leader row",
+                holder=leader.address if leader is not None else None,
+            )
+        lease.start()
+        return lease
+
+    def _release(self) -> None:
+        self._claim.release()
+        if self._own_lease is not None:
+            self._own_lease.release()
 
     def _take_over(self) -> tuple[int, int]:
         # Retried only while other oracles start at the same moment; each lost
@@ -198,8 +251,14 @@ class TimestampOracle:
                 raise OracleFencedError("this timestamp oracle was closed")
             if self._next + count > self._bound:
                 self._extend(count)
+            if self._lease is not None and not self._lease.valid_for(self._term):
+                # After a pause or a slow extension: a new leader may serve by now.
+                raise OracleFencedError(
+                    "this replica's leader lease ran out; another replica may lead now"
+                )
             first = self._next
             self._next += count
+            metrics.TIMESTAMPS_SERVED.inc(count)
             return TimestampRange(first, count)
 
     def next_timestamp(self) -> int:
@@ -216,7 +275,7 @@ class TimestampOracle:
         The store stays open (the oracle does not own it); closing the store also
         releases the claim and stops this oracle.
         """
-        self._claim.release()
+        self._release()
 
     def __enter__(self) -> TimestampOracle:
         return self

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import grpc
 
-from percolake.rpc import Connection, abort_with, call
+from percolake.rpc import Connection, abort_with, call, forwarded
 from percolake.v1 import timestamp_pb2 as pb
 from percolake.v1 import timestamp_pb2_grpc as pb_grpc
 from tso._batcher import TimestampBatcher
@@ -14,9 +16,27 @@ from tso._oracle import TimestampOracle, TimestampRange
 MAX_RANGE = 1_000_000
 
 
-class TimestampServicer(pb_grpc.TimestampServiceServicer):
+class TimestampBackend(Protocol):
+    """What serves timestamps behind the servicer: a replica's control plane, which
+    serves them when leading and forwards them otherwise (never a call that was
+    already forwarded)."""
+
+    def next_range(self, count: int, *, forwarded: bool = False) -> TimestampRange: ...
+
+
+class _Alone:
+    """A lone oracle (no replicas): every call is served here."""
+
     def __init__(self, oracle: TimestampOracle) -> None:
         self._oracle = oracle
+
+    def next_range(self, count: int, *, forwarded: bool = False) -> TimestampRange:
+        return self._oracle.next_range(count)
+
+
+class TimestampServicer(pb_grpc.TimestampServiceServicer):
+    def __init__(self, backend: TimestampOracle | TimestampBackend) -> None:
+        self._backend = _Alone(backend) if isinstance(backend, TimestampOracle) else backend
 
     def GetTimestamps(
         self, request: pb.GetTimestampsRequest, context: grpc.ServicerContext
@@ -24,7 +44,7 @@ class TimestampServicer(pb_grpc.TimestampServiceServicer):
         try:
             if not 1 <= request.count <= MAX_RANGE:
                 raise ValueError(f"count must be in 1..{MAX_RANGE}, got {request.count}")
-            got = self._oracle.next_range(request.count)
+            got = self._backend.next_range(request.count, forwarded=forwarded(context))
         except Exception as exc:
             abort_with(context, exc)
         return pb.GetTimestampsResponse(first=got.first, count=got.count)

@@ -76,7 +76,7 @@ class TransactionManager:
             TimestampBatcher(oracle.next_range),
             LockTable(),
             config,
-            owns=(store,),
+            owns=(oracle, store),  # the oracle first: it hands its leader lease over
         )
 
     @classmethod

@@ -90,11 +90,26 @@ class _Unclaimable(MemoryStore):
     claim = KVStore.claim
 
 
-def test_second_oracle_fences_the_first_where_claims_cannot_be_enforced() -> None:
+def test_second_oracle_is_refused_by_the_leader_lease_where_claims_cannot_be_enforced() -> None:
     store = _Unclaimable()
     first = TimestampOracle(store, window=4)
+    a = [first.next_timestamp() for _ in range(6)]
+    with pytest.raises(OracleAlreadyRunningError, match="leads memory://"):
+        TimestampOracle(store, window=4)  # waits out one lease: the first one renews
+    b = [first.next_timestamp() for _ in range(6)]
+    assert min(b) > max(a)
+    first.close()  # hands the lease over: the next oracle starts at once
+    third = TimestampOracle(store, window=4)
+    assert third.next_timestamp() > max(b)
+
+
+def test_second_oracle_fences_the_first_behind_claims_and_leases() -> None:
+    """The last line of S7: an oracle that neither claims nor leases (the test build)
+    still cannot serve beside another once the bound row moved under it."""
+    store = _Unclaimable()
+    first = TimestampOracle(store, window=4, claim_store=False)
     a = [first.next_timestamp() for _ in range(4)]  # exhausts the window
-    second = TimestampOracle(store, window=4)
+    second = TimestampOracle(store, window=4, claim_store=False)
     b = [second.next_timestamp() for _ in range(6)]
     with pytest.raises(OracleFencedError):
         first.next_timestamp()
@@ -187,7 +202,7 @@ class _FlakyBound(MemoryStore):
         self.reads_fail = reads_fail
 
     def compare_and_set(self, table, key, expected, value):  # type: ignore[no-untyped-def]
-        if self.fail_next_cas:
+        if self.fail_next_cas and table == TSO_TABLE:  # not the leader lease's row
             self.fail_next_cas = False
             if self.applied:
                 super().compare_and_set(table, key, expected, value)
@@ -234,11 +249,11 @@ def test_a_bound_update_that_timed_out_and_did_not_apply_is_retried() -> None:
 
 def test_a_timed_out_bound_update_that_lost_to_another_oracle_fences() -> None:
     store = _FlakyBound(applied=False)
-    first = TimestampOracle(store, window=3)
+    # Neither claims nor leases (the test build): another oracle may start, as after
+    # a lost lease, and the first keeps serving as if nothing happened.
+    first = TimestampOracle(store, window=3, claim_store=False)
     [first.next_timestamp() for _ in range(3)]
-    first._claim.release()  # another oracle may start (as after a lost lease)
-    first._claim = KVStore.claim(store, "oracle")  # keep serving as if nothing happened
-    TimestampOracle(store, window=3)  # moves the bound
+    TimestampOracle(store, window=3, claim_store=False)  # moves the bound
     store.fail_next_cas = True
     with pytest.raises(OracleFencedError):
         first.next_timestamp()

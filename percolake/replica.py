@@ -1,0 +1,343 @@
+"""One replica of the control plane: the oracle and the lock table of whoever leads.
+
+``percolake serve`` started several times on one store makes replicas. Each runs a
+:class:`tso.LeaderLease` on the store's ``tso`` leader row. The leader builds, per
+term, a :class:`tso.TimestampOracle` (which takes over the persisted bound and serves
+only while the lease is valid) and an empty :class:`lockserver.LockTable` (a new epoch:
+tokens of the old term are refused, which costs aborts and waits, never an anomaly,
+rule S5). A follower forwards each call to the leader named in the row, marked as
+forwarded so that it is never forwarded twice.
+
+:class:`ControlPlane` is both a :class:`~txn._services.TimestampSource` and a
+:class:`~txn._services.LockService`, for the gRPC servicers and for the replica's own
+gateway: a call waits up to ``failover_s`` for a leader (during an election or while a
+dead leader's lease runs out) before it fails as unavailable.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from lockserver import LockTable, LockToken
+from lockserver.server import RemoteLockService
+from percolake import metrics
+from percolake.errors import OracleFencedError, ServiceUnavailableError, StaleTokenError
+from percolake.rpc import FORWARDED_KEY, Connection, TlsConfig
+from storage_adapters import KVStore, StoreError
+from tso import TimestampBatcher, TimestampOracle, TimestampRange
+from tso._lease import DEFAULT_LEASE_MS, LeaderLease, LeaseRecord, LeaseView
+from tso.server import RemoteTimestampSource
+
+log = logging.getLogger(__name__)
+
+#: How long a call waits for a leader before failing as unavailable.
+DEFAULT_FAILOVER_S = 15.0
+#: A follower that could not reach a renewing leader for this many leases deposes it.
+DEPOSE_AFTER_LEASES = 3
+
+T = TypeVar("T")
+
+
+class NotLeaderError(ServiceUnavailableError):
+    """This replica does not lead and the call may not be forwarded (again)."""
+
+
+class _Term:
+    """What a leader serves in one term."""
+
+    def __init__(self, epoch: int, oracle: TimestampOracle | None) -> None:
+        self.epoch = epoch
+        self._oracle = oracle
+        self.timestamps = None if oracle is None else TimestampBatcher(oracle.next_range)
+        self.locks = LockTable()
+
+    @property
+    def oracle(self) -> TimestampOracle:
+        if self._oracle is None:
+            raise ValueError("this replica set serves locks only, not timestamps")
+        return self._oracle
+
+    def next_timestamp(self) -> int:
+        if self.timestamps is None:
+            raise ValueError("this replica set serves locks only, not timestamps")
+        return self.timestamps.next_timestamp()
+
+    def close(self) -> None:
+        if self._oracle is not None:
+            self._oracle.close()
+
+
+class _Forward:
+    """Clients of the leader at one address, for forwarded calls."""
+
+    def __init__(
+        self, address: str, token: str | None, tls: TlsConfig | None, timeout_s: float
+    ) -> None:
+        self.address = address
+        self.conn = Connection(address, token=token, tls=tls)
+        self.conn.metadata = (*self.conn.metadata, (FORWARDED_KEY, "1"))
+        # A leader that stops answering is replaced after about a lease: a call waits
+        # no longer than that on it, then asks whoever leads by then.
+        self.timestamps = RemoteTimestampSource(self.conn, timeout_s=timeout_s)
+        self.locks = RemoteLockService(self.conn, timeout_s=timeout_s)
+
+
+class ControlPlane:
+    """The oracle and lock service of a replica set, as seen from one replica."""
+
+    def __init__(
+        self,
+        store: KVStore,
+        *,
+        role: str = "tso",
+        lease_ms: int = DEFAULT_LEASE_MS,
+        token: str | None = None,
+        tls: TlsConfig | None = None,
+        failover_s: float = DEFAULT_FAILOVER_S,
+        check_lease: bool = True,
+    ) -> None:
+        """``check_lease=False`` exists only for the test build that shows the timestamp
+        workload catches a leader serving without a valid lease (rule S7)."""
+        self._store = store
+        self._token, self._tls = token, tls
+        self.failover_s = failover_s
+        self._lock = threading.Lock()
+        self._term: _Term | None = None
+        self._forward: _Forward | None = None
+        self._unreachable_since: float | None = None
+        self._closed = False
+        #: Replicas of ``serve locks`` elect on a row of their own and keep no oracle.
+        self._timestamps = role == "tso"
+        self.lease = LeaderLease(
+            store,
+            role,
+            lease_ms=lease_ms,
+            on_change=self._on_change,
+            on_row=self._on_row,
+            check_validity=check_lease,
+        )
+        self._term_changed = threading.Condition(self._lock)
+
+    def start(self, address: str) -> None:
+        """Begin electing, advertising ``address`` (where this replica serves).
+
+        The first round runs here, so a replica alone on a fresh store leads at once.
+        """
+        self.lease.address = address
+        try:
+            self.lease.step()
+        except StoreError as exc:
+            log.warning("first leader election round failed: %s", exc)
+        self.lease.start()
+
+    # --- terms ---------------------------------------------------------------------
+
+    def _on_change(self, epoch: int | None) -> None:
+        if epoch is None:
+            with self._lock:
+                old, self._term = self._term, None
+                self._term_changed.notify_all()
+            if old is not None:
+                old.close()
+            metrics.record_leader_change(self.lease.role, old.epoch if old else 0, False)
+            return
+        # Take over the bound before the lease turns valid: everything the old leader
+        # could have served lies below it (S7).
+        oracle = None
+        if self._timestamps:
+            try:
+                oracle = TimestampOracle(self._store, lease=self.lease)
+            except (StoreError, OracleFencedError) as exc:
+                log.error("epoch %d: could not take over the timestamp bound: %s", epoch, exc)
+                return
+        with self._lock:
+            self._term = _Term(epoch, oracle)
+            self._term_changed.notify_all()
+        metrics.record_leader_change(self.lease.role, epoch, True)
+
+    def _on_row(self, record: LeaseRecord | None) -> None:
+        """A new leader (or none): calls still waiting on the old one are cancelled, and
+        sent again to the new one."""
+        address = None if record is None or not record.live else record.address
+        with self._lock:
+            forward = self._forward
+            if forward is None or forward.address == address:
+                return
+            self._forward = None
+        forward.conn.close()
+
+    def _local(self) -> _Term | None:
+        term = self._term
+        if term is not None and self.lease.valid_for(term.epoch):
+            return term
+        return None
+
+    def _leader(self) -> _Forward | None:
+        address = self.lease.leader_address()
+        if address is None or address == self.lease.address:
+            return None
+        forward = self._forward
+        if forward is None or forward.address != address:
+            with self._lock:
+                if self._forward is None or self._forward.address != address:
+                    if self._forward is not None:
+                        self._forward.conn.close()
+                    self._forward = _Forward(
+                        address, self._token, self._tls, max(0.5, self.lease.lease_ms / 1000)
+                    )
+                forward = self._forward
+        return forward
+
+    def _route(
+        self,
+        local: Callable[[_Term], T],
+        remote: Callable[[_Forward], T],
+        *,
+        forwarded: bool,
+        what: str,
+    ) -> T:
+        """Serve locally when leading, else forward to the leader; wait for one."""
+        deadline = time.monotonic() + self.failover_s
+        last: Exception | None = None
+        while not self._closed:
+            term = self._local()
+            if term is not None:
+                try:
+                    return local(term)
+                except OracleFencedError as exc:  # the lease ran out mid-call
+                    last = exc
+            elif not forwarded and (forward := self._leader()) is not None:
+                try:
+                    result = remote(forward)
+                except (ServiceUnavailableError, OracleFencedError) as exc:
+                    last = exc
+                    self._leader_unreachable(forward, exc)
+                else:
+                    self._unreachable_since = None
+                    return result
+            elif forwarded:
+                raise NotLeaderError(f"replica {self.lease.address} does not lead ({what})")
+            if time.monotonic() >= deadline:
+                break
+            with self._lock:
+                self._term_changed.wait(min(0.05, self.lease.lease_ms / 8000))
+        raise ServiceUnavailableError(
+            f"no leader served {what} within {self.failover_s:.0f} s"
+            + (f" (last error: {last})" if last else "")
+        )
+
+    def _leader_unreachable(self, forward: _Forward, exc: Exception) -> None:
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+            return
+        patience = DEPOSE_AFTER_LEASES * self.lease.lease_ms / 1000
+        if now - self._unreachable_since >= patience and self.lease.depose(
+            f"{forward.address} unreachable from here: {exc}"
+        ):
+            self._unreachable_since = None
+
+    # --- TimestampSource -------------------------------------------------------------
+
+    def next_range(self, count: int, *, forwarded: bool = False) -> TimestampRange:
+        return self._route(
+            lambda term: term.oracle.next_range(count),
+            lambda leader: leader.timestamps.next_range(count),
+            forwarded=forwarded,
+            what="timestamps",
+        )
+
+    def next_timestamp(self) -> int:
+        return self._route(
+            lambda term: term.next_timestamp(),
+            lambda leader: leader.timestamps.next_timestamp(),
+            forwarded=False,
+            what="a timestamp",
+        )
+
+    # --- LockService ---------------------------------------------------------------
+
+    def lock(
+        self,
+        descriptors: Iterable[bytes],
+        owner: str,
+        lease_ms: int,
+        wait_timeout_ms: int = 0,
+        *,
+        forwarded: bool = False,
+    ) -> LockToken | None:
+        wanted = list(descriptors)
+        return self._route(
+            lambda term: term.locks.lock(wanted, owner, lease_ms, wait_timeout_ms),
+            lambda leader: leader.locks.lock(wanted, owner, lease_ms, wait_timeout_ms),
+            forwarded=forwarded,
+            what="locks",
+        )
+
+    def refresh(
+        self, token: LockToken, lease_ms: int | None = None, *, forwarded: bool = False
+    ) -> bool:
+        return self._route(
+            lambda term: self._check_epoch(term, token) and term.locks.refresh(token, lease_ms),
+            lambda leader: leader.locks.refresh(token, lease_ms),
+            forwarded=forwarded,
+            what="a lock refresh",
+        )
+
+    def unlock(self, token: LockToken, *, forwarded: bool = False) -> bool:
+        return self._route(
+            lambda term: self._check_epoch(term, token) and term.locks.unlock(token),
+            lambda leader: leader.locks.unlock(token),
+            forwarded=forwarded,
+            what="an unlock",
+        )
+
+    def wait_until_released(
+        self, descriptors: Iterable[bytes], timeout_ms: int, *, forwarded: bool = False
+    ) -> bool:
+        wanted = list(descriptors)
+        return self._route(
+            lambda term: term.locks.wait_until_released(wanted, timeout_ms),
+            lambda leader: leader.locks.wait_until_released(wanted, timeout_ms),
+            forwarded=forwarded,
+            what="a lock wait",
+        )
+
+    def epoch(self, *, forwarded: bool = False) -> int:
+        return self._route(
+            lambda term: term.locks.epoch,
+            lambda leader: leader.locks.epoch(),
+            forwarded=forwarded,
+            what="the lock epoch",
+        )
+
+    @staticmethod
+    def _check_epoch(term: _Term, token: LockToken) -> bool:
+        if token.epoch != term.locks.epoch:
+            raise StaleTokenError(
+                f"lock token from epoch {token.epoch}: the lock table changed hands "
+                f"(now epoch {term.locks.epoch}) and every lock of the old one is gone"
+            )
+        return True
+
+    # --- status ----------------------------------------------------------------------
+
+    def view(self) -> LeaseView:
+        return self.lease.view()
+
+    def locks_held(self) -> int:
+        term = self._local()
+        return 0 if term is None else len(term.locks)
+
+    def close(self) -> None:
+        """Stop electing and serving; a leader hands its row over first."""
+        self._closed = True
+        self.lease.release()
+        with self._lock:
+            forward, self._forward = self._forward, None
+        if forward is not None:
+            forward.conn.close()

@@ -1,0 +1,169 @@
+"""Replicas of ``percolake serve`` on one store (rule S7 with leader leases), through
+real processes: one leads and serves timestamps and locks, the others forward to it;
+a killed or paused leader is replaced, and clients given every replica's address fail
+over by themselves.
+
+The lease protocol on fake clocks, with the property that no two replicas ever lead
+at once, is in ``tests/unit/test_leader_lease.py``; the chaos runs with leader kills,
+pauses and partitions and the timestamp workload are in ``tests/chaos``.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from storage_adapters import open_store
+from tests.servers import ServerProcess
+from tso._lease import LEADER_TABLE, LeaseRecord
+from txn import TransactionManager
+from txn.remote import RemoteTransactionManager
+
+pytestmark = pytest.mark.integration
+
+#: Short leases keep the tests quick; the defaults are measured in the benchmarks.
+LEASE = ["--leader-lease-ms", "1000"]
+
+
+def _url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/store.db"
+
+
+@pytest.fixture
+def servers() -> Iterator[list[ServerProcess]]:
+    started: list[ServerProcess] = []
+    yield started
+    for server in started:
+        server.kill()
+
+
+def _leader(url: str) -> LeaseRecord:
+    store = open_store(url)
+    try:
+        return LeaseRecord.decode(store.get_system(LEADER_TABLE, [b"tso"])[b"tso"])
+    finally:
+        store.close()
+
+
+def _commit(client: RemoteTransactionManager, value: bytes, served: list[int]) -> None:
+    with client.begin() as tx:
+        served.append(tx.start_ts)
+        tx.put("t", b"r", b"c", value)
+    assert tx.commit_ts is not None
+    served.append(tx.commit_ts)
+
+
+def test_a_second_serve_on_the_store_is_a_replica_and_a_restart_serves_above(
+    tmp_path: Path, servers: list[ServerProcess]
+) -> None:
+    """Before leases the second ``percolake serve`` had to exit (a file lock); now it is
+    a replica: it forwards to the leader, every timestamp stays above the ones before,
+    and after the leader is killed the follower leads and serves above them all."""
+    store = ["--store", _url(tmp_path), *LEASE]
+    first = ServerProcess("all", store, tmp_path).start()
+    servers.append(first)
+    served: list[int] = []
+    client = TransactionManager.remote(first.address)
+    for i in range(5):
+        _commit(client, b"%d" % i, served)
+    second = ServerProcess("all", store, tmp_path).start()
+    servers.append(second)
+    oracle_only = ServerProcess("tso", store, tmp_path).start()
+    servers.append(oracle_only)
+    assert _leader(_url(tmp_path)).address == first.address
+    via_second = TransactionManager.remote(second.address)
+    for i in range(5, 10):  # interleaved through both: one order of timestamps
+        _commit(via_second if i % 2 else client, b"%d" % i, served)
+    assert served == sorted(served) and len(set(served)) == len(served)
+    assert "leads tso" not in second.output()
+
+    first.kill()
+    client.close()
+    started = time.monotonic()
+    _commit(via_second, b"after", served)
+    assert time.monotonic() - started < 10
+    assert served == sorted(served)
+    assert _leader(_url(tmp_path)).address in (second.address, oracle_only.address)
+    via_second.close()
+
+
+def test_clients_of_every_replica_fail_over_when_the_leader_is_killed_or_paused(
+    tmp_path: Path, servers: list[ServerProcess]
+) -> None:
+    store = ["--store", _url(tmp_path), *LEASE]
+    replicas = [ServerProcess("all", store, tmp_path).start() for _ in range(3)]
+    servers.extend(replicas)
+    client = TransactionManager.remote(",".join(r.address for r in replicas), timeout_s=20)
+    served: list[int] = []
+    _commit(client, b"0", served)
+    by_address = {r.address: r for r in replicas}
+
+    for fault, value in ((signal.SIGSTOP, b"paused"), (signal.SIGKILL, b"killed")):
+        leader = by_address[_leader(_url(tmp_path)).address]
+        epoch = _leader(_url(tmp_path)).epoch
+        leader.signal(fault)
+        started = time.monotonic()
+        _commit(client, value, served)  # no error: waits for the new leader
+        outage = time.monotonic() - started
+        assert outage < 10, outage
+        record = _leader(_url(tmp_path))
+        assert record.epoch > epoch and record.address != leader.address
+        if fault == signal.SIGSTOP:
+            leader.signal(signal.SIGCONT)
+            time.sleep(1.5)  # its next round finds the row changed
+            # Woken up, it serves nothing itself: through it, calls go to the leader.
+            via_old = TransactionManager.remote(leader.address)
+            _commit(via_old, b"through the old leader", served)
+            via_old.close()
+            assert "stops leading tso" in leader.output()
+    assert served == sorted(served) and len(set(served)) == len(served)
+    with client.begin() as tx:
+        assert (
+            tx.get("t", b"r", b"c") == b"through the old leader"
+            or tx.get("t", b"r", b"c") == b"killed"
+        )
+    client.close()
+
+
+def test_split_roles_gateways_take_several_oracle_and_lock_addresses(
+    tmp_path: Path, servers: list[ServerProcess]
+) -> None:
+    """``serve tso`` and ``serve locks --store`` replicas, and a gateway given all their
+    addresses: killing the oracle leader and the lock leader costs a wait, not an error."""
+    url = _url(tmp_path)
+    oracles = [ServerProcess("tso", ["--store", url, *LEASE], tmp_path).start() for _ in range(2)]
+    lockers = [ServerProcess("locks", ["--store", url, *LEASE], tmp_path).start() for _ in range(2)]
+    servers.extend([*oracles, *lockers])
+    gateway = ServerProcess(
+        "txn",
+        [
+            "--store",
+            url,
+            "--tso",
+            ",".join(o.address for o in oracles),
+            "--locks",
+            ",".join(locker.address for locker in lockers),
+        ],
+        tmp_path,
+    ).start()
+    servers.append(gateway)
+    client = TransactionManager.remote(gateway.address, timeout_s=30)
+    served: list[int] = []
+    _commit(client, b"0", served)
+    store = open_store(url)
+    try:
+        rows = store.get_system(LEADER_TABLE, [b"tso", b"locks"])
+    finally:
+        store.close()
+    tso_leader = LeaseRecord.decode(rows[b"tso"]).address
+    locks_leader = LeaseRecord.decode(rows[b"locks"]).address
+    for server in [*oracles, *lockers]:
+        if server.address in (tso_leader, locks_leader):
+            server.kill()
+    _commit(client, b"1", served)
+    assert served == sorted(served)
+    client.close()

@@ -1,0 +1,193 @@
+"""Leader leases (rule S7 with replicas): :mod:`tso._lease`, on fake clocks.
+
+Every replica has its own clock, running at its own rate; real time is what the test
+advances. The property at the end checks the rule itself: at no real instant do two
+replicas consider themselves leader, whatever the interleaving of their rounds, pauses
+and clock rates within the drift margin. A variant without the margin is caught.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from percolake.errors import OracleFencedError
+from storage_adapters import KVStore, open_store
+from tso import TimestampOracle, _lease
+from tso._lease import DRIFT_MARGIN, LEADER_TABLE, LeaderLease, LeaseRecord
+
+pytestmark = pytest.mark.unit
+
+LEASE_MS = 1000
+
+
+class World:
+    """Real time, and replicas whose clocks run at their own rates."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def clock(self, rate: float = 1.0, offset: float = 0.0) -> _Clock:
+        return _Clock(self, rate, offset)
+
+
+class _Clock:
+    def __init__(self, world: World, rate: float, offset: float) -> None:
+        self.world, self.rate, self.offset = world, rate, offset
+
+    def __call__(self) -> float:
+        return self.offset + self.world.now * self.rate
+
+
+def _replica(store: KVStore, world: World, rate: float = 1.0) -> LeaderLease:
+    return LeaderLease(store, "tso", address=f"r{rate}", lease_ms=LEASE_MS, clock=world.clock(rate))
+
+
+def test_the_first_replica_on_a_fresh_store_leads_at_once() -> None:
+    world, store = World(), open_store("memory://")
+    a = _replica(store, world)
+    a.step()
+    assert a.valid() and a.epoch == 1
+    record = LeaseRecord.decode(store.get_system(LEADER_TABLE, [b"tso"])[b"tso"])
+    assert (record.holder, record.address, record.epoch) == (a.id, "r1.0", 1)
+
+
+def test_a_follower_takes_over_only_after_waiting_out_the_lease_it_saw_last() -> None:
+    world, store = World(), open_store("memory://")
+    a, b = _replica(store, world), _replica(store, world)
+    a.step()
+    b.step()
+    assert not b.valid() and b.leader_address() == "r1.0"
+    for _ in range(20):  # a renews: b never takes over
+        world.now += 0.25
+        a.step()
+        b.step()
+        assert a.valid() and not b.valid()
+    # a dies: b waits the lease plus the margin from its last sight of a renewal.
+    last_seen = world.now
+    while not b.valid():
+        world.now += 0.01
+        b.step()
+    assert world.now - last_seen >= LEASE_MS / 1000 * (1 + DRIFT_MARGIN) - 1e-9
+    assert b.epoch == 2
+    # a's lease ran out long before, by its own clock.
+    assert not a.valid()
+
+
+def test_a_leader_is_valid_until_its_renewal_send_time_plus_the_lease_minus_the_margin() -> None:
+    world, store = World(), open_store("memory://")
+    a = _replica(store, world)
+    a.step()
+    world.now += LEASE_MS / 1000 * (1 - DRIFT_MARGIN) - 0.001
+    assert a.valid()
+    world.now += 0.002  # a pause: no renewal in between
+    assert not a.valid()
+
+
+def test_an_oracle_refuses_to_serve_once_its_lease_ran_out_and_its_term_ended() -> None:
+    world, store = World(), open_store("memory://")
+    a = _replica(store, world)
+    a.step()
+    oracle = TimestampOracle(store, lease=a)
+    first = oracle.next_timestamp()
+    world.now += 5  # paused past its lease
+    with pytest.raises(OracleFencedError, match="lease ran out"):
+        oracle.next_timestamp()
+    b = _replica(store, world)
+    b.step()
+    world.now += 2
+    b.step()
+    assert b.valid()
+    after = TimestampOracle(store, lease=b).next_timestamp()
+    assert after > first
+    a.step()  # a wakes up: its renewal fails, its term is over for good
+    assert not a.valid()
+    with pytest.raises(OracleFencedError):
+        oracle.next_timestamp()
+
+
+def test_a_released_lease_is_taken_over_at_once() -> None:
+    world, store = World(), open_store("memory://")
+    a, b = _replica(store, world), _replica(store, world)
+    a.step()
+    b.step()
+    a.release()
+    assert not a.valid()
+    b.step()
+    assert b.valid() and b.epoch == 2
+
+
+def test_a_deposed_leader_stops_at_its_next_renewal_and_the_lease_is_waited_out() -> None:
+    world, store = World(), open_store("memory://")
+    a, b = _replica(store, world), _replica(store, world)
+    a.step()
+    b.step()
+    assert b.depose("cannot reach it")
+    deposed_at = world.now
+    world.now += 0.1
+    assert a.valid()  # until its next round
+    a.step()
+    assert not a.valid()
+    while not b.valid():
+        world.now += 0.05
+        a.step()
+        b.step()
+        assert not a.valid()  # a sits out: it was deposed for being unreachable
+    assert world.now - deposed_at >= LEASE_MS / 1000 * (1 + DRIFT_MARGIN) - 1e-9
+
+
+def test_a_corrupt_leader_row_is_reported() -> None:
+    store = open_store("memory://")
+    store.put_unless_exists(LEADER_TABLE, b"tso", b"{not json")
+    with pytest.raises(Exception, match="corrupt leader row"):
+        LeaderLease(store, "tso").step()
+
+
+def test_bad_lease_lengths_are_refused() -> None:
+    store = open_store("memory://")
+    with pytest.raises(ValueError, match="leader lease"):
+        LeaderLease(store, lease_ms=10)
+    with pytest.raises(TypeError):
+        LeaderLease(store, lease_ms=1.5)  # type: ignore[arg-type]
+
+
+# --- the rule itself, under any interleaving -----------------------------------------
+
+#: Clock rates within the tolerated drift (both ways from 1, so relative drift up to
+#: about 9 %), and a few rounds of each replica in any order, with pauses.
+_rates = st.floats(min_value=1 - DRIFT_MARGIN * 0.45, max_value=1 + DRIFT_MARGIN * 0.45)
+_events = st.lists(
+    st.tuples(st.integers(0, 2), st.floats(min_value=0.0, max_value=1.5)),
+    min_size=5,
+    max_size=80,
+)
+
+
+def _never_two_leaders(rates: list[float], events: list[tuple[int, float]]) -> None:
+    world, store = World(), open_store("memory://")
+    replicas = [_replica(store, world, rate) for rate in rates]
+    for who, pause in events:
+        world.now += pause
+        leading = [r for r in replicas if r.valid()]
+        assert len(leading) <= 1, f"two leaders at {world.now:.3f}: {leading}"
+        replicas[who].step()
+        leading = [r for r in replicas if r.valid()]
+        assert len(leading) <= 1, f"two leaders at {world.now:.3f}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(rates=st.lists(_rates, min_size=3, max_size=3), events=_events)
+def test_no_two_replicas_ever_lead_at_the_same_instant(
+    rates: list[float], events: list[tuple[int, float]]
+) -> None:
+    _never_two_leaders(rates, events)
+
+
+def test_without_the_drift_margin_two_leaders_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same check on a broken build (no margin): a follower whose clock runs fast
+    takes over while the slow leader still counts its lease as valid."""
+    monkeypatch.setattr(_lease, "DRIFT_MARGIN", 0.0)
+    with pytest.raises(AssertionError, match="two leaders"):
+        # The leader's clock runs 4 % slow, the follower's 4 % fast.
+        _never_two_leaders([0.96, 1.04, 1.0], [(0, 0.0), (1, 0.0), (1, 1.0), (1, 0.02)])
