@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from percolake import metrics
 from percolake.errors import StaleTokenError
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class LockTable:
         self._slots: dict[bytes, _Slot] = {}
         self._grants: dict[int, _Grant] = {}
         self._ids = itertools.count(1)
+        metrics.track_locks_held(self.__len__)
 
     # --- acquiring ---------------------------------------------------------------
 
@@ -125,6 +127,7 @@ class LockTable:
                 expires_at=deadline + lease / 1000,
             )
             self._grants[grant.token.lock_id] = grant
+            waited_since: float | None = None  # for the metrics
             for descriptor in wanted:
                 slot = self._slots.setdefault(descriptor, _Slot())
                 slot.queue.append(grant)
@@ -135,12 +138,15 @@ class LockTable:
                         if slot.holder is None and not slot.queue:
                             del self._slots[descriptor]
                         self._drop(grant)
+                        metrics.record_lock_wait(waited_since)
                         return None
+                    waited_since = waited_since or time.monotonic()
                     self._cond.wait(min(remaining, self._time_to_expiry(slot)))
                 slot.queue.popleft()
                 slot.holder = grant
                 grant.acquired += 1
             grant.expires_at = self._clock() + lease / 1000
+            metrics.record_lock_wait(waited_since)
             return grant.token
 
     def _can_take(self, slot: _Slot, grant: _Grant) -> bool:

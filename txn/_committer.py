@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from lockserver import LockToken
+from percolake import metrics
 from storage_adapters import Cell, StoreError, VersionWrite
 from txn import failpoints as fp
 from txn._buffer import WriteBuffer
@@ -26,6 +27,7 @@ from txn._services import cell_lock, commit_lock
 from txn._status import ABORTED, TXN_TABLE, decode_outcome, encode_outcome, txn_key
 from txn.errors import (
     CommitUnknownError,
+    SnapshotTooOldError,
     TransactionAbortedError,
     TransactionConflictError,
 )
@@ -69,6 +71,20 @@ def _each_table(
 #: The protocol's steps in the order DESIGN.md prescribes.
 STEPS = ("lock", "write", "check", "commit_ts", "validate", "commit_point", "release")
 
+#: Each step's latency histogram (``percolake_commit_step_seconds``), bound once.
+_STEP_SECONDS = {step: metrics.COMMIT_STEP_SECONDS.labels(step=step) for step in STEPS}
+
+#: What a conflict means, by the step that found it (the abort reasons of the metrics).
+_CONFLICT_REASONS = {"lock": "lock_timeout", "validate": "validation", "commit_point": "lock_lost"}
+
+
+def _abort_reason(step: str, exc: TransactionAbortedError) -> str:
+    if isinstance(exc, SnapshotTooOldError):
+        return "snapshot_too_old"
+    if isinstance(exc, TransactionConflictError):
+        return _CONFLICT_REASONS.get(step, "conflict")
+    return "other"
+
 
 class Commit:
     """One transaction's commit, as explicit steps. It owns the commit's state.
@@ -102,6 +118,8 @@ class Commit:
         self.status = TransactionStatus.COMMITTING
         self.commit_ts: int | None = None
         self.outcome: int | None = None
+        #: Each step's latency, recorded in the metrics once the commit committed.
+        self._seconds: list[tuple[str, float]] = []
 
     @property
     def next_step(self) -> str | None:
@@ -120,38 +138,53 @@ class Commit:
         if name is None:
             return False
         start_ts = self.start_ts
+        began = time.perf_counter()
         try:
             getattr(self, "_" + name)()
-        except TransactionAbortedError:
+        except TransactionAbortedError as exc:
             self._fail(TransactionStatus.ABORTED)
+            metrics.record_abort(_abort_reason(name, exc))
             raise
         except CommitUnknownError:
             self._fail(TransactionStatus.UNKNOWN)
+            metrics.COMMIT_UNKNOWN.inc()
             raise
         except StoreError as exc:
             # A store error other than a timeout (handled inside the commit point)
             # means the write was not applied: definitely not committed.
             self._fail(TransactionStatus.ABORTED)
+            metrics.record_store_error(name)
+            metrics.record_abort("store_error")
             raise TransactionAbortedError(
                 f"transaction {start_ts} aborted: store error in step {name}: {exc}"
             ) from exc
         except Exception as exc:
             if name == "commit_point":  # unexpected: we cannot know what happened
                 self._fail(TransactionStatus.UNKNOWN)
+                metrics.COMMIT_UNKNOWN.inc()
                 raise CommitUnknownError(
                     f"commit point of {start_ts} failed unexpectedly: {exc!r}", start_ts=start_ts
                 ) from exc
             # The oracle or the lock server failed before the commit point: nothing
             # can have committed, so this is a clean abort (locks are liveness only).
             self._fail(TransactionStatus.ABORTED)
+            metrics.record_abort("other")
             raise TransactionAbortedError(
                 f"transaction {start_ts} aborted in step {name}: {exc}"
             ) from exc
+        self._seconds.append((name, time.perf_counter() - began))
         self._next += 1
         if self.next_step is None:
             self.status = TransactionStatus.COMMITTED
+            self._record_commit()
             return False
         return True
+
+    def _record_commit(self) -> None:
+        metrics.COMMITS.inc()
+        for name, seconds in self._seconds:
+            _STEP_SECONDS[name].observe(seconds)
+        metrics.COMMIT_SECONDS.observe(sum(seconds for _, seconds in self._seconds))
 
     def _fail(self, status: TransactionStatus) -> None:
         self.status = status
@@ -368,6 +401,7 @@ def _commit_point(rt: Runtime, start_ts: int, commit_ts: int) -> int:
         # proposal, and a later round completes it. Only a clean "not applied" (a
         # result, not an error) is a definite answer. Settle it (S6).
         log.warning("commit point of %d failed; settling it (S6): %s", start_ts, exc)
+        metrics.record_store_error("commit_point")
         return _settle(rt, start_ts, commit_ts, exc)
     assert result.current is not None
     outcome = decode_outcome(result.current)
@@ -394,6 +428,7 @@ def _settle(rt: Runtime, start_ts: int, commit_ts: int, first: Exception) -> int
             rt.failpoints.hit(fp.SETTLE_COMMIT, start_ts)
             result = rt.store.put_unless_exists(TXN_TABLE, key, value)
         except StoreError as exc:
+            metrics.record_store_error("commit_point")
             last = exc
             continue
         assert result.current is not None
@@ -417,6 +452,7 @@ def _abandon(
             # removed our versions it removes this entry too (rule S9).
             outcome = rt.resolver.settle_aborted(start_ts, own=True)
         except StoreError as exc:
+            metrics.record_store_error("abandon")
             # Readers will settle us (S3); until then the versions stay, invisible.
             log.debug("could not record abort of %d: %s", start_ts, exc)
             return

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from percolake import metrics
 from storage_adapters import Cell, StoreError
 from txn._args import check_cell, check_cells, check_put, check_scan
 from txn._buffer import WriteBuffer
@@ -53,6 +54,7 @@ def _pull(
         row = next(rows, None)
         rt.guard.check(start_ts)
     except StoreError as exc:
+        metrics.record_store_error("scan")
         raise ServiceUnavailableError(f"scan of {table!r} failed: {exc}") from exc
     return row
 
@@ -130,6 +132,7 @@ class EmbeddedTransaction:
                 visible = self._rt.reader.read_cells(table, from_store, self.start_ts)
                 self._rt.guard.check(self.start_ts)  # after the read (rule S8)
             except StoreError as exc:
+                metrics.record_store_error("read")
                 raise ServiceUnavailableError(f"read of {table!r} failed: {exc}") from exc
             if self._reads is not None:
                 for cell in from_store:
@@ -262,10 +265,15 @@ class EmbeddedTransaction:
         )
         return self._commit
 
-    def abort(self) -> None:
-        """Drop the buffered writes. Nothing was written to the store before commit."""
+    def abort(self, *, reason: str = "user") -> None:
+        """Drop the buffered writes. Nothing was written to the store before commit.
+
+        ``reason`` is what the metrics count it as (``percolake.metrics.ABORT_REASONS``):
+        the gateway says why it aborts a transaction its client did not.
+        """
         self._check_active()
         self._status = TransactionStatus.ABORTED
+        metrics.record_abort(reason)
 
     def __enter__(self) -> EmbeddedTransaction:
         return self

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from percolake import metrics
 from percolake.rpc import abort_with
 from percolake.v1 import transaction_pb2 as pb
 from percolake.v1 import transaction_pb2_grpc as pb_grpc
@@ -85,6 +86,11 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="percolake-reaper", daemon=True)
         self._reaper.start()
+        metrics.track_open_transactions(self.open_transactions)
+
+    def open_transactions(self) -> int:
+        """How many transactions are open on this gateway now."""
+        return len(self._open)
 
     # --- bookkeeping ---------------------------------------------------------------
 
@@ -119,7 +125,7 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                     continue  # in use right now: not idle
                 try:
                     if entry.tx.status is TransactionStatus.ACTIVE:
-                        entry.tx.abort()
+                        entry.tx.abort(reason="idle")
                         log.info(
                             "aborted transaction %s: idle for over %.0f s",
                             txn_id,
@@ -151,7 +157,7 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
         """
         with entry.lock:
             if entry.tx.status is TransactionStatus.ACTIVE:
-                entry.tx.abort()
+                entry.tx.abort(reason="fenced")
                 log.info("aborted open transaction %s to settle its outcome", txn_id)
             if entry.tx.status is not TransactionStatus.COMMITTING:
                 self._finish(txn_id, entry)
@@ -165,7 +171,7 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
         for txn_id, entry in entries:
             with entry.lock:
                 if entry.tx.status is TransactionStatus.ACTIVE:
-                    entry.tx.abort()
+                    entry.tx.abort(reason="shutdown")
                 self._finish(txn_id, entry)
         if entries:
             log.info("aborted %d open transactions at shutdown", len(entries))

@@ -1,0 +1,250 @@
+"""The Prometheus metrics (``percolake.metrics``) count exactly what a known workload did.
+
+The registry is process-wide, so every figure is a delta read before and after.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import REGISTRY
+
+from lockserver import LockTable
+from percolake import metrics
+from percolake.v1 import transaction_pb2 as pb
+from storage_adapters import StoreTimeoutError, StoreUnavailableError
+from txn import Isolation, TransactionConfig, TransactionManager
+from txn import failpoints as fp
+from txn._committer import STEPS
+from txn.errors import CommitUnknownError, TransactionAbortedError, TransactionConflictError
+from txn.server import TransactionServicer
+
+pytestmark = pytest.mark.unit
+
+T = "t"
+
+
+def value(name: str, **labels: str) -> float:
+    got = REGISTRY.get_sample_value(name, labels)
+    return 0.0 if got is None else got
+
+
+class Deltas:
+    """Readings of a set of samples, to compare after the workload."""
+
+    def __init__(self, *samples: tuple[str, dict[str, str]]) -> None:
+        self._before = {
+            (name, tuple(sorted(lb.items()))): value(name, **lb) for name, lb in samples
+        }
+
+    def __call__(self, name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return value(name, **labels) - self._before[key]
+
+
+def _samples() -> list[tuple[str, dict[str, str]]]:
+    out: list[tuple[str, dict[str, str]]] = [
+        ("percolake_commits_total", {}),
+        ("percolake_commit_unknown_total", {}),
+        ("percolake_commit_seconds_count", {}),
+        ("percolake_timestamps_served_total", {}),
+        ("percolake_lock_waits_total", {}),
+        ("percolake_lock_wait_seconds_count", {}),
+        ("percolake_lock_wait_seconds_sum", {}),
+    ]
+    out += [("percolake_aborts_total", {"reason": r}) for r in metrics.ABORT_REASONS]
+    out += [("percolake_commit_step_seconds_count", {"step": s}) for s in STEPS]
+    out += [("percolake_store_errors_total", {"op": op}) for op in ("write", "commit_point")]
+    return out
+
+
+@pytest.fixture
+def tm() -> Iterator[TransactionManager]:
+    config = TransactionConfig(lock_wait_ms=50, settle_attempts=2, settle_backoff_ms=1)
+    with TransactionManager.embedded("memory://", config) as manager:
+        yield manager
+
+
+def test_a_known_workload_is_counted_exactly(tm: TransactionManager) -> None:
+    plain, conflicts = 4, 3
+    deltas = Deltas(*_samples())
+    timestamps = 0  # one per begin, one per commit that reaches the commit_ts step
+
+    for i in range(plain):
+        tx = tm.begin()
+        tx.put(T, b"row%d" % i, b"c", b"v")
+        tx.commit()
+        timestamps += 2
+    for i in range(conflicts):  # two writers of one cell: the first to commit wins
+        first, second = tm.begin(), tm.begin()
+        first.put(T, b"hot%d" % i, b"c", b"first")
+        second.put(T, b"hot%d" % i, b"c", b"second")
+        first.commit()
+        with pytest.raises(TransactionConflictError):
+            second.commit()  # locks, writes, then the check finds the first
+        timestamps += 3
+    aborted = tm.begin()
+    aborted.put(T, b"gone", b"c", b"v")
+    aborted.abort()
+    timestamps += 1
+
+    committed = plain + conflicts
+    assert deltas("percolake_commits_total") == committed
+    assert deltas("percolake_aborts_total", reason="conflict") == conflicts
+    assert deltas("percolake_aborts_total", reason="user") == 1
+    others = set(metrics.ABORT_REASONS) - {"conflict", "user"}
+    assert {r: deltas("percolake_aborts_total", reason=r) for r in others} == dict.fromkeys(
+        others, 0
+    )
+    assert deltas("percolake_commit_unknown_total") == 0
+    # Step latencies are those of the commits that committed: one sample per step each.
+    for step in STEPS:
+        assert deltas("percolake_commit_step_seconds_count", step=step) == committed, step
+    assert deltas("percolake_commit_seconds_count") == committed
+    # The embedded manager takes its timestamps one call at a time, each a range of one.
+    assert deltas("percolake_timestamps_served_total") == timestamps
+    assert deltas("percolake_lock_waits_total") == 0  # sequential: nobody waited
+
+
+def test_each_abort_reason_comes_from_what_the_commit_raised(tm: TransactionManager) -> None:
+    deltas = Deltas(*_samples())
+
+    # lock_timeout: a committer holds the cell's lock (its lock step done) too long.
+    holder, waiter = tm.begin(), tm.begin()
+    holder.put(T, b"locked", b"c", b"h")
+    waiter.put(T, b"locked", b"c", b"w")
+    commit = holder.committer()
+    assert commit.step() and commit.next_step == "write"
+    with pytest.raises(TransactionConflictError, match="waiting for locks"):
+        waiter.commit()
+    commit.run()
+
+    # validation: a SERIALIZABLE transaction's read changed before its commit.
+    reader = tm.begin(Isolation.SERIALIZABLE)
+    assert reader.get(T, b"locked", b"c") == b"h"
+    tm.run(lambda tx: tx.put(T, b"locked", b"c", b"new"))
+    reader.put(T, b"elsewhere", b"c", b"v")
+    with pytest.raises(TransactionConflictError, match="serialization failure"):
+        reader.commit()
+
+    # store_error: the store fails a write of the commit.
+    tm.failpoints.enable(
+        fp.AFTER_WRITE, fp.raise_error(lambda: StoreUnavailableError("down")), times=1
+    )
+    broken = tm.begin()
+    broken.put(T, b"w", b"c", b"v")
+    with pytest.raises(TransactionAbortedError, match="store error in step write"):
+        broken.commit()
+
+    # unknown: the commit point's reply is lost and settling it fails every time.
+    tm.failpoints.enable(
+        fp.BEFORE_COMMIT_POINT, fp.raise_error(lambda: StoreTimeoutError("lost")), times=1
+    )
+    tm.failpoints.enable(fp.SETTLE_COMMIT, fp.raise_error(lambda: StoreTimeoutError("lost")))
+    unknown = tm.begin()
+    unknown.put(T, b"u", b"c", b"v")
+    with pytest.raises(CommitUnknownError):
+        unknown.commit()
+    tm.failpoints.disable()
+
+    assert deltas("percolake_aborts_total", reason="lock_timeout") == 1
+    assert deltas("percolake_lock_waits_total") == 1  # the waiter, timed out
+    assert deltas("percolake_lock_wait_seconds_count") == 1
+    assert deltas("percolake_aborts_total", reason="validation") == 1
+    assert deltas("percolake_aborts_total", reason="store_error") == 1
+    assert deltas("percolake_store_errors_total", op="write") == 1
+    # The lost reply and both settling attempts (settle_attempts=2).
+    assert deltas("percolake_store_errors_total", op="commit_point") == 3
+    assert deltas("percolake_commit_unknown_total") == 1
+    assert deltas("percolake_commits_total") == 2  # the holder, and tm.run's writer
+    assert deltas("percolake_aborts_total", reason="conflict") == 0
+
+
+def test_a_lock_that_waited_and_got_the_lock_is_counted() -> None:
+    deltas = Deltas(*_samples())
+    table = LockTable()
+    token = table.lock([b"shared"], "first", 10_000)
+    assert token is not None
+    assert table.lock([b"shared"], "try", 10_000) is None  # no wait allowed: not a wait
+    release = threading.Timer(0.05, table.unlock, [token])
+    release.start()
+    got = table.lock([b"shared"], "second", 10_000, wait_timeout_ms=10_000)
+    release.join()
+    assert got is not None
+    assert deltas("percolake_lock_waits_total") == 1
+    assert deltas("percolake_lock_wait_seconds_count") == 1
+    assert deltas("percolake_lock_wait_seconds_sum") >= 0.04
+
+
+def test_the_locks_held_and_open_transactions_gauges(tm: TransactionManager) -> None:
+    gc.collect()  # no dead lock table or gateway may leave the sums during the readings
+    gc.disable()
+    try:
+        locks_before = value("percolake_locks_held")
+        tx = tm.begin()
+        tx.put(T, b"g", b"c", b"v")
+        commit = tx.committer()
+        commit.step()  # lock: one batch (the commit lock and the cell's)
+        assert value("percolake_locks_held") - locks_before == 1
+        commit.run()
+        assert value("percolake_locks_held") - locks_before == 0
+
+        gateway = TransactionServicer(tm)
+        try:
+            open_before = value("percolake_open_transactions")
+            begun = [gateway.Begin(pb.BeginRequest(), None) for _ in range(3)]  # type: ignore[arg-type]
+            assert value("percolake_open_transactions") - open_before == 3
+            gateway.Abort(
+                pb.AbortRequest(txn_id=begun[0].txn_id, commit_secret=begun[0].commit_secret),
+                None,  # type: ignore[arg-type]
+            )
+            assert value("percolake_open_transactions") - open_before == 2
+        finally:
+            gateway.shutdown()  # aborts the other two: reason "shutdown"
+        assert value("percolake_open_transactions") - open_before == 0
+    finally:
+        gc.enable()
+
+
+def test_the_gateway_says_why_it_aborted() -> None:
+    deltas = Deltas(*_samples())
+    with TransactionManager.embedded("memory://") as manager:
+        gateway = TransactionServicer(manager)
+        for _ in range(2):
+            gateway.Begin(pb.BeginRequest(), None)  # type: ignore[arg-type]
+        gateway.shutdown()
+    assert deltas("percolake_aborts_total", reason="shutdown") == 2
+    assert deltas("percolake_aborts_total", reason="user") == 0
+
+
+def test_record_leader_change_sets_the_gauges() -> None:
+    changes = value("percolake_leader_changes_total")
+    metrics.record_leader_change("tso", 7, True)
+    assert value("percolake_is_leader", role="tso") == 1
+    assert value("percolake_leader_epoch", role="tso") == 7
+    metrics.record_leader_change("tso", 8, False)
+    assert value("percolake_is_leader", role="tso") == 0
+    assert value("percolake_leader_epoch", role="tso") == 8
+    assert value("percolake_leader_changes_total") - changes == 2
+
+
+def test_the_metrics_server_serves_the_registry_and_frees_its_port() -> None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server = metrics.MetricsServer("127.0.0.1", 0)
+    try:
+        assert server.port > 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        names = {f.name for f in text_string_to_metric_families(text)}
+        assert {"percolake_commits", "percolake_aborts", "percolake_timestamps_served"} <= names
+    finally:
+        server.close()
+        server.close()  # idempotent
+    again = metrics.MetricsServer("127.0.0.1", server.port)  # the port was freed
+    again.close()
