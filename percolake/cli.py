@@ -68,6 +68,25 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    status = commands.add_parser(
+        "status",
+        help="who leads a replica set of 'percolake serve', epochs, lease ages, open transactions",
+        description="Asks each address (ControlService.GetStatus) and prints one line per "
+        "process. Exit 0 when every address answered and each election has exactly one "
+        "leader, 1 otherwise.",
+    )
+    status.add_argument(
+        "--gateway",
+        required=True,
+        help="HOST:PORT of a percolake serve process, or several separated by commas",
+    )
+    status.add_argument("--json", action="store_true", help="print the answers as JSON")
+    status.add_argument("--token-file", help="bearer token file (default: $PERCOLAKE_TOKEN)")
+    status.add_argument("--tls-ca", help="CA to trust: connect with TLS")
+    status.add_argument(
+        "--timeout-s", type=float, default=5.0, help="how long each address may take to answer"
+    )
+
     from percolake.cassandra import add_cassandra_commands
     from percolake.chaos.cli import add_chaos_commands
 
@@ -145,10 +164,29 @@ def _gc(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from percolake.rpc import TlsConfig, parse_addresses, resolve_token
+    from percolake.status import run_status
+
+    try:
+        parse_addresses(args.gateway)
+        token = resolve_token(token_file=args.token_file)
+        tls = TlsConfig(ca_file=args.tls_ca) if args.tls_ca else None
+        if tls is not None:
+            tls.channel_credentials()  # reads the file now: a clear error, not a hang
+        if not args.timeout_s > 0:
+            raise ValueError(f"--timeout-s must be positive, got {args.timeout_s}")
+    except ValueError as exc:
+        parser.error(str(exc))
+    return run_status(
+        args.gateway, token=token, tls=tls, as_json=args.json, timeout_s=args.timeout_s
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
-    quiet = args.command in ("demo", "check")  # their output is the report itself
+    quiet = args.command in ("demo", "check", "status")  # their output is the report itself
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -171,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve_from_args(args, parser)
     if args.command == "gc":
         return _gc(args, parser)
+    if args.command == "status":
+        return _status(args, parser)
     if args.command == "bench":
         return _bench(args, parser)
     if args.command == "demo":

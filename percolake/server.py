@@ -30,7 +30,10 @@ from percolake.rpc import (
     parse_addresses,
     resolve_token,
 )
+from percolake.status import SERVICE_NAME as CONTROL_SERVICE
+from percolake.status import ControlServicer
 from percolake.v1 import (
+    control_pb2_grpc,
     lock_pb2,
     lock_pb2_grpc,
     timestamp_pb2,
@@ -93,6 +96,8 @@ class ServeConfig:
     commit_steps: tuple[str, ...] = STEPS
     oracle_claims: bool = True
     leader_checks_lease: bool = True
+    #: Test builds only: opens the store (the chaos build models a store across a network).
+    store_opener: Callable[[str], KVStore] = open_store
     #: ``serve locks --store URL``: lock server replicas, elected on the store.
     locks_on_store: bool = False
     gateway_class: type[TransactionServicer] = TransactionServicer
@@ -118,6 +123,11 @@ class ServeConfig:
             raise ValueError("--gc-interval-s runs with a gateway: role all or txn")
         if self.metrics_listen is not None:
             _check_metrics_listen(self.metrics_listen, self.listen)
+
+
+def store_opened(config: ServeConfig) -> bool:
+    """Every role but a lone lock server opens the store."""
+    return config.role != "locks" or config.locks_on_store
 
 
 class RunningServer:
@@ -151,6 +161,17 @@ class RunningServer:
             # leaving the store open behind us.
             self._close_all()
             raise
+        control_pb2_grpc.add_ControlServiceServicer_to_server(
+            ControlServicer(
+                role=config.role,
+                store=config.store_url if store_opened(config) else "",
+                address=lambda: self.address,
+                control=self.control,
+                open_transactions=self._open_transactions,
+            ),
+            self.server,
+        )
+        names.append(CONTROL_SERVICE)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
@@ -169,7 +190,7 @@ class RunningServer:
         self.address = f"{host}:{self.port}"
         if self.control is not None:
             self.control.start(self.address)
-        store = config.store_url if config.role != "locks" else "-"
+        store = config.store_url if store_opened(config) else "-"
         log.info(
             "percolake %s serving on %s (store %s, tls %s, token %s)",
             config.role,
@@ -197,15 +218,18 @@ class RunningServer:
         )
         return metrics.port
 
+    def _open_transactions(self) -> int:
+        return 0 if self._gateway is None else self._gateway.open_transactions()
+
     def _open_store(self) -> KVStore:
-        store = open_store(self.config.store_url)
+        store = self.config.store_opener(self.config.store_url)
         self._closers.append(store.close)
         return store
 
     def _add_services(self) -> list[str]:
         role, config = self.config.role, self.config
         names: list[str] = []
-        store = self._open_store() if role != "locks" or config.locks_on_store else None
+        store = self._open_store() if store_opened(config) else None
         plane: ControlPlane | TimestampOracle | None = None
         if role in ("all", "tso") or (role == "locks" and store is not None):
             assert store is not None
@@ -337,13 +361,16 @@ def serve_from_args(
     *,
     commit_steps: tuple[str, ...] = STEPS,
     oracle_claims: bool = True,
+    leader_checks_lease: bool = True,
+    store_opener: Callable[[str], KVStore] = open_store,
     gateway_class: type[TransactionServicer] = TransactionServicer,
     lakehouse_class: type[LakehouseServicer] = LakehouseServicer,
 ) -> int:
     """Validate the arguments (exit 2 naming the problem, before listening) and serve.
 
-    ``commit_steps``, ``oracle_claims``, ``gateway_class`` and ``lakehouse_class``
-    exist for the chaos test build only; see :class:`ServeConfig`.
+    ``commit_steps``, ``oracle_claims``, ``leader_checks_lease``, ``store_opener``,
+    ``gateway_class`` and ``lakehouse_class`` exist for the chaos test build only; see
+    :class:`ServeConfig`.
     """
     try:
         tls = None
@@ -384,6 +411,8 @@ def serve_from_args(
             metrics_listen=args.metrics_listen,
             commit_steps=commit_steps,
             oracle_claims=oracle_claims,
+            leader_checks_lease=leader_checks_lease,
+            store_opener=store_opener,
             gateway_class=gateway_class,
             lakehouse_class=lakehouse_class,
         )

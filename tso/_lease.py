@@ -41,10 +41,12 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from storage_adapters import KVStore, StoreError
+from storage_adapters._base import Claim
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,9 @@ class LeaseRecord:
     renewals: int = 0
     released: bool = False
     deposed_by: str = ""
+    #: The holder also held the store's exclusive oracle claim (an embedded oracle on
+    #: SQLite): whoever holds that claim now knows the holder has stopped serving.
+    claimed: bool = False
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -80,6 +85,7 @@ class LeaseRecord:
                 "renewals": self.renewals,
                 "released": self.released,
                 "deposed_by": self.deposed_by,
+                "claimed": self.claimed,
             },
             sort_keys=True,
         ).encode()
@@ -96,6 +102,7 @@ class LeaseRecord:
                 renewals=int(data.get("renewals", 0)),
                 released=bool(data.get("released", False)),
                 deposed_by=str(data.get("deposed_by", "")),
+                claimed=bool(data.get("claimed", False)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"corrupt leader row {raw!r}") from exc
@@ -154,9 +161,12 @@ class LeaderLease:
         on_row: Callable[[LeaseRecord | None], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         check_validity: bool = True,
+        claim: Claim | None = None,
     ) -> None:
-        """``check_validity=False`` exists only for the test build that shows the checks
-        catch a leader serving without its lease; it removes the protection of S7."""
+        """``claim``: the store's exclusive oracle claim, held by this process (an
+        embedded oracle). ``check_validity=False`` exists only for the test build that
+        shows the checks catch a leader serving without its lease; it removes the
+        protection of S7."""
         self._store = store
         self.role = role
         self._key = role.encode()
@@ -167,6 +177,7 @@ class LeaderLease:
         self._on_row = on_row
         self._clock = clock
         self._check_validity = check_validity
+        self._claim = claim
         self._lock = threading.RLock()
         #: The row as last read, and when (our clock) we first saw that value.
         self._seen: bytes | None = None
@@ -262,7 +273,7 @@ class LeaderLease:
         record = None if raw is None else LeaseRecord.decode(raw)
         if now < self._sit_out_until:
             return
-        if record is not None and not record.released:
+        if record is not None and not record.released and not self._holder_stopped(record):
             assert self._seen_at is not None
             # Wait out the lease the old holder asked for, by our clock, from when we
             # first saw its last renewal (or the depose).
@@ -270,8 +281,15 @@ class LeaderLease:
             if waited < record.lease_ms / 1000 * (1 + DRIFT_MARGIN):
                 return
         epoch = 1 if record is None else record.epoch + 1
-        new = LeaseRecord(epoch, self.id, self.address, self.lease_ms).encode()
+        claimed = self._claim is not None and self._claim.exclusive
+        new = LeaseRecord(epoch, self.id, self.address, self.lease_ms, claimed=claimed).encode()
         self._write(raw, new)
+
+    def _holder_stopped(self, record: LeaseRecord) -> bool:
+        """The holder held the store's exclusive claim, and now we hold it: it stopped
+        serving when it lost it (an oracle checks its claim at every hand-out)."""
+        claim = self._claim
+        return record.claimed and claim is not None and claim.exclusive and claim.held
 
     def _write(self, expected: bytes | None, new: bytes) -> None:
         sent_at = self._clock()
@@ -353,28 +371,32 @@ class LeaderLease:
         return self.lease_ms / 1000 / (4 if self._mine is not None else 8)
 
     def start(self) -> None:
-        """Step on a daemon thread until :meth:`release`."""
+        """Step on a daemon thread until :meth:`release` (or until nothing refers to this
+        lease any more: a manager dropped without closing does not leave it running)."""
         if self._thread is not None:
             return
         self._thread = threading.Thread(
-            target=self._run, name=f"percolake-lease-{self.role}", daemon=True
+            target=_run,
+            args=(weakref.ref(self), self._stop, self.role),
+            name=f"percolake-lease-{self.role}",
+            daemon=True,
         )
         self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except StoreError as exc:
-                log.warning("leader lease of %s: store unreachable: %s", self.role, exc)
-            except ValueError as exc:  # the store was closed under us: nothing to lead
-                log.info("leader lease of %s stops: %s", self.role, exc)
-                with self._lock:
-                    self._end_term(str(exc))
-                return
-            except Exception:
-                log.exception("leader lease of %s: step failed", self.role)
-            self._stop.wait(self.interval_s)
+    def _round(self) -> bool:
+        """One round of the stepping thread; whether to go on."""
+        try:
+            self.step()
+        except StoreError as exc:
+            log.warning("leader lease of %s: store unreachable: %s", self.role, exc)
+        except ValueError as exc:  # the store was closed under us: nothing to lead
+            log.info("leader lease of %s stops: %s", self.role, exc)
+            with self._lock:
+                self._end_term(str(exc))
+            return False
+        except Exception:
+            log.exception("leader lease of %s: step failed", self.role)
+        return True
 
     def acquire(self, timeout_s: float) -> bool:
         """Step until this replica leads or ``timeout_s`` passed; whether it leads."""
@@ -402,6 +424,16 @@ class LeaderLease:
                 self._store.compare_and_set(LEADER_TABLE, self._key, mine, released)
             except StoreError as exc:
                 log.warning("could not release the %s lease (it runs out): %s", self.role, exc)
+
+
+def _run(ref: weakref.ref[LeaderLease], stop: threading.Event, role: str) -> None:
+    while not stop.is_set():
+        lease = ref()
+        if lease is None or not lease._round():
+            return
+        interval = lease.interval_s
+        del lease  # hold no reference while waiting
+        stop.wait(interval)
 
 
 def _describe(raw: bytes | None) -> str:

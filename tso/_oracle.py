@@ -123,7 +123,7 @@ class TimestampOracle:
         elif claim_store:
             self._claim = self._claim_store(store)
             try:
-                lease = self._own_lease = self._lead_alone(store)
+                lease = self._own_lease = self._lead_alone(store, self._claim)
             except BaseException:
                 self._claim.release()
                 raise
@@ -156,13 +156,14 @@ class TimestampOracle:
             ) from exc
 
     @staticmethod
-    def _lead_alone(store: KVStore) -> LeaderLease:
+    def _lead_alone(store: KVStore, claim: Claim) -> LeaderLease:
         """An oracle of its own (embedded) still takes the leader lease, so that it never
         serves beside ``percolake serve`` replicas of the same store."""
         from tso._lease import DRIFT_MARGIN, LeaderLease
 
-        lease = LeaderLease(store, "tso")
-        # A holder that stopped renewing (it crashed) is waited out once.
+        lease = LeaderLease(store, "tso", claim=claim)
+        # A holder that stopped renewing (it crashed) is waited out once, unless it was
+        # an embedded oracle whose claim we now hold.
         if not lease.acquire(timeout_s=lease.lease_ms / 1000 * (1 + DRIFT_MARGIN) + 1.0):
             lease.release()
             leader = lease.leader()

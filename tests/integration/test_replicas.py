@@ -10,10 +10,14 @@ pauses and partitions and the timestamp workload are in ``tests/chaos``.
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,3 +171,55 @@ def test_split_roles_gateways_take_several_oracle_and_lock_addresses(
     _commit(client, b"1", served)
     assert served == sorted(served)
     client.close()
+
+
+def _status(*addresses: str) -> tuple[int, list[dict[str, Any]]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "percolake", "status", "--gateway", ",".join(addresses), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_percolake_status_names_the_leader_its_epoch_and_the_replicas_it_cannot_reach(
+    tmp_path: Path, servers: list[ServerProcess]
+) -> None:
+    store = ["--store", _url(tmp_path), *LEASE]
+    replicas = [ServerProcess("all", store, tmp_path).start() for _ in range(3)]
+    servers.extend(replicas)
+    addresses = [r.address for r in replicas]
+    code, answers = _status(*addresses)
+    assert code == 0, answers
+    leases = [a["leases"][0] for a in answers]
+    assert [lease["leading"] for lease in leases].count(True) == 1
+    leader = _leader(_url(tmp_path))
+    assert {lease["leader"] for lease in leases} == {leader.address}
+    assert {lease["epoch"] for lease in leases} == {leader.epoch}
+
+    dead = next(r for r in replicas if r.address == leader.address)
+    dead.kill()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        code, answers = _status(*addresses)
+        alive = [a for a in answers if not a["error"]]
+        if any(a["leases"][0]["leading"] for a in alive):
+            break
+        time.sleep(0.2)
+    assert code == 1  # one address does not answer
+    (unreachable,) = [a for a in answers if a["error"]]
+    assert unreachable["address"] == dead.address
+    new = [a["leases"][0] for a in answers if not a["error"]]
+    assert [lease["leading"] for lease in new].count(True) == 1
+    assert all(lease["epoch"] == leader.epoch + 1 for lease in new)
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "percolake", "status", "--gateway", "no-port"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "invalid address 'no-port'" in bad.stderr

@@ -8,6 +8,9 @@ and clock rates within the drift margin. A variant without the margin is caught.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -191,3 +194,28 @@ def test_without_the_drift_margin_two_leaders_are_caught(monkeypatch: pytest.Mon
     with pytest.raises(AssertionError, match="two leaders"):
         # The leader's clock runs 4 % slow, the follower's 4 % fast.
         _never_two_leaders([0.96, 1.04, 1.0], [(0, 0.0), (1, 0.0), (1, 1.0), (1, 0.02)])
+
+
+def test_an_embedded_oracle_whose_claim_another_now_holds_is_not_waited_out(
+    tmp_path: Path,
+) -> None:
+    """An embedded oracle on SQLite also holds the file's claim: once another process
+    holds that claim, the old one serves nothing (it checks its claim at every hand-out),
+    so its lease need not be waited out. A replica without the claim still waits."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    first_store = open_store(url)
+    first = TimestampOracle(first_store)
+    served = first.next_timestamp()
+    first_store.close()  # as a crash: the claim goes, the lease row stays held
+    second_store = open_store(url)
+    replica = LeaderLease(second_store, "tso")
+    replica.step()
+    assert not replica.valid()  # it cannot know the holder stopped: it waits
+    started = time.monotonic()
+    second = TimestampOracle(second_store)
+    assert time.monotonic() - started < 1.0
+    assert second.next_timestamp() > served
+    with pytest.raises(OracleFencedError):
+        first.next_timestamp()
+    second.close()
+    second_store.close()
