@@ -30,6 +30,7 @@ SUITES = [
     "bench.bench_cassandra",
     "bench.bench_lakehouse",
     "bench.bench_lakehouse_deployed",
+    "bench.bench_ha",
     "bench.bench_gc",
     "bench.bench_datasource",
     "bench.bench_checker",
