@@ -248,9 +248,7 @@ class LeaderLease:
             raw = self._store.get_system(LEADER_TABLE, [self._key]).get(self._key)
             now = self._clock()
             if not self._read_once or raw != self._seen:
-                self._seen, self._seen_at, self._read_once = raw, now, True
-                if self._on_row is not None:
-                    self._on_row(None if raw is None else LeaseRecord.decode(raw))
+                self._saw(raw, now)
             if self._in_doubt is not None:
                 attempted, sent_at = self._in_doubt
                 self._in_doubt = None
@@ -263,6 +261,14 @@ class LeaderLease:
                     self._renew(raw)
                     return
             self._maybe_take_over(raw, now)
+
+    def _saw(self, raw: bytes | None, at: float) -> None:
+        """The row holds ``raw`` (read, or written by us), first seen at ``at``."""
+        changed = not self._read_once or raw != self._seen
+        self._seen, self._seen_at, self._read_once = raw, at, True
+        if changed and self._on_row is not None:
+            # Our own takeover too: calls we forwarded to the old leader are cancelled.
+            self._on_row(None if raw is None else LeaseRecord.decode(raw))
 
     def _renew(self, current: bytes) -> None:
         record = LeaseRecord.decode(current)
@@ -302,10 +308,10 @@ class LeaderLease:
             self._in_doubt = (new, sent_at)
             return
         if result.applied:
-            self._seen, self._seen_at = new, sent_at
+            self._saw(new, sent_at)
             self._became(new, sent_at)
         else:
-            self._seen, self._seen_at = result.current, self._clock()
+            self._saw(result.current, self._clock())
             if self._mine is not None:
                 self._end_term("lost the leader row: " + _describe(result.current))
 
@@ -357,9 +363,9 @@ class LeaderLease:
                     record.epoch,
                     why,
                 )
-                self._seen, self._seen_at = new, now
+                self._saw(new, now)
                 return True
-            self._seen, self._seen_at = result.current, now
+            self._saw(result.current, now)
             return False
 
     # --- running it ----------------------------------------------------------------
