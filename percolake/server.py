@@ -255,7 +255,9 @@ class RunningServer:
             )
             names.append(_SERVICE_NAMES["tso"])
         table = plane if isinstance(plane, ControlPlane) else LockTable()
-        if role in ("all", "locks"):
+        # A replicated oracle (role tso) serves the locks of its term too: replicas of
+        # roles all and tso elect on one row, and whichever leads is asked for both.
+        if role in ("all", "locks") or (role == "tso" and isinstance(plane, ControlPlane)):
             lock_pb2_grpc.add_LockServiceServicer_to_server(LockServicer(table), self.server)
             names.append(_SERVICE_NAMES["locks"])
         if role in ("all", "txn"):
