@@ -11,8 +11,10 @@ transactions, and reports the anomalies a consistency model forbids::
         print(report.render_text())
 
 ``check_history`` also accepts decoded operations (a list of dicts), which is handy in
-tests. ``percolake.checker.synthetic`` generates valid (or deliberately broken)
-histories for tests and benchmarks.
+tests. Timestamp histories (the chaos ``timestamps`` workload) are checked by
+``check_timestamp_history``: every timestamp unique and in real-time order.
+``percolake.checker.synthetic`` generates valid (or deliberately broken) histories for
+tests and benchmarks.
 """
 
 from percolake.checker._check import (
@@ -44,6 +46,15 @@ from percolake.checker._report import (
     Model,
     Report,
 )
+from percolake.checker._timestamps import (
+    TimestampCall,
+    TimestampHistoryError,
+    TimestampReport,
+    TimestampViolation,
+    check_timestamp_file,
+    check_timestamp_history,
+    is_timestamp_history,
+)
 
 __all__ = [
     "ALLOWED_BY_MODEL",
@@ -62,10 +73,17 @@ __all__ = [
     "Model",
     "Read",
     "Report",
+    "TimestampCall",
+    "TimestampHistoryError",
+    "TimestampReport",
+    "TimestampViolation",
     "Txn",
     "check_file",
     "check_history",
+    "check_timestamp_file",
+    "check_timestamp_history",
     "history_from_ops",
+    "is_timestamp_history",
     "load_history",
     "parse_history",
     "run_check",

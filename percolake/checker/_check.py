@@ -21,6 +21,11 @@ from percolake.checker._report import (
     Model,
     Report,
 )
+from percolake.checker._timestamps import (
+    TimestampHistoryError,
+    check_timestamp_file,
+    is_timestamp_history,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +115,20 @@ def check_file(path: str | os.PathLike[str], model: Model | str = "snapshot-isol
 
 
 def run_check(path: str, model: str, *, as_json: bool, out: TextIO) -> int:
-    """``percolake check``: write the report to ``out``; exit 0 valid, 1 anomalies, 2 bad input."""
+    """``percolake check``: write the report to ``out``; exit 0 valid, 1 anomalies, 2 bad input.
+
+    A timestamps history (the chaos ``timestamps`` workload's ``ts`` calls) is checked
+    for unique timestamps in real-time order instead; ``model`` does not apply to it.
+    """
+    if is_timestamp_history(path):
+        try:
+            stamps = check_timestamp_file(path)
+        except TimestampHistoryError as exc:
+            return _bad_input(f"bad history: {exc}", as_json, out)
+        except OSError as exc:
+            return _bad_input(f"cannot read {path}: {exc.strerror or exc}", as_json, out)
+        out.write(stamps.render_json() + "\n" if as_json else stamps.render_text())
+        return EXIT_VALID if stamps.valid else EXIT_ANOMALIES
     try:
         report = check_file(path, model)
     except HistoryError as exc:
