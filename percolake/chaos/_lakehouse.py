@@ -237,18 +237,22 @@ class LakehouseAppends(Workload):
         files: set[str] = set()
         fingerprint = 0
         previous: tuple[int, Any] | None = None  # commit_ts and transaction of the last
+        #: The transaction of the version just before (stamped with its commit_ts or not:
+        #: a version whose log record carries no commit_ts still sits between others).
+        previous_txn: Any = None
         transactions: set[Any] = set()
         for expected, c in enumerate(commits):
             if c["version"] != expected:
                 flag("version-gap", f"version {c['version']} where {expected} was expected")
             txn = c.get("txn_start_ts")
-            if txn in transactions and previous is not None and previous[1] != txn:
+            if txn is not None and txn in transactions and previous_txn != txn:
                 flag(
                     "group-not-consecutive",
                     f"version {c['version']} was committed by transaction {txn}, as an "
                     "earlier version was, with another transaction's version in between",
                 )
             transactions.add(txn)
+            previous_txn = txn
             # Each version commits on top of the one before it: the oracle must agree.
             # A group commit writes consecutive versions in one transaction: one stamp.
             if c["commit_ts"] is not None:
