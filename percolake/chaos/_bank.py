@@ -47,7 +47,7 @@ class Bank(Workload):
 
     def execute(self, ctx: ClientContext, f: str, value: Any) -> Completion:
         if f == "read":
-            return run_txn(ctx.manager, ctx.isolation, self._read_all, ctx.phase, value)
+            return run_txn(ctx.txns, ctx.isolation, self._read_all, ctx.phase, value)
 
         def transfer(tx: Transaction) -> dict[str, Any]:
             cells = [(_row(value["from"]), COLUMN), (_row(value["to"]), COLUMN)]
@@ -61,7 +61,7 @@ class Bank(Workload):
                 tx.put(TABLE, cells[1][0], COLUMN, str(target + value["amount"]).encode())
             return {**value, "read": balances, "applied": applied}
 
-        return run_txn(ctx.manager, ctx.isolation, transfer, ctx.phase, value)
+        return run_txn(ctx.txns, ctx.isolation, transfer, ctx.phase, value)
 
     def _read_all(self, tx: Transaction) -> list[int | None]:
         cells = [(_row(a), COLUMN) for a in range(self.config.accounts)]

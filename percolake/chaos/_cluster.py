@@ -1,6 +1,9 @@
 """The cluster of a chaos run: store, oracle, lock server, gateways and clients.
 
-Each is a real process on loopback. Restarted servers come back on their old port,
+Each is a real process on loopback. With ``--replicas N`` the oracle and the lock
+server are N replicas of ``percolake serve`` (role all) on the store instead, one of
+which leads; gateways and clients get every replica's address and fail over between
+them by themselves. Restarted servers come back on their old port,
 so clients and gateways reconnect on their own. Clients are numbered Jepsen-style: a
 client slot whose process was killed comes back as a new process number
 (``slot + clients * generation``), so the killed process's last operation stays open
@@ -19,9 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from percolake.chaos._config import BROKEN_PROTOCOL_ENV, NO_ORACLE_CLAIM_ENV, RunConfig
+from percolake.chaos._config import (
+    BROKEN_PROTOCOL_ENV,
+    LEADER_IGNORES_LEASE_ENV,
+    NO_ORACLE_CLAIM_ENV,
+    RunConfig,
+)
 from percolake.chaos._ops import Phase
 from percolake.chaos._procs import Managed, PidRegistry, Service
+from percolake.chaos._reconnect import STORE_RECONNECT_ENV
+from percolake.chaos._replicas import LeaderWatch
+from tso._lease import LeaseRecord
 from txn import TransactionManager
 
 log = logging.getLogger(__name__)
@@ -32,6 +43,7 @@ GID_LOCKS: Final = 60_002
 GID_GATEWAY_BASE: Final = 61_000
 GID_CLIENT_BASE: Final = 62_000
 GID_CASSANDRA_BASE: Final = 63_000
+GID_REPLICA_BASE: Final = 64_000
 
 #: Cassandra node settings for a loaded machine: a two-core box running three nodes
 #: and a dozen Python processes stalls for longer than the default 2 s timeouts.
@@ -43,6 +55,9 @@ CASSANDRA_YAML: Final[dict[str, Any]] = {
     "truncate_request_timeout": "60000ms",
 }
 KEYSPACE: Final = "chaos"
+#: How long the clients of a run may take to start (imports, connections) before the
+#: run's clock starts without the slow ones.
+CLIENT_READY_TIMEOUT_S: Final = 120.0
 #: ``%-5level [%thread] %date{ISO8601} %F:%L - %msg``: the launcher's logback pattern.
 _LOG_ENTRY: Final = re.compile(
     r"^(?P<level>WARN|ERROR)\s+\[[^\]]*\]\s+(?P<when>\S+ \S+)\s+(?P<source>\S+) - (?P<message>.*)$"
@@ -55,7 +70,8 @@ class ClientSlot:
     slot: int
     mode: str
     generation: int = 0
-    #: The oracle this slot's process talks to, when not the cluster's (oracle overlap).
+    #: The oracle this slot's process talks to, when not the cluster's (oracle overlap,
+    #: a timestamps client pinned to one replica).
     tso: str | None = None
     proc: Managed | None = None
     phase: Phase | None = None
@@ -88,6 +104,9 @@ class Cluster:
         self.warehouse = str(work_dir / "warehouse")
         self.tso: Service | None = None
         self.locks: Service | None = None
+        #: The replicated control plane (``--replicas``), instead of ``tso`` and ``locks``.
+        self.replicas: list[Service] = []
+        self.leader_watch: LeaderWatch | None = None
         self.gateways: list[Service] = []
         #: Second oracles started next to the first (oracle-overlap faults).
         self.second_oracles: list[Service] = []
@@ -130,10 +149,15 @@ class Cluster:
             self.store_url = self.tso_store_url = c.store_url
         else:
             self.store_url = c.store_url or f"sqlite:///{self.work / 'data.db'}"
-            self.tso_store_url = f"sqlite:///{self.work / 'tso.db'}"
+            # Replicas (role all) keep the oracle's bound and the leader row in the store
+            # they serve; a lone oracle keeps them in a file of its own.
+            self.tso_store_url = (
+                self.store_url if c.replicas else f"sqlite:///{self.work / 'tso.db'}"
+            )
         from storage_adapters import open_store
 
         open_store(self.store_url).close()  # creates the keyspace once, before anyone races
+        self.leader_watch = LeaderWatch(self.tso_store_url)
 
     @property
     def cassandra_nodes(self) -> list[int]:
@@ -173,16 +197,111 @@ class Cluster:
     def _broken_env(self) -> dict[str, str]:
         return {BROKEN_PROTOCOL_ENV: "1" if self.config.unsafe_broken_protocol else ""}
 
+    def _oracle_env(self) -> dict[str, str]:
+        c = self.config
+        return {
+            NO_ORACLE_CLAIM_ENV: "1" if c.unsafe_no_oracle_claim else "",
+            LEADER_IGNORES_LEASE_ENV: "1" if c.unsafe_leader_ignores_lease else "",
+            STORE_RECONNECT_ENV: str(c.store_reconnect_ms) if c.store_reconnect_ms else "",
+        }
+
     def _oracle(self, name: str) -> Service:
         return Service(
             name,
             "percolake.chaos.serve tso",
-            ["--store", self.tso_store_url],
+            [
+                "--store",
+                self.tso_store_url,
+                "--leader-lease-ms",
+                str(self.config.leader_lease_ms),
+            ],
             self.work,
             self.registry,
-            env={NO_ORACLE_CLAIM_ENV: "1" if self.config.unsafe_no_oracle_claim else ""},
+            env=self._oracle_env(),
             gid=self._gid(GID_TSO),
         )
+
+    def _gateway_args(self) -> list[str]:
+        """What every gateway (``serve txn``, and the one in each replica) is given."""
+        c = self.config
+        return [
+            "--idle-timeout-s",
+            str(c.idle_timeout_s),
+            "--lease-ms",
+            str(c.lease_ms),
+            "--lock-wait-ms",
+            str(c.lock_wait_ms),
+            "--resolve-wait-ms",
+            str(c.resolve_wait_ms),
+            *(
+                []
+                if c.gc_interval_s is None
+                else [
+                    "--gc-interval-s",
+                    str(c.gc_interval_s),
+                    "--gc-retention-s",
+                    str(c.gc_retention_s),
+                ]
+            ),
+        ]
+
+    def _replica(self, index: int) -> Service:
+        """Replica ``index`` of ``percolake serve`` (role all) on the store, not started."""
+        return Service(
+            f"replica-{index}",
+            "percolake.chaos.serve all",
+            [
+                "--store",
+                self.store_url,
+                "--leader-lease-ms",
+                str(self.config.leader_lease_ms),
+                *self._gateway_args(),
+            ],
+            self.work,
+            self.registry,
+            env={**self._broken_env(), **self._oracle_env()},
+            gid=self._gid(GID_REPLICA_BASE + index),
+        )
+
+    @property
+    def tso_address(self) -> str:
+        """Where clients and gateways ask for timestamps: the oracle, or every replica."""
+        if self.replicas:
+            return ",".join(r.address for r in self.replicas)
+        assert self.tso is not None
+        return self.tso.address
+
+    @property
+    def locks_address(self) -> str:
+        """Where clients and gateways take locks: the lock server, or every replica."""
+        if self.replicas:
+            return self.tso_address
+        assert self.locks is not None
+        return self.locks.address
+
+    def replica_at(self, address: str) -> Service | None:
+        """The replica serving on ``address`` (as the leader row names it)."""
+        return next((r for r in self.replicas if r.port and r.address == address), None)
+
+    def leader(self, wait_s: float) -> tuple[Service, LeaseRecord]:
+        """The replica that leads now and its row; waits up to ``wait_s`` for one (an
+        election under way). ``RuntimeError`` when none leads by then."""
+        assert self.leader_watch is not None
+        deadline = time.monotonic() + wait_s
+        last: LeaseRecord | None = None
+        while True:
+            last = self.leader_watch.live_leader()
+            if last is not None:
+                replica = self.replica_at(last.address)
+                if replica is not None and replica.alive and not replica.paused:
+                    return replica, last
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"no replica leads after {wait_s:.0f} s (leader row: {last})")
+            time.sleep(0.05)
+
+    def replica_names(self) -> dict[str, str]:
+        """Replica name by address, for the report."""
+        return {r.address: r.name for r in self.replicas if r.port}
 
     def second_oracle(self) -> Service:
         """A second oracle on the oracle's store, not started yet (on a port of its own)."""
@@ -192,11 +311,22 @@ class Cluster:
 
     def start_services(self) -> None:
         c = self.config
-        self.tso = self._oracle("tso").start()
-        self.locks = Service(
-            "locks", "percolake serve locks", [], self.work, self.registry, gid=self._gid(GID_LOCKS)
-        ).start()
-        for i in range(c.gateways):
+        if c.replicas:
+            # One by one: the first leads at once on a fresh store, the others follow.
+            for index in range(c.replicas):
+                self.replicas.append(self._replica(index).start())
+        else:
+            self.tso = self._oracle("tso").start()
+            self.locks = Service(
+                "locks",
+                "percolake serve locks",
+                [],
+                self.work,
+                self.registry,
+                gid=self._gid(GID_LOCKS),
+            ).start()
+        # The timestamps workload asks the oracle only: no gateways.
+        for i in range(c.gateways if c.uses_transactions else 0):
             gateway = Service(
                 f"gateway-{i}",
                 "percolake.chaos.serve txn",
@@ -204,27 +334,10 @@ class Cluster:
                     "--store",
                     self.store_url,
                     "--tso",
-                    self.tso.address,
+                    self.tso_address,
                     "--locks",
-                    self.locks.address,
-                    "--idle-timeout-s",
-                    str(c.idle_timeout_s),
-                    "--lease-ms",
-                    str(c.lease_ms),
-                    "--lock-wait-ms",
-                    str(c.lock_wait_ms),
-                    "--resolve-wait-ms",
-                    str(c.resolve_wait_ms),
-                    *(
-                        []
-                        if c.gc_interval_s is None
-                        else [
-                            "--gc-interval-s",
-                            str(c.gc_interval_s),
-                            "--gc-retention-s",
-                            str(c.gc_retention_s),
-                        ]
-                    ),
+                    self.locks_address,
+                    *self._gateway_args(),
                 ],
                 self.work,
                 self.registry,
@@ -234,25 +347,27 @@ class Cluster:
             self.gateways.append(gateway.start())
         log.info(
             "oracle %s, lock server %s, gateways %s",
-            self.tso.address,
-            self.locks.address,
-            ",".join(g.address for g in self.gateways),
+            self.tso_address,
+            self.locks_address,
+            ",".join(g.address for g in self.gateways) or "none",
         )
 
     def services(self) -> dict[str, Service]:
-        assert self.tso is not None and self.locks is not None
-        named = {"tso": self.tso, "locks": self.locks}
+        named: dict[str, Service] = {r.name: r for r in self.replicas}
+        if self.tso is not None:
+            named["tso"] = self.tso
+        if self.locks is not None:
+            named["locks"] = self.locks
         named.update({g.name: g for g in self.gateways})
         return named
 
     def direct_manager(self) -> TransactionManager:
         from percolake.chaos.client import direct_manager
 
-        assert self.tso is not None and self.locks is not None
         return direct_manager(
             self.store_url,
-            self.tso.address,
-            self.locks.address,
+            self.tso_address,
+            self.locks_address,
             self.config,
             timeout_s=self.config.client_timeout_s,
         )
@@ -260,25 +375,69 @@ class Cluster:
     # --- clients -------------------------------------------------------------------
 
     def client_mode(self, slot: int) -> str:
+        if not self.config.uses_transactions:
+            return "timestamps"
         # Half the clients go through the gateways (the deployed topology: every
         # workload, lakehouse included, since Lakehouse takes any txn.Manager), half
-        # run the protocol in their own process.
-        return "remote" if slot % 2 == 0 else "direct"
+        # run the protocol in their own process. With replicas, every other one of the
+        # former goes through the replicas' own gateways instead.
+        if slot % 2 == 1:
+            return "direct"
+        return "replicas" if self.replicas and slot % 4 == 2 else "remote"
 
-    def start_clients(self, t0_ns: int, until_ns: int) -> None:
-        self.t0_ns, self.until_ns = t0_ns, until_ns
+    def pinned_tso(self, slot: int) -> str | None:
+        """Timestamps workload: the one replica an even slot asks, by its address (so
+        that a replica waking from a pause is asked directly); odd slots ask them all."""
+        if self.config.uses_transactions or not self.replicas or slot % 2 == 1:
+            return None
+        return self.replicas[(slot // 2) % len(self.replicas)].address
+
+    @property
+    def start_file(self) -> Path:
+        """``T0_NS UNTIL_NS``, written once every client is ready; clients wait for it."""
+        return self.work / "clients" / "start"
+
+    def start_clients(self, duration_s: float) -> None:
+        """Start every client, wait until each is ready (bounded), then start the clock:
+        ``t0_ns`` is now, ``until_ns`` the clients' deadline."""
         for slot in range(self.config.clients):
-            client = ClientSlot(slot, self.client_mode(slot))
+            client = ClientSlot(slot, self.client_mode(slot), tso=self.pinned_tso(slot))
             phase_path = self.work / "clients" / f"slot{slot}.phase"
             client.phase = Phase(phase_path)
             self.clients.append(client)
             self._spawn_client(client)
+        started = time.monotonic()
+        deadline = started + CLIENT_READY_TIMEOUT_S
+        waiting = list(self.clients)
+        while waiting and time.monotonic() < deadline:
+            waiting = [
+                c
+                for c in waiting
+                if c.proc is not None
+                and c.proc.alive
+                and c.phase is not None
+                and c.phase.get() != Phase.READY
+            ]
+            time.sleep(0.02)
+        if waiting:
+            log.warning(
+                "client(s) %s not ready after %.0f s: starting without them",
+                ",".join(str(c.slot) for c in waiting),
+                CLIENT_READY_TIMEOUT_S,
+            )
+        self.t0_ns = time.monotonic_ns() + 100_000_000
+        self.until_ns = self.t0_ns + int(duration_s * 1e9)
+        partial = self.start_file.with_suffix(".tmp")
+        partial.write_text(f"{self.t0_ns} {self.until_ns}\n")
+        partial.replace(self.start_file)
+        log.info("%d clients ready in %.1f s", len(self.clients), time.monotonic() - started)
+        if self.leader_watch is not None and self.replicas:
+            self.leader_watch.start(self.t0_ns)
 
     def process_of(self, client: ClientSlot) -> int:
         return client.slot + self.config.clients * client.generation
 
     def _spawn_client(self, client: ClientSlot) -> None:
-        assert self.tso is not None and self.locks is not None
         process = self.process_of(client)
         events = self.work / "clients" / f"p{process}.jsonl"
         client.events.append(events)
@@ -295,17 +454,15 @@ class Cluster:
             "--gateways",
             ",".join(g.address for g in self.gateways),
             "--tso",
-            client.tso or self.tso.address,
+            client.tso or self.tso_address,
             "--locks",
-            self.locks.address,
+            self.locks_address,
             "--store",
             self.store_url,
             "--warehouse",
             self.warehouse,
-            "--t0-ns",
-            str(self.t0_ns),
-            "--until-ns",
-            str(self.until_ns),
+            "--start-file",
+            str(self.start_file),
             "--events",
             str(events),
             "--phase",
@@ -334,12 +491,13 @@ class Cluster:
     def restart_client(self, client: ClientSlot, *, tso: str | None = None) -> int:
         """Start the slot again as a new process number (only before the deadline).
 
-        ``tso``: the oracle the new process talks to (default: the cluster's).
+        ``tso``: the oracle the new process talks to (default: the cluster's, or the
+        replica a timestamps client is pinned to).
         """
         if time.monotonic_ns() >= self.until_ns:
             return -1
         client.generation += 1
-        client.tso = tso
+        client.tso = tso or self.pinned_tso(client.slot)
         self._spawn_client(client)
         return self.process_of(client)
 
@@ -423,9 +581,13 @@ class Cluster:
             if client.phase is not None:
                 client.phase.close()
                 client.phase = None
+        if self.leader_watch is not None:
+            self.leader_watch.stop()
         for service in [*self.gateways, self.locks, self.tso, *self.second_oracles]:
             if service is not None:
                 service.stop()
+        for replica in self.replicas:
+            replica.stop()
         if self.cassandra is not None:
             self.cassandra.stop()
 

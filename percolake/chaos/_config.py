@@ -8,23 +8,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TypeAlias
 
-WorkloadName: TypeAlias = Literal["list-append", "bank", "lakehouse"]
+WorkloadName: TypeAlias = Literal["list-append", "bank", "lakehouse", "timestamps"]
 IsolationName: TypeAlias = Literal["snapshot", "serializable"]
 
-WORKLOADS: Final[tuple[WorkloadName, ...]] = ("list-append", "bank", "lakehouse")
+WORKLOADS: Final[tuple[WorkloadName, ...]] = ("list-append", "bank", "lakehouse", "timestamps")
 ISOLATIONS: Final[tuple[IsolationName, ...]] = ("snapshot", "serializable")
 #: Fault families ``--nemesis`` accepts; see :mod:`percolake.chaos._nemesis`.
-NEMESES: Final[tuple[str, ...]] = ("kill", "pause", "partition", "slow", "oracle-overlap")
-#: Faults that need the oracle on SQLite: a second oracle must fail fast on its file lock.
-#: On Cassandra only the bound's fencing guards it until leader leases exist (S7).
+NEMESES: Final[tuple[str, ...]] = (
+    "kill",
+    "pause",
+    "partition",
+    "slow",
+    "oracle-overlap",
+    "leader-kill",
+    "leader-pause",
+    "leader-partition",
+    "rolling-restart",
+)
+#: Faults that need the oracle on SQLite: the oracle-overlap run and its unsafe twin
+#: (oracles without a claim) compare on the embedded store, where the suite runs them.
 SQLITE_ORACLE_NEMESES: Final[frozenset[str]] = frozenset({"oracle-overlap"})
 #: Faults that need the run to own its network (a namespace of its own).
-NETWORK_NEMESES: Final[frozenset[str]] = frozenset({"partition", "slow"})
+NETWORK_NEMESES: Final[frozenset[str]] = frozenset({"partition", "slow", "leader-partition"})
+#: Faults on a replicated control plane (``--replicas N``, N >= 2): the replica that
+#: leads is found on the store's leader row when the fault begins.
+REPLICA_NEMESES: Final[frozenset[str]] = frozenset(
+    {"leader-kill", "leader-pause", "leader-partition", "rolling-restart"}
+)
 
 #: Environment variable that makes gateways commit with a deliberately broken protocol.
 BROKEN_PROTOCOL_ENV: Final = "PERCOLAKE_UNSAFE_BROKEN_PROTOCOL"
 #: Environment variable that makes oracles start without claiming their store (S7).
 NO_ORACLE_CLAIM_ENV: Final = "PERCOLAKE_UNSAFE_NO_ORACLE_CLAIM"
+#: Environment variable that makes a leading replica serve without checking its lease.
+LEADER_IGNORES_LEASE_ENV: Final = "PERCOLAKE_UNSAFE_LEADER_IGNORES_LEASE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +60,13 @@ class RunConfig:
     cassandra_nodes: int = 0
     gateways: int = 2
     clients: int = 6
+    #: Replicas of ``percolake serve`` (role all) on the store, one leading (0: one
+    #: oracle and one lock server, no replicas). Clients and gateways get every
+    #: replica's address and fail over by themselves.
+    replicas: int = 0
+    #: The replicas' leader lease (``--leader-lease-ms``); also the oracle's when
+    #: ``replicas`` is 0.
+    leader_lease_ms: int = 2_000
     #: Mean quiet time between two faults; each fault lasts its own drawn duration.
     fault_gap_s: float = 2.0
     #: Lease on a committing transaction's locks: pauses are drawn longer than this.
@@ -63,12 +87,21 @@ class RunConfig:
     #: lakehouse: files per commit and rows per file.
     files_per_commit: int = 4
     rows_per_file: int = 10
+    #: timestamps: deadline of one GetTimestamps call. Shorter than a leader pause, so
+    #: a client pinned to a paused leader asks it again after the new leader served.
+    ts_call_timeout_s: float = 0.5
     #: Use a network namespace of the run's own: "auto" when the run owns its store.
     netns: Literal["auto", "on", "off"] = "auto"
     #: Test only: gateways commit with locks skipped and the conflict check before the write.
     unsafe_broken_protocol: bool = False
     #: Test only: oracles start without claiming their store, so two may serve at once.
     unsafe_no_oracle_claim: bool = False
+    #: Test only: a leading replica serves without checking that its lease is valid.
+    unsafe_leader_ignores_lease: bool = False
+    #: Servers of the control plane (replicas, the oracle) whose process was paused
+    #: answer from their store only this many ms after the wake-up, as a store across a
+    #: network would after a reconnect (0: off; see ``percolake.chaos._reconnect``).
+    store_reconnect_ms: int = 0
     gzip_history: bool = False
     #: Garbage collection in every gateway: a pass every this many seconds (None: off),
     #: keeping what transactions younger than the retention read (rules S8, S9).
@@ -96,9 +129,28 @@ class RunConfig:
         overlap = SQLITE_ORACLE_NEMESES.intersection(self.nemeses)
         if overlap and not self.sqlite_oracle:
             raise ValueError(
-                f"{','.join(sorted(overlap))} needs the oracle on SQLite: on Cassandra only "
-                "the bound's fencing keeps two oracles apart until leader leases exist"
+                f"{','.join(sorted(overlap))} needs the oracle on SQLite: its unsafe twin "
+                "(oracles without a claim) is compared there"
             )
+        if overlap and self.replicas:
+            raise ValueError(
+                f"{','.join(sorted(overlap))} starts a second oracle next to the one of a run "
+                "without replicas; with --replicas use leader-kill or rolling-restart"
+            )
+        on_replicas = REPLICA_NEMESES.intersection(self.nemeses)
+        if on_replicas and self.replicas < 2:
+            raise ValueError(
+                f"{','.join(sorted(on_replicas))} needs a replicated control plane: "
+                "--replicas 2 or more"
+            )
+        if not 0 <= self.replicas <= 7:
+            raise ValueError(f"--replicas must be 0-7, got {self.replicas}")
+        if not 100 <= self.leader_lease_ms <= 60_000:
+            raise ValueError(f"--leader-lease-ms must be 100-60000, got {self.leader_lease_ms}")
+        if not 0 <= self.store_reconnect_ms <= 60_000:
+            raise ValueError(f"--store-reconnect-ms must be 0-60000, got {self.store_reconnect_ms}")
+        if not 0.05 <= self.ts_call_timeout_s <= 60:
+            raise ValueError(f"--ts-call-timeout-s must be 0.05-60, got {self.ts_call_timeout_s}")
         if self.store_url is not None and self.cassandra_nodes:
             raise ValueError("--store and --cassandra-nodes exclude each other")
         if not 0 <= self.cassandra_nodes <= 9:
@@ -144,6 +196,12 @@ class RunConfig:
     @property
     def work(self) -> Path:
         return self.work_dir if self.work_dir is not None else self.out_dir / "work"
+
+    @property
+    def uses_transactions(self) -> bool:
+        """Whether the workload runs transactions (gateways, lock server); the
+        timestamps workload only asks the oracle."""
+        return self.workload != "timestamps"
 
     @property
     def network_faults(self) -> bool:

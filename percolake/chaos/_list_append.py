@@ -88,7 +88,7 @@ class ListAppend(Workload):
                     done.append(["append", key, arg])
             return done
 
-        return run_txn(ctx.manager, ctx.isolation, body, ctx.phase, value)
+        return run_txn(ctx.txns, ctx.isolation, body, ctx.phase, value)
 
     # --- harness side --------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Faults on a seeded schedule: kills, pauses, partitions, a slow network, oracle overlaps.
+"""Faults on a seeded schedule: kills, pauses, partitions, a slow network, oracle
+overlaps, and faults of the leader of a replicated control plane.
 
 :func:`plan` turns the seed and the cluster's shape into a list of faults (when, what,
 on which process, for how long) without looking at anything else, so the same seed on
@@ -7,13 +8,26 @@ carries the schedule out one fault at a time, heals each one when its time is up
 records when each fault really began and ended.
 
 An oracle overlap is a restart of the oracle done the careless way: the new oracle is
-started while the old one still serves (rule S7). On SQLite the newcomer must refuse
-at once on the store's file lock; the fault records that refusal, then stops the old
-oracle (SIGKILL) and, when the fault's time is up, starts the new one, which takes
-over. If the newcomer serves instead (the test-only ``--unsafe-no-oracle-claim``
-build), one client process reconnects to it, as a process that connects during the
-overlap would, and the two oracles hand out timestamps side by side until the end of
-the fault: the checks must then find anomalies.
+started while the old one still serves (rule S7). A second ``percolake serve`` on the
+store is a replica: it starts, finds the old oracle's leader lease renewed and follows
+(it forwards every call to the leader). One client process reconnects to the
+newcomer, as a process that connects during the overlap would; when the fault's time
+is up the fault records who led throughout (the old oracle, by the store's leader
+row), stops the newcomer and moves the client back. In the test-only
+``--unsafe-no-oracle-claim`` build oracles take neither claim nor lease: the newcomer
+serves by itself, and the two hand out timestamps side by side until the end of the
+fault, when both are stopped and the old one restarts above both bounds; the checks
+must then find anomalies.
+
+The leader faults (``--replicas N``) find the replica that leads when the fault begins
+on the store's leader row (:meth:`Cluster.leader`): ``leader-kill`` kills it (SIGKILL)
+and restarts it on its port when the fault's time is up; ``leader-pause`` stops it
+(SIGSTOP) for longer than its lease; ``leader-partition`` cuts it off (on SQLite its
+port from everyone, while it still reaches the store's file, so the followers depose
+it after ``DEPOSE_AFTER_LEASES`` leases; on Cassandra every packet it sends, so its
+renewals fail and its lease runs out); ``rolling-restart`` stops every replica in
+turn gracefully (SIGTERM: a leader hands its row over), restarts it and waits until a
+leader serves again before the next.
 """
 
 from __future__ import annotations
@@ -29,9 +43,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from percolake.chaos import _network as net
-from percolake.chaos._cluster import GID_CASSANDRA_BASE, GID_GATEWAY_BASE, Cluster, restart
+from percolake.chaos._cluster import (
+    GID_CASSANDRA_BASE,
+    GID_GATEWAY_BASE,
+    GID_REPLICA_BASE,
+    Cluster,
+    restart,
+)
 from percolake.chaos._config import RunConfig
 from percolake.chaos._ops import Phase
+from percolake.chaos._procs import Service
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +60,18 @@ log = logging.getLogger(__name__)
 #: kills it anyway: a client that never commits (reads only) must not stall the plan.
 MID_COMMIT_WAIT_S: Final = 3.0
 #: How long an overlap of two serving oracles is stretched until the client process
-#: that reconnected to the newcomer has completed an operation (a slow start-up).
-OVERLAP_PROGRESS_WAIT_S: Final = 10.0
+#: that reconnected to the newcomer has completed an operation (a slow start-up on a
+#: loaded machine), and how long it goes on after that, so that other clients begin
+#: transactions after that operation completed while both oracles still serve.
+OVERLAP_PROGRESS_WAIT_S: Final = 20.0
+OVERLAP_AFTER_PROGRESS_S: Final = 1.0
 #: The slow network: bandwidth of the token bucket on loopback and TCP packet loss.
 SLOW_RATE_MBIT: Final = 20
 SLOW_LOSS: Final = 0.03
+#: How long a leader fault waits for a replica to lead (an election under way), in leases
+#: on top of a few seconds (a loaded machine).
+LEADER_WAIT_LEASES: Final = 4
+LEADER_WAIT_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +88,7 @@ def fault_targets(config: RunConfig, *, owns_cassandra: bool) -> dict[str, list[
     A fault picks a group first and then a member, so that six clients do not make
     a client six times likelier to be hit than the oracle.
     """
-    gateways = [f"gateway-{i}" for i in range(config.gateways)]
+    gateways = [f"gateway-{i}" for i in range(config.gateways if config.uses_transactions else 0)]
     clients = [f"client-{k}" for k in range(config.clients)]
     nodes = (
         [f"cassandra-{n}" for n in range(1, config.cassandra_nodes + 1)] if owns_cassandra else []
@@ -68,29 +96,56 @@ def fault_targets(config: RunConfig, *, owns_cassandra: bool) -> dict[str, list[
     direct = [
         f"client-{k}" for k in range(config.clients) if config.workload == "lakehouse" or k % 2 == 1
     ]
-    processes = [["tso"], ["locks"], gateways, clients, nodes]
-    partitions = [
-        ["tso"],
-        ["locks"],
-        gateways,
-        [f"{g}~locks" for g in gateways] + [f"{c}~locks" for c in direct],
-        [f"{g}~tso" for g in gateways],
-        [f"{c}~all" for c in clients],
+    nodes_apart = [
         nodes if len(nodes) > 1 else [],
         [f"{n}~clients" for n in nodes],
     ]
+    if config.replicas:
+        replicas = [f"replica-{i}" for i in range(config.replicas)]
+        processes = [replicas, gateways, clients, nodes]
+        partitions = [replicas, gateways, [f"{c}~all" for c in clients], *nodes_apart]
+    else:
+        processes = [["tso"], ["locks"], gateways, clients, nodes]
+        partitions = [
+            ["tso"],
+            ["locks"],
+            gateways,
+            [f"{g}~locks" for g in gateways] + [f"{c}~locks" for c in direct],
+            [f"{g}~tso" for g in gateways],
+            [f"{c}~all" for c in clients],
+            *nodes_apart,
+        ]
     offered = {
         "kill": processes,
         "pause": processes,
         "partition": partitions,
         "slow": [["network"]],
         "oracle-overlap": [["tso"]],
+        "leader-kill": [["leader"]],
+        "leader-pause": [["leader"]],
+        "leader-partition": [["leader"]],
+        "rolling-restart": [["replicas"]],
     }
     return {kind: [g for g in offered[kind] if g] for kind in config.nemeses}
 
 
 def _duration(rng: random.Random, config: RunConfig, kind: str, target: str) -> float:
     lease_s = config.lease_ms / 1000
+    leader_s = config.leader_lease_ms / 1000
+    if kind == "leader-kill":
+        return rng.uniform(0.5, 3.0)  # down this long, then restarted as a follower
+    if kind == "leader-pause":
+        # Past its lease: another replica takes over (after 1.1 leases) and serves a
+        # while before the paused one wakes.
+        return rng.uniform(2.5, 4.0) * leader_s
+    if kind == "leader-partition":
+        # SQLite: clients move off it (two missed probes, ~2-3 s), the followers they
+        # move to cannot forward to it, depose it after 3 leases and take over 1.1
+        # leases later. Cassandra: its lease runs out after one.
+        return rng.uniform(8.0, 11.0) * leader_s + 3.0
+    if kind == "rolling-restart":
+        # Each replica: a graceful stop, a start, a leader serving again.
+        return config.replicas * (3.0 + leader_s)
     if kind == "kill":
         return rng.uniform(3.0, 10.0) if target.startswith("cassandra") else rng.uniform(0.2, 2.0)
     if kind == "pause":
@@ -187,6 +242,10 @@ class Nemesis:
             return (lambda: network.undrop(rules)), {"rules": len(rules)}
         if kind == "oracle-overlap":
             return self._oracle_overlap()
+        if kind.startswith("leader-"):
+            return self._leader_fault(kind)
+        if kind == "rolling-restart":
+            return self._rolling_restart()
         if target.startswith("cassandra-"):
             return self._cassandra(kind, int(target.removeprefix("cassandra-")))
         if target.startswith("client-"):
@@ -201,46 +260,141 @@ class Nemesis:
     def _oracle_overlap(self) -> tuple[Callable[[], Any], dict[str, Any]]:
         cluster = self.cluster
         old = cluster.services()["tso"]
+        before = self._leader_row()
         newcomer = cluster.second_oracle()
-        try:
-            newcomer.start()
-        except RuntimeError:
-            exit_code = newcomer.stop()  # exited already: reaps it and forgets its pid
-            refusal = [
-                line for line in newcomer.tail().splitlines() if "another timestamp oracle" in line
-            ]
-            # The restart done right: the old oracle goes first, then the new one starts.
-            old.kill()
-
-            def take_over() -> str:
-                restart(old)
-                return f"new oracle took over on {old.address}"
-
-            return take_over, {
-                "newcomer": "refused",
-                "exit_code": exit_code,
-                "refusal": refusal[-1][-300:] if refusal else newcomer.tail(300),
-            }
-        # Both serve. A process that connects now reaches the newcomer.
+        newcomer.start()  # a replica now: it does not exit (it used to, on a file lock)
+        # Leading replicas name themselves in the row; plain oracles (the unsafe build)
+        # write none and each serves alone.
+        row = self._leader_row()
+        if row is None:
+            role = "serving"
+        else:
+            role = "leader" if row.get("address") == newcomer.address else "follower"
+        detail: dict[str, Any] = {
+            "newcomer": role,
+            "address": newcomer.address,
+            "leader_before": before,
+        }
+        # A process that connects now reaches the newcomer.
         direct = [c for c in cluster.clients if c.mode == "direct" and c.proc and c.proc.alive]
         moved = direct[0] if direct else None
-        detail: dict[str, Any] = {"newcomer": "serving", "address": newcomer.address}
         if moved is not None:
             detail["crashed"] = cluster.crash_client(moved)
             detail["reconnected"] = cluster.restart_client(moved, tso=newcomer.address)
 
-        def end_overlap() -> str:
-            if moved is not None:
-                _wait_for_a_completion(moved.events[-1], OVERLAP_PROGRESS_WAIT_S)
-            old.kill()
-            newcomer.kill()
-            restart(old)  # above both oracles' bounds
+        def move_back() -> None:
             if moved is not None and moved.tso is not None:
                 cluster.crash_client(moved)
                 cluster.restart_client(moved)
-            return f"both oracles stopped; one restarted on {old.address}"
+
+        def end_overlap() -> dict[str, Any]:
+            progressed = moved is not None and _wait_for_a_completion(
+                moved.events[-1], OVERLAP_PROGRESS_WAIT_S
+            )
+            if progressed:
+                time.sleep(OVERLAP_AFTER_PROGRESS_S)
+            row_after = self._leader_row()
+            newcomer_led = "leads tso" in newcomer.tail(1_000_000)
+            if role != "serving":
+                # The newcomer followed: it goes, the leader stays.
+                newcomer.stop()
+                move_back()
+                return {
+                    "leader_after": row_after,
+                    "newcomer_led": newcomer_led,
+                    "moved_client_progressed": progressed,
+                    "stopped": "the newcomer; the old oracle kept leading",
+                }
+            old.kill()
+            newcomer.kill()
+            restart(old)  # above both oracles' bounds
+            move_back()
+            return {
+                "moved_client_progressed": progressed,
+                "stopped": f"both oracles; one restarted on {old.address}",
+            }
 
         return end_overlap, detail
+
+    def _leader_row(self) -> dict[str, Any] | None:
+        """The leader row now, for a fault's record (``None``: no one ever led)."""
+        watch = self.cluster.leader_watch
+        record = None if watch is None else watch.read()
+        if record is None:
+            return None
+        names = self.cluster.replica_names()
+        oracle = self.cluster.tso
+        if oracle is not None and oracle.port:
+            names.setdefault(oracle.address, oracle.name)
+        return {
+            "epoch": record.epoch,
+            "address": record.address,
+            "name": names.get(record.address, record.address),
+            "live": record.live,
+        }
+
+    # --- faults of a replicated control plane --------------------------------------
+
+    def _find_leader(self) -> Service:
+        lease_s = self.cluster.config.leader_lease_ms / 1000
+        replica, _ = self.cluster.leader(LEADER_WAIT_S + LEADER_WAIT_LEASES * lease_s)
+        return replica
+
+    def _leader_fault(self, kind: str) -> tuple[Callable[[], Any], dict[str, Any]]:
+        replica = self._find_leader()
+        detail: dict[str, Any] = {"replica": replica.name, "leader_before": self._leader_row()}
+        if kind == "leader-kill":
+            replica.kill()
+
+            def restart_it() -> dict[str, Any]:
+                restart(replica)
+                return {"restarted": replica.name, "leader_after": self._leader_row()}
+
+            return restart_it, detail
+        if kind == "leader-pause":
+            replica.pause()
+
+            def resume_it() -> dict[str, Any]:
+                replica.resume()
+                return {"resumed": replica.name, "leader_after": self._leader_row()}
+
+            return resume_it, detail
+        network = self._network()
+        port = replica.port
+        assert port is not None
+        rules = list(net.port_rules(port))
+        if self.cluster.cassandra is not None or not self.cluster.config.sqlite_oracle:
+            # Cut off from the store too: every packet it sends.
+            index = int(replica.name.removeprefix("replica-"))
+            rules += net.gid_rules(GID_REPLICA_BASE + index)
+        added = network.drop(rules)
+        detail["rules"] = len(added)
+
+        def heal() -> dict[str, Any]:
+            network.undrop(added)
+            return {"healed": replica.name, "leader_after": self._leader_row()}
+
+        return heal, detail
+
+    def _rolling_restart(self) -> tuple[Callable[[], Any], dict[str, Any]]:
+        """Every replica in turn: SIGTERM, start again on its port, wait for a leader."""
+        cluster = self.cluster
+        lease_s = cluster.config.leader_lease_ms / 1000
+        steps: list[dict[str, Any]] = []
+        for replica in list(cluster.replicas):
+            started = time.monotonic()
+            code = replica.stop()
+            restart(replica)
+            leader, _ = cluster.leader(LEADER_WAIT_S + LEADER_WAIT_LEASES * lease_s)
+            steps.append(
+                {
+                    "replica": replica.name,
+                    "exit_code": code,
+                    "leader": leader.name,
+                    "took_s": round(time.monotonic() - started, 2),
+                }
+            )
+        return (lambda: None), {"steps": steps, "leader_after": self._leader_row()}
 
     def _network(self) -> net.Network:
         if self.network is None:

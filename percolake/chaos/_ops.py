@@ -33,17 +33,23 @@ class Completion:
     start_ts: int | None = None
     commit_ts: int | None = None
     error: str | None = None
+    #: The server that answered, when the workload records it (timestamps: the
+    #: replica a pinned client asks, or every replica).
+    node: str | None = None
 
 
 class Phase:
     """One byte in a shared file saying whether this client is inside a commit.
 
     The nemesis reads it to SIGKILL a client in the middle of a commit rather than
-    at a random moment, where it would mostly hit reads.
+    at a random moment, where it would mostly hit reads. Before its first operation
+    the client says it is ready; the harness starts the run's clock once all are.
     """
 
     IDLE: Final = b"-"
     COMMITTING: Final = b"C"
+    #: Started and waiting for the run's clock (the harness's start file).
+    READY: Final = b"R"
 
     def __init__(self, path: Path) -> None:
         if not path.exists() or path.stat().st_size != 1:

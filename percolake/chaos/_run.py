@@ -181,8 +181,10 @@ def _run_inside(config: RunConfig, *, isolated: bool) -> int:
             workload.setup(setup_manager, cluster.warehouse)
         finally:
             setup_manager.close()
-        t0 = time.monotonic_ns() + 1_000_000_000  # a second for clients to start up
-        until = t0 + int(config.duration_s * 1e9)
+        # The clock starts once every client is ready (a loaded machine takes seconds
+        # to start a dozen Python processes): the schedule counts from there.
+        cluster.start_clients(config.duration_s)
+        until = cluster.until_ns
         log.info(
             "%s run for %.0f s, seed %d, %d fault(s) planned (%s); out %s",
             config.workload,
@@ -192,7 +194,6 @@ def _run_inside(config: RunConfig, *, isolated: bool) -> int:
             ",".join(config.nemeses) or "none",
             out,
         )
-        cluster.start_clients(t0, until)
         progress = threading.Thread(
             target=_progress, args=(cluster, nemesis, tails, stop), daemon=True
         )
@@ -387,10 +388,20 @@ def _finish(
             "client_modes": [c.mode for c in cluster.clients],
             "network_namespace": isolated,
             "lease_ms": config.lease_ms,
+            "replicas": config.replicas,
+            "leader_lease_ms": config.leader_lease_ms,
+            "replica_addresses": cluster.replica_names(),
+            "store_reconnect_ms": config.store_reconnect_ms,
         },
+        "leaders": (
+            cluster.leader_watch.summary(cluster.replica_names())
+            if cluster.leader_watch is not None and config.replicas
+            else None
+        ),
         "nemesis": list(config.nemeses),
         "broken_protocol": config.unsafe_broken_protocol,
         "no_oracle_claim": config.unsafe_no_oracle_claim,
+        "leader_ignores_lease": config.unsafe_leader_ignores_lease,
         "started_at": started_at.isoformat(timespec="seconds"),
         "wall_s": round((datetime.now(UTC) - started_at).total_seconds(), 1),
         "history": history_path.name,
@@ -433,6 +444,13 @@ def _print_summary(report: dict[str, Any], checks: list[CheckResult], out: Path)
         f"  ops ok {report['ops_ok']}, fail {report['ops_fail']}, info {report['ops_info']} "
         f"({report['ok_per_s']} ok/s); faults {len(report['faults'])}: {report['fault_counts']}",
     ]
+    leaders = report.get("leaders")
+    if leaders:
+        lines.append(
+            f"  leaders: epochs {leaders['first_epoch']}..{leaders['last_epoch']}, "
+            f"{leaders['leader_changes']} change(s), {leaders['deposed']} depose(s), "
+            f"held by {','.join(leaders['leaders'])}"
+        )
     for check in checks:
         lines.append(
             f"  {'ok ' if check.valid else 'BAD'} {check.name}: {len(check.anomalies)} anomalies"
@@ -461,6 +479,14 @@ def replay_command(config: RunConfig) -> str:
         f"--client-timeout-s {config.client_timeout_s:g}",
         f"--active-keys {config.active_keys}",
     ]
+    if config.replicas:
+        parts.append(f"--replicas {config.replicas}")
+    if config.replicas or config.leader_lease_ms != 2000:
+        parts.append(f"--leader-lease-ms {config.leader_lease_ms}")
+    if config.workload == "timestamps":
+        parts.append(f"--ts-call-timeout-s {config.ts_call_timeout_s:g}")
+    if config.store_reconnect_ms:
+        parts.append(f"--store-reconnect-ms {config.store_reconnect_ms}")
     if config.cassandra_nodes:
         parts.append(f"--cassandra-nodes {config.cassandra_nodes}")
     if config.store_url:
@@ -473,6 +499,8 @@ def replay_command(config: RunConfig) -> str:
         parts.append("--unsafe-broken-protocol")
     if config.unsafe_no_oracle_claim:
         parts.append("--unsafe-no-oracle-claim")
+    if config.unsafe_leader_ignores_lease:
+        parts.append("--unsafe-leader-ignores-lease")
     parts.append(f"--out {shlex.quote(str(config.out_dir))}")
     return " ".join(parts)
 

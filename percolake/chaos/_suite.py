@@ -18,13 +18,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from percolake.chaos._config import NEMESES, SQLITE_ORACLE_NEMESES, RunConfig
+from percolake.chaos._config import (
+    NEMESES,
+    REPLICA_NEMESES,
+    SQLITE_ORACLE_NEMESES,
+    RunConfig,
+)
 
 log = logging.getLogger("percolake.chaos")
 
-#: Every fault a Cassandra run takes; SQLite runs add the oracle overlap.
-ALL_FAULTS: Final = tuple(n for n in NEMESES if n not in SQLITE_ORACLE_NEMESES)
-SQLITE_FAULTS: Final = NEMESES
+#: Every fault a Cassandra run without replicas takes; SQLite runs add the oracle
+#: overlap. The leader faults need ``--replicas``.
+ALL_FAULTS: Final = tuple(
+    n for n in NEMESES if n not in SQLITE_ORACLE_NEMESES and n not in REPLICA_NEMESES
+)
+SQLITE_FAULTS: Final = tuple(n for n in NEMESES if n not in REPLICA_NEMESES)
 NO_SLOW: Final = ("kill", "pause", "partition")
 
 

@@ -16,12 +16,22 @@ from txn import Isolation, Manager
 class ClientContext:
     """What a client process hands its workload: a manager and where it stands."""
 
-    manager: Manager
+    #: ``None`` for the timestamps workload, which runs no transactions.
+    manager: Manager | None
     isolation: Isolation
     process: int
     phase: Phase | None
     #: Lakehouse clients: the table handle (``spark_integration.Lakehouse``).
     lakehouse: Any = None
+    #: The oracle's address (several: replicas) this client was given.
+    tso: str = ""
+
+    @property
+    def txns(self) -> Manager:
+        """The transaction manager of a workload that runs transactions."""
+        if self.manager is None:
+            raise RuntimeError("this client runs no transactions (timestamps workload)")
+        return self.manager
 
 
 @dataclass(slots=True)
@@ -54,6 +64,9 @@ class Workload(ABC):
 
     def open_client(self, ctx: ClientContext) -> None:  # noqa: B027 - optional hook
         """Prepare per-process state before the first operation (default: nothing)."""
+
+    def close_client(self, ctx: ClientContext) -> None:  # noqa: B027 - optional hook
+        """Release what :meth:`open_client` opened (default: nothing)."""
 
     @abstractmethod
     def generate(
@@ -91,6 +104,10 @@ def make_workload(config: RunConfig) -> Workload:
         from percolake.chaos._bank import Bank
 
         return Bank(config)
+    if config.workload == "timestamps":
+        from percolake.chaos._timestamps import Timestamps
+
+        return Timestamps(config)
     from percolake.chaos._lakehouse import LakehouseAppends
 
     return LakehouseAppends(config)

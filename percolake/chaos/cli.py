@@ -61,6 +61,19 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--isolation", choices=ISOLATIONS, default="serializable")
     run.add_argument("--gateways", type=int, default=2, help="gateway processes (2)")
     run.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="replicas of percolake serve (role all) on the store instead of one oracle and "
+        "one lock server; clients and gateways get every replica's address (0)",
+    )
+    run.add_argument(
+        "--leader-lease-ms",
+        type=int,
+        default=2000,
+        help="the replicas' (and the oracle's) leader lease (2000)",
+    )
+    run.add_argument(
         "--clients",
         type=int,
         default=6,
@@ -70,6 +83,19 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--lease-ms", type=int, default=2000, help="lock lease of committers")
     run.add_argument("--client-timeout-s", type=float, default=10.0, help="client RPC deadline")
     run.add_argument("--active-keys", type=int, default=8, help="list-append hot keys (8)")
+    run.add_argument(
+        "--store-reconnect-ms",
+        type=int,
+        default=0,
+        help="replicas (and the oracle) woken from a pause reach their store only this many "
+        "ms later, as across a network (0: off)",
+    )
+    run.add_argument(
+        "--ts-call-timeout-s",
+        type=float,
+        default=0.5,
+        help="timestamps workload: deadline of one GetTimestamps call (0.5)",
+    )
     run.add_argument(
         "--netns",
         choices=["auto", "on", "off"],
@@ -98,6 +124,12 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         "--unsafe-no-oracle-claim",
         action="store_true",
         help="TEST ONLY: oracles skip their file lock, so oracle-overlap faults let two serve",
+    )
+    run.add_argument(
+        "--unsafe-leader-ignores-lease",
+        action="store_true",
+        help="TEST ONLY: a leading replica serves without checking its lease; a leader that "
+        "wakes from a pause serves next to the new one",
     )
 
 
@@ -153,6 +185,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cassandra_nodes=args.cassandra_nodes,
         gateways=args.gateways,
         clients=args.clients,
+        replicas=args.replicas,
+        leader_lease_ms=args.leader_lease_ms,
+        ts_call_timeout_s=args.ts_call_timeout_s,
+        store_reconnect_ms=args.store_reconnect_ms,
         fault_gap_s=args.fault_gap_s,
         lease_ms=args.lease_ms,
         client_timeout_s=args.client_timeout_s,
@@ -160,6 +196,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         netns=args.netns,
         unsafe_broken_protocol=args.unsafe_broken_protocol,
         unsafe_no_oracle_claim=args.unsafe_no_oracle_claim,
+        unsafe_leader_ignores_lease=args.unsafe_leader_ignores_lease,
         gzip_history=args.gzip_history,
         gc_interval_s=args.gc_interval_s,
         gc_retention_s=args.gc_retention_s,

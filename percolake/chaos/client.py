@@ -6,10 +6,13 @@ step: a SIGKILL loses at most the completion of the operation in flight, which t
 harness then records as ``info`` (unknown outcome).
 
 ``--mode remote`` talks to gateways (``TransactionManager.remote``), moving to the
-next gateway when one is unavailable; ``--mode direct`` runs the commit protocol in
+next gateway when one is unavailable; ``--mode replicas`` talks to the gateways of the
+replicas of a replicated control plane (``--tso``, every replica's address: the client
+fails over between them by itself); ``--mode direct`` runs the commit protocol in
 this process against the remote oracle and lock server and the shared store, the way
 an in-process Spark driver does, so that a pause or a kill of this process strands
-its own locks and versions.
+its own locks and versions. ``--mode timestamps`` runs no transactions: the
+timestamps workload asks the oracle at ``--tso`` (one replica, or all of them).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ T = TypeVar("T")
 
 #: Pause after an operation that did not commit, so a dead server is not hammered.
 BACKOFF_S = (0.005, 0.05)
+#: How long a client waits for the run's clock (every other client starting).
+START_TIMEOUT_S = 300.0
 
 
 class FailoverManager:
@@ -160,14 +165,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m percolake.chaos.client")
     parser.add_argument("--run-config", required=True, type=Path)
     parser.add_argument("--process", required=True, type=int)
-    parser.add_argument("--mode", required=True, choices=["remote", "direct"])
+    parser.add_argument(
+        "--mode", required=True, choices=["remote", "replicas", "direct", "timestamps"]
+    )
     parser.add_argument("--gateways", default="")
     parser.add_argument("--tso", default="")
     parser.add_argument("--locks", default="")
     parser.add_argument("--store", default="")
     parser.add_argument("--warehouse", default="")
-    parser.add_argument("--t0-ns", required=True, type=int)
-    parser.add_argument("--until-ns", required=True, type=int)
+    parser.add_argument(
+        "--start-file",
+        type=Path,
+        help="wait until this file holds 'T0_NS UNTIL_NS' (the run's clock), then start",
+    )
+    parser.add_argument("--t0-ns", type=int, help="the run's clock, without --start-file")
+    parser.add_argument("--until-ns", type=int)
     parser.add_argument("--events", required=True, type=Path)
     parser.add_argument("--phase", required=True, type=Path)
     return parser
@@ -178,11 +190,14 @@ def run_client(args: argparse.Namespace) -> int:
     build = unsafe_build_from_env()
     workload = make_workload(config)
     isolation = Isolation.SERIALIZABLE if config.isolation == "serializable" else Isolation.SNAPSHOT
-    manager: Manager
+    manager: Manager | None = None
     if args.mode == "remote":
         gateways = [a for a in args.gateways.split(",") if a]
         manager = FailoverManager(gateways, args.process, config.client_timeout_s)
-    else:
+    elif args.mode == "replicas":
+        # One manager on every replica: its channel moves between them by itself.
+        manager = FailoverManager([args.tso], 0, config.client_timeout_s)
+    elif args.mode == "direct":
         manager = direct_manager(
             args.store,
             args.tso,
@@ -192,27 +207,37 @@ def run_client(args: argparse.Namespace) -> int:
             commit_steps=build.commit_steps,
         )
     phase = Phase(args.phase)
-    ctx = ClientContext(manager=manager, isolation=isolation, process=args.process, phase=phase)
+    ctx = ClientContext(
+        manager=manager, isolation=isolation, process=args.process, phase=phase, tso=args.tso
+    )
     if config.workload == "lakehouse":
         from percolake.chaos._lakehouse import LakehouseAppends
 
         ctx.lakehouse = LakehouseAppends.open_lakehouse(
-            manager,
+            ctx.txns,
             args.warehouse,
             timeout_s=3 * config.client_timeout_s,
             slot=args.process % config.clients,
         )
     workload.open_client(ctx)
     rng = random.Random(f"{config.seed}-client-{args.process}")
-    events = EventWriter(args.events, args.process, args.t0_ns)
+    if args.start_file is not None:
+        phase.set(Phase.READY)
+        t0_ns, until_ns = _wait_for_start(args.start_file)
+        phase.set(Phase.IDLE)
+    elif args.t0_ns is not None and args.until_ns is not None:
+        t0_ns, until_ns = args.t0_ns, args.until_ns
+    else:
+        raise SystemExit("give --start-file, or --t0-ns and --until-ns")
+    events = EventWriter(args.events, args.process, t0_ns)
     done = 0
     # Start together with the other clients: the fault schedule counts from t0.
-    time.sleep(max(0.0, (args.t0_ns - time.monotonic_ns()) / 1e9))
+    time.sleep(max(0.0, (t0_ns - time.monotonic_ns()) / 1e9))
     try:
         counter = 0
-        while time.monotonic_ns() < args.until_ns:
+        while time.monotonic_ns() < until_ns:
             counter += 1
-            elapsed_s = (time.monotonic_ns() - args.t0_ns) / 1e9
+            elapsed_s = (time.monotonic_ns() - t0_ns) / 1e9
             f, value = workload.generate(rng, elapsed_s, args.process, counter)
             events.write({"type": "invoke", "f": f, "value": value})
             try:
@@ -227,9 +252,24 @@ def run_client(args: argparse.Namespace) -> int:
     finally:
         events.close()
         phase.close()
-        manager.close()
+        workload.close_client(ctx)
+        if manager is not None:
+            manager.close()
     log.info("client %d done: %d operations", args.process, done)
     return 0
+
+
+def _wait_for_start(path: Path, timeout_s: float = START_TIMEOUT_S) -> tuple[int, int]:
+    """The run's clock from the harness's start file, once it is written."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            t0, until = (int(part) for part in path.read_text().split())
+            return t0, until
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no start file {path} after {timeout_s:.0f} s") from None
+            time.sleep(0.005)
 
 
 def _completion_event(f: str, c: Completion) -> dict[str, Any]:
@@ -240,6 +280,8 @@ def _completion_event(f: str, c: Completion) -> dict[str, Any]:
         event["commit_ts"] = c.commit_ts
     if c.error is not None:
         event["error"] = c.error
+    if c.node is not None:
+        event["node"] = c.node
     return event
 
 

@@ -2,10 +2,11 @@
 
 Exactly ``percolake serve`` with the same arguments, except that it honours the
 test-only switches of :mod:`percolake.chaos.unsafe` (a broken commit protocol,
-oracles that do not claim their store) and the gateway fail points that tests steer
-(:mod:`percolake.chaos.failpoints_serve`: the transaction service's, and the lakehouse
-service's group commits steered by a control file), which the installed command never
-looks at.
+oracles that do not claim their store, leaders that do not check their lease) and the
+gateway fail points that tests steer (:mod:`percolake.chaos.failpoints_serve`: the
+transaction service's, and the lakehouse service's group commits steered by a control
+file), and a store that answers late after a pause of the process
+(:mod:`percolake.chaos._reconnect`), which the installed command never looks at.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from percolake.chaos._reconnect import reconnect_ms_from_env, store_opener
 from percolake.chaos.failpoints_serve import (
     SteeredLakehouseServicer,
     SteeredTransactionServicer,
@@ -47,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser,
         commit_steps=build.commit_steps,
         oracle_claims=build.oracle_claims,
+        leader_checks_lease=build.leader_checks_lease,
+        store_opener=store_opener(reconnect_ms_from_env()),
         gateway_class=SteeredTransactionServicer if steered else TransactionServicer,
         lakehouse_class=SteeredLakehouseServicer if steered else LakehouseServicer,
     )
