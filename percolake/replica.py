@@ -84,6 +84,12 @@ class _Forward:
         # no longer than that on it, then asks whoever leads by then.
         self.timestamps = RemoteTimestampSource(self.conn, timeout_s=timeout_s)
         self.locks = RemoteLockService(self.conn, timeout_s=timeout_s)
+        self.closed = False
+
+    def close(self) -> None:
+        """Cancel the calls waiting on this leader (another leads now)."""
+        self.closed = True
+        self.conn.close()
 
 
 class ControlPlane:
@@ -168,7 +174,8 @@ class ControlPlane:
             if forward is None or forward.address == address:
                 return
             self._forward = None
-        forward.conn.close()
+            self._unreachable_since = None  # a new leader: count its failures afresh
+        forward.close()
 
     def _local(self) -> _Term | None:
         term = self._term
@@ -185,7 +192,7 @@ class ControlPlane:
             with self._lock:
                 if self._forward is None or self._forward.address != address:
                     if self._forward is not None:
-                        self._forward.conn.close()
+                        self._forward.close()
                     self._forward = _Forward(
                         address, self._token, self._tls, max(0.5, self.lease.lease_ms / 1000)
                     )
@@ -206,6 +213,7 @@ class ControlPlane:
         while not self._closed:
             term = self._local()
             if term is not None:
+                self._unreachable_since = None
                 try:
                     return local(term)
                 except OracleFencedError as exc:  # the lease ran out mid-call
@@ -215,7 +223,14 @@ class ControlPlane:
                     result = remote(forward)
                 except (ServiceUnavailableError, OracleFencedError) as exc:
                     last = exc
-                    self._leader_unreachable(forward, exc)
+                    if not forward.closed:  # not our own doing: a new leader closed it
+                        self._leader_unreachable(forward, exc)
+                except ValueError as exc:
+                    # "Cannot invoke RPC on closed channel": a new leader closed the old
+                    # forwarding channel before this call started; nothing was sent.
+                    if not forward.closed:
+                        raise
+                    last = exc
                 else:
                     self._unreachable_since = None
                     return result
@@ -340,4 +355,4 @@ class ControlPlane:
         with self._lock:
             forward, self._forward = self._forward, None
         if forward is not None:
-            forward.conn.close()
+            forward.close()

@@ -596,6 +596,13 @@ class _FailoverUnary:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 return call(request, timeout=remaining, metadata=metadata, **kwargs)
+            except ValueError:
+                # "Cannot invoke RPC on closed channel": another call moved this channel to
+                # the next replica before this one started; nothing was sent, so any call
+                # may go to the new one.
+                if self._parent.current()[0] == generation:
+                    raise
+                continue
             except grpc.RpcError as err:
                 code = err.code() if isinstance(err, grpc.Call) else None
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
