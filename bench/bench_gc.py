@@ -335,10 +335,11 @@ def batch_specs(
     seconds: float,
     gw: str,
     warehouse: str = "",
-    source: str = "",
+    sources: Sequence[str] = (),
 ) -> list[Spec]:
     """``need`` more commits split over ``writers`` (the first ones take the rest);
-    each writer goes on from the commits it made so far (``done_by``)."""
+    each writer goes on from the commits it made so far (``done_by``); lakehouse
+    writer ``i`` links ``sources[i]``."""
     cells = workload == CELLS
     return [
         Spec(
@@ -349,7 +350,7 @@ def batch_specs(
             gateway=gw,
             warehouse="" if cells else warehouse,
             table=HOT_TABLE if cells else LAKEHOUSE_TABLE,
-            source="" if cells else source,
+            source="" if cells else sources[i],
             commits=need // writers + (1 if i < need % writers else 0),
             part_offset=done_by[i],
             writer=CELL_WRITER if cells else "",
@@ -358,21 +359,26 @@ def batch_specs(
     ]
 
 
-def _create_lakehouse(gw: str, folder: Path) -> tuple[str, str]:
-    """The table the appends go to; its warehouse and the source file to link."""
+def _create_lakehouse(gw: str, folder: Path) -> tuple[str, list[str]]:
+    """The table the appends go to; its warehouse and the source file each writer
+    links. One per writer: ext4 takes at most 65,000 links to one inode (``os.link``
+    then fails with ``EMLINK``, and every later append of the writer fails at once),
+    and a curve makes up to :data:`LAKEHOUSE_MAX_COMMITS` appends, a quarter of them
+    per writer."""
     from pyspark.sql.types import LongType, StructField, StructType
 
     from spark_integration import Lakehouse
     from txn import TransactionManager
 
-    source = folder / "source.parquet"
-    _write_source(source)
+    sources = [folder / f"source-{i}.parquet" for i in range(WRITERS)]
+    for source in sources:
+        _write_source(source)
     warehouse = folder / "warehouse"
     with TransactionManager.remote(gw) as tm:
         Lakehouse(tm, warehouse).create_table(
             LAKEHOUSE_TABLE, StructType([StructField("id", LongType())])
         )
-    return str(warehouse), str(source)
+    return str(warehouse), [str(source) for source in sources]
 
 
 def measure_curve(
@@ -401,9 +407,9 @@ def measure_curve(
         sizes = SizeReader(store, url)
         try:
             with gateway(url, folder, f"gc-{store}-{workload}-{gc}", args) as gw:
-                warehouse = source = ""
+                warehouse, sources = "", [""] * WRITERS
                 if workload == LAKEHOUSE:
-                    warehouse, source = _create_lakehouse(gw.address, folder)
+                    warehouse, sources = _create_lakehouse(gw.address, folder)
                 done_by = [0] * WRITERS
                 elapsed = 0.0
                 for target in checkpoints:
@@ -424,7 +430,7 @@ def measure_curve(
                         max(60.0, need / MIN_RATE),
                         gw.address,
                         warehouse,
-                        source,
+                        sources,
                     )
                     started = time.monotonic()
                     got = pool.run(specs, max(s.seconds for s in specs))

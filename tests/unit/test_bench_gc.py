@@ -12,7 +12,9 @@ from bench.bench_gc import (
     CELLS,
     GATEWAY_GC,
     LAKEHOUSE,
+    LAKEHOUSE_MAX_COMMITS,
     NO_GC,
+    WRITERS,
     Curve,
     Sample,
     StoreSize,
@@ -34,11 +36,16 @@ def test_a_batch_splits_its_commits_and_each_writer_goes_on_from_its_own_count()
     assert [s.part_offset for s in specs] == [3, 3, 2, 2]
     assert [s.index for s in specs] == [0, 1, 2, 3]
     assert all(s.writer.endswith(":HotCellWriter") and s.table == "hot" for s in specs)
-    lakehouse = batch_specs(LAKEHOUSE, 2, 5, [0, 0], 60.0, "gw", "/wh", "/src.parquet")
+    lakehouse = batch_specs(LAKEHOUSE, 2, 5, [0, 0], 60.0, "gw", "/wh", ["/s0.pq", "/s1.pq"])
     assert [(s.commits, s.writer, s.warehouse, s.source) for s in lakehouse] == [
-        (3, "", "/wh", "/src.parquet"),
-        (2, "", "/wh", "/src.parquet"),
+        (3, "", "/wh", "/s0.pq"),
+        (2, "", "/wh", "/s1.pq"),
     ]
+
+
+def test_no_lakehouse_source_file_is_linked_more_often_than_ext4_allows() -> None:
+    # os.link fails with EMLINK past 65,000 links to one inode: each writer has its own.
+    assert LAKEHOUSE_MAX_COMMITS // WRITERS + 1 < 65_000
 
 
 def test_a_short_batch_is_taken_from_the_last_writers() -> None:
