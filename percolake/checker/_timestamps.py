@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from percolake.errors import PercolakeError
+
 #: The operation the workload records.
 TIMESTAMP_F: Final = "ts"
 DUPLICATE: Final = "duplicate-timestamp"
@@ -39,7 +41,7 @@ REAL_TIME_ORDER: Final = "real-time-order"
 MAX_EXAMPLES: Final = 20
 
 
-class TimestampHistoryError(ValueError):
+class TimestampHistoryError(PercolakeError, ValueError):
     """A malformed timestamp history; the message names the line."""
 
 
