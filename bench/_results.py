@@ -137,6 +137,12 @@ def versions(packages: Iterable[str] = PACKAGES) -> dict[str, str]:
     return out
 
 
+def write_for_command(results: Sequence[Result], *, quick: bool) -> Path:
+    """What a suite's own ``--write`` does: merge into ``bench/results`` (``quick/`` for
+    a quick run) and say where."""
+    return write_results(results, QUICK_DIR if quick else RESULTS_DIR, "quick" if quick else "full")
+
+
 def write_results(
     results: Sequence[Result],
     out: Path = RESULTS_DIR,

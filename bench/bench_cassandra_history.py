@@ -287,10 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     for result in results:
         print_result(result)
     if args.write:
-        from bench._results import QUICK_DIR, RESULTS_DIR, write_results
+        from bench._results import write_for_command
 
-        out = QUICK_DIR if args.quick else RESULTS_DIR
-        print(f"wrote {write_results(results, out, mode='quick' if args.quick else 'full')}")
+        print(f"wrote {write_for_command(results, quick=args.quick)}")
     return 0
 
 

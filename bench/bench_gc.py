@@ -913,10 +913,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(describe(result), flush=True)
     print(f"took {time.monotonic() - started:.0f} s")
     if args.write:
-        from bench._results import QUICK_DIR, RESULTS_DIR, write_results
+        from bench._results import write_for_command
 
-        out = QUICK_DIR if args.quick else RESULTS_DIR
-        print(f"wrote {write_results(results, out, mode='quick' if args.quick else 'full')}")
+        print(f"wrote {write_for_command(results, quick=args.quick)}")
     return 0
 
 
