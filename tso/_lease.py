@@ -181,6 +181,8 @@ class LeaderLease:
         self._lock = threading.RLock()
         #: The row as last read, and when (our clock) we first saw that value.
         self._seen: bytes | None = None
+        #: ``_seen`` decoded once, for the calls that ask who leads (every forwarded one).
+        self._seen_record: LeaseRecord | None = None
         self._seen_at: float | None = None
         self._read_once = False
         #: Our own row while we lead, and until when our lease is valid.
@@ -213,8 +215,7 @@ class LeaderLease:
 
     def leader(self) -> LeaseRecord | None:
         """The row as last read: who leads (or led) the role."""
-        seen = self._seen
-        return None if seen is None else LeaseRecord.decode(seen)
+        return self._seen_record
 
     def leader_address(self) -> str | None:
         """Where the live leader serves, as far as this replica last read."""
@@ -265,10 +266,13 @@ class LeaderLease:
     def _saw(self, raw: bytes | None, at: float) -> None:
         """The row holds ``raw`` (read, or written by us), first seen at ``at``."""
         changed = not self._read_once or raw != self._seen
-        self._seen, self._seen_at, self._read_once = raw, at, True
+        record = (
+            self._seen_record if not changed else None if raw is None else LeaseRecord.decode(raw)
+        )
+        self._seen, self._seen_record, self._seen_at, self._read_once = raw, record, at, True
         if changed and self._on_row is not None:
             # Our own takeover too: calls we forwarded to the old leader are cancelled.
-            self._on_row(None if raw is None else LeaseRecord.decode(raw))
+            self._on_row(record)
 
     def _renew(self, current: bytes) -> None:
         record = LeaseRecord.decode(current)
