@@ -49,6 +49,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,11 @@ GC_LABEL = {
     PASSES: "one GarbageCollector pass between batches (retention 0, grace 200 ms)",
 }
 GATEWAY_GC_ARGS = ("--gc-interval-s", "2", "--gc-retention-s", "0")
+#: With GC, the lakehouse table keeps its log and batch marks this long (seconds;
+#: ``--lakehouse-retention-s``): collection removes old versions of its cells, and
+#: the table's own expiry (run with its checkpoints) the log records, file rows and
+#: marks outside its retention. Without GC the table has the defaults (30 and 7 days).
+LAKEHOUSE_GC_RETENTION_S = 10.0
 PASS_GRACE_MS = 200
 
 WRITERS = 4
@@ -158,6 +164,8 @@ class StoreSize:
     index: int = 0  # Cassandra's ``cells`` index rows
     bytes_used: int | None = None  # SQLite: pages in use (the file less its free list)
     file_bytes: int | None = None  # SQLite: the database file and its WAL on disk
+    #: Versions by table, largest first (the lakehouse: which of its tables grow).
+    by_table: tuple[tuple[str, int], ...] = ()
 
     @property
     def rows(self) -> int:
@@ -165,6 +173,9 @@ class StoreSize:
 
     def describe(self) -> str:
         parts = f"{self.versions:,} versions, {self.entries:,} entries, {self.system:,} other"
+        if len(self.by_table) > 1:
+            tables = ", ".join(f"{t.rsplit('.', 1)[-1]} {n:,}" for t, n in self.by_table)
+            parts += f" (versions by table: {tables})"
         if self.index:
             parts += f", {self.index:,} index rows"
         if self.bytes_used is not None:
@@ -176,8 +187,11 @@ def sqlite_size(path: Path) -> StoreSize:
     """Counts by full reads through a read-only connection of its own (WAL: it sees
     every committed write)."""
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-        versions = int(db.execute("SELECT count(*) FROM versions").fetchone()[0])
-        by_table = dict(
+        by_table = _largest_first(
+            db.execute("SELECT tbl, count(*) FROM versions GROUP BY tbl").fetchall()
+        )
+        versions = sum(n for _, n in by_table)
+        system = dict(
             db.execute("SELECT tbl = '_txn', count(*) FROM system_rows GROUP BY 1").fetchall()
         )
         pages = int(db.execute("PRAGMA page_count").fetchone()[0])
@@ -186,11 +200,16 @@ def sqlite_size(path: Path) -> StoreSize:
     on_disk = sum(os.path.getsize(p) for p in (path, Path(f"{path}-wal")) if os.path.exists(p))
     return StoreSize(
         versions=versions,
-        entries=int(by_table.get(1, 0)),
-        system=int(by_table.get(0, 0)),
+        entries=int(system.get(1, 0)),
+        system=int(system.get(0, 0)),
         bytes_used=(pages - free) * page_size,
         file_bytes=on_disk,
+        by_table=by_table,
     )
+
+
+def _largest_first(counts: Sequence[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(((str(t), int(n)) for t, n in counts), key=lambda c: (-c[1], c[0])))
 
 
 def cassandra_size(store: Any) -> StoreSize:
@@ -206,13 +225,15 @@ def cassandra_size(store: Any) -> StoreSize:
 
     system = tables_of("system_rows")
     entries = sum(1 for t in system if t == "_txn")
+    # Small pages: a page reads every tombstone (swept version) of the partitions it
+    # spans, and a read past 100,000 of them fails.
+    versions = Counter(tables_of("cell_versions", VERSION_PAGE_ROWS))
     return StoreSize(
-        # Small pages: a page reads every tombstone (swept version) of the partitions
-        # it spans, and a read past 100,000 of them fails.
-        versions=len(tables_of("cell_versions", VERSION_PAGE_ROWS)),
+        versions=sum(versions.values()),
         entries=entries,
         system=len(system) - entries,
         index=len(tables_of("cells")),
+        by_table=_largest_first(list(versions.items())),
     )
 
 
@@ -317,6 +338,7 @@ class Curve:
     passes: int = 0
     stopped: str = ""  # why the curve ended before its last checkpoint
     last_pass: dict[str, Any] = field(default_factory=dict)
+    table_retention_s: float | None = None  # lakehouse: the table's log and mark retention
 
     @property
     def rate(self) -> float:
@@ -359,15 +381,17 @@ def batch_specs(
     ]
 
 
-def _create_lakehouse(gw: str, folder: Path) -> tuple[str, list[str]]:
-    """The table the appends go to; its warehouse and the source file each writer
-    links. One per writer: ext4 takes at most 65,000 links to one inode (``os.link``
-    then fails with ``EMLINK``, and every later append of the writer fails at once),
-    and a curve makes up to :data:`LAKEHOUSE_MAX_COMMITS` appends, a quarter of them
-    per writer."""
+def _create_lakehouse(
+    gw: str, folder: Path, retention_s: float | None = None
+) -> tuple[str, list[str]]:
+    """The table the appends go to (log and mark retention ``retention_s``, ``None``:
+    the defaults); its warehouse and the source file each writer links. One per
+    writer: ext4 takes at most 65,000 links to one inode (``os.link`` then fails with
+    ``EMLINK``, and every later append of the writer fails at once), and a curve makes
+    up to :data:`LAKEHOUSE_MAX_COMMITS` appends, a quarter of them per writer."""
     from pyspark.sql.types import LongType, StructField, StructType
 
-    from spark_integration import Lakehouse
+    from spark_integration import Lakehouse, Retention
     from txn import TransactionManager
 
     sources = [folder / f"source-{i}.parquet" for i in range(WRITERS)]
@@ -376,7 +400,9 @@ def _create_lakehouse(gw: str, folder: Path) -> tuple[str, list[str]]:
     warehouse = folder / "warehouse"
     with TransactionManager.remote(gw) as tm:
         Lakehouse(tm, warehouse).create_table(
-            LAKEHOUSE_TABLE, StructType([StructField("id", LongType())])
+            LAKEHOUSE_TABLE,
+            StructType([StructField("id", LongType())]),
+            retention=None if retention_s is None else Retention(retention_s, retention_s),
         )
     return str(warehouse), [str(source) for source in sources]
 
@@ -392,10 +418,11 @@ def measure_curve(
     *,
     budget_s: float,
     at_end: Callable[[Curve, str, str], list[Result]] | None = None,
+    lakehouse_retention_s: float = LAKEHOUSE_GC_RETENTION_S,
 ) -> tuple[Curve, list[Result]]:
     """Commit through a fresh gateway on a fresh store up to each checkpoint, reading
     the store's size at each; ``at_end(curve, url, gateway)`` runs before the gateway
-    stops."""
+    stops. With GC a lakehouse table keeps ``lakehouse_retention_s`` of log and marks."""
     folder = root / f"{store}-{workload}-{gc}"
     folder.mkdir(parents=True)
     curve = Curve(store, workload, gc)
@@ -409,7 +436,10 @@ def measure_curve(
             with gateway(url, folder, f"gc-{store}-{workload}-{gc}", args) as gw:
                 warehouse, sources = "", [""] * WRITERS
                 if workload == LAKEHOUSE:
-                    warehouse, sources = _create_lakehouse(gw.address, folder)
+                    warehouse, sources = _create_lakehouse(
+                        gw.address, folder, None if gc == NO_GC else lakehouse_retention_s
+                    )
+                    curve.table_retention_s = None if gc == NO_GC else lakehouse_retention_s
                 done_by = [0] * WRITERS
                 elapsed = 0.0
                 for target in checkpoints:
@@ -664,6 +694,12 @@ def curve_note(curve: Curve) -> str:
         f"{topology(curve.store, clients)}; {WORKLOAD_LABEL[curve.workload]}; "
         f"{GC_LABEL[curve.gc]}; rows counted by full reads of the store between batches"
     )
+    if curve.workload == LAKEHOUSE:
+        note += "; the table's log and mark retention: " + (
+            "the defaults (30 and 7 days)"
+            if curve.table_retention_s is None
+            else f"{curve.table_retention_s:g} s (expired with its checkpoints)"
+        )
     if curve.gc != NO_GC and curve.last_pass:
         note += f"; last pass recorded: {curve.last_pass}"
     if curve.stopped:
@@ -827,6 +863,8 @@ def run(
     workloads: Sequence[str] | None = None,
     max_commits: int | None = None,
     history: bool = True,
+    curves_of: Sequence[str] = ("without", "with"),
+    lakehouse_retention_s: float = LAKEHOUSE_GC_RETENTION_S,
 ) -> list[Result]:
     """The suite (the keywords narrow it, for the command line)."""
     checkpoints = [c for c in (QUICK_CHECKPOINTS if quick else CHECKPOINTS)]
@@ -853,6 +891,8 @@ def run(
                     and (workload == CELLS or c <= LAKEHOUSE_MAX_COMMITS)
                 ]
                 for gc in (NO_GC, with_gc):
+                    if ("without" if gc == NO_GC else "with") not in curves_of:
+                        continue
                     at_end = None
                     if store != SQLITE and workload == CELLS and gc == NO_GC and history:
                         at_end = _history_at_curve_end(
@@ -868,6 +908,7 @@ def run(
                         progress,
                         budget_s=CURVE_BUDGET_S[store],
                         at_end=at_end,
+                        lakehouse_retention_s=lakehouse_retention_s,
                     )
                     curves.append(curve)
                     results += extra
@@ -896,6 +937,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-commits", type=int, help="stop the curves at this checkpoint")
     parser.add_argument("--no-history", action="store_true", help="skip the long-history part")
     parser.add_argument(
+        "--curves",
+        choices=["with", "without"],
+        action="append",
+        help="only the curves with (or without) garbage collection (default: both)",
+    )
+    parser.add_argument(
+        "--lakehouse-retention-s",
+        type=float,
+        default=LAKEHOUSE_GC_RETENTION_S,
+        help="with GC, the lakehouse table's log and mark retention "
+        f"(default {LAKEHOUSE_GC_RETENTION_S:g})",
+    )
+    parser.add_argument(
         "--write", action="store_true", help="merge the figures into bench/results/latest.json"
     )
     args = parser.parse_args(argv)
@@ -908,6 +962,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         workloads=args.workload,
         max_commits=args.max_commits,
         history=not args.no_history,
+        curves_of=args.curves or ("without", "with"),
+        lakehouse_retention_s=args.lakehouse_retention_s,
     )
     for result in results:
         print(describe(result), flush=True)
