@@ -54,6 +54,7 @@ from spark_integration._wire import (
     meta_from_pb,
     meta_to_pb,
     partition_from_pb,
+    retention_to_pb,
 )
 from txn.errors import CommitUnknownError
 from txn.remote import RemoteTransactionManager
@@ -190,13 +191,15 @@ class RemoteCatalog:
     def create(
         self, meta: TableMeta, job_id: str, retention: Retention | None = None
     ) -> int | None:
-        """Create the table; its ``retention`` is set in a second transaction (the
-        service's CreateTable carries none), so a failure in between leaves the table
-        with the defaults, and raises."""
-        request = pb.CreateTableRequest(catalog=self._catalog, meta=meta_to_pb(meta), job_id=job_id)
+        """Create the table, with its ``retention`` (``None``: the defaults) written in
+        the same transaction by the service."""
+        request = pb.CreateTableRequest(
+            catalog=self._catalog,
+            meta=meta_to_pb(meta),
+            job_id=job_id,
+            retention=retention_to_pb(retention),
+        )
         got = call(self._stub.CreateTable, request, self._conn, self._commit_timeout_s)
-        if retention is not None:
-            self._cells.set_retention(meta.name, retention)
         return got.commit_ts if got.HasField("commit_ts") else None
 
     def commit_files(

@@ -20,6 +20,7 @@ from spark_integration._model import (
     decode_stats,
     encode_stats,
 )
+from spark_integration._retention import Retention
 
 OPERATIONS = {APPEND: pb.COMMIT_OPERATION_APPEND, OVERWRITE: pb.COMMIT_OPERATION_OVERWRITE}
 OPERATION_NAMES = {v: k for k, v in OPERATIONS.items()}
@@ -39,6 +40,20 @@ def meta_from_pb(msg: pb.TableMeta) -> TableMeta:
     return TableMeta(
         msg.name, msg.schema_json, tuple(msg.partition_by), msg.location, msg.created_ms
     )
+
+
+def retention_to_pb(retention: Retention | None) -> pb.Retention | None:
+    if retention is None:
+        return None
+    return pb.Retention(
+        log_retention_s=retention.log_retention_s,
+        mark_retention_s=retention.mark_retention_s,
+    )
+
+
+def retention_from_pb(msg: pb.Retention) -> Retention:
+    """Raises ``ValueError`` naming the field for a negative, NaN or infinite value."""
+    return Retention(msg.log_retention_s, msg.mark_retention_s)
 
 
 def head_to_pb(head: Head) -> pb.Head:

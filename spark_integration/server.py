@@ -48,6 +48,7 @@ from spark_integration._model import (
     FileEntry,
     TableMeta,
 )
+from spark_integration._retention import Retention
 from spark_integration._vacuum_plan import VacuumPlan
 from spark_integration._wire import (
     OPERATION_NAMES,
@@ -60,6 +61,7 @@ from spark_integration._wire import (
     mark_to_pb,
     meta_from_pb,
     meta_to_pb,
+    retention_from_pb,
 )
 from txn import TransactionManager
 
@@ -266,7 +268,11 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
         try:
             catalog = self._catalog(request.catalog)
             meta = _check_meta(request.meta)
-            commit_ts = catalog.create(meta, job_id=_check_job_id(request.job_id))
+            job_id = _check_job_id(request.job_id)
+            retention = (
+                _check_retention(meta, request.retention) if request.HasField("retention") else None
+            )
+            commit_ts = catalog.create(meta, job_id=job_id, retention=retention)
             return pb.CreateTableResponse(commit_ts=commit_ts)
         except Exception as exc:
             abort_with(context, exc)
@@ -502,6 +508,13 @@ def _check_meta(msg: pb.TableMeta) -> TableMeta:
     if len(set(meta.partition_by)) != len(meta.partition_by) or not all(meta.partition_by):
         raise ValueError(f"table {meta.name!r}: partition columns must be distinct names")
     return meta
+
+
+def _check_retention(meta: TableMeta, msg: pb.Retention) -> Retention:
+    try:
+        return retention_from_pb(msg)
+    except ValueError as exc:
+        raise ValueError(f"table {meta.name!r}: retention.{exc}") from None
 
 
 def _check_file(meta: TableMeta, msg: pb.FileEntry) -> FileEntry:

@@ -196,28 +196,65 @@ class BatchMark(_message.Message):
 Global___BatchMark: _TypeAlias = BatchMark  # noqa: Y015
 
 @_typing.final
+class Retention(_message.Message):
+    """A table's retention properties, in seconds (each finite and >= 0; see
+    spark_integration/_retention.py): how long a replaced version stays readable, and
+    how long a batch mark keeps a replay of its batch from committing again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOG_RETENTION_S_FIELD_NUMBER: _builtins.int
+    MARK_RETENTION_S_FIELD_NUMBER: _builtins.int
+    log_retention_s: _builtins.float
+    mark_retention_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        log_retention_s: _builtins.float = ...,
+        mark_retention_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_retention_s", b"log_retention_s", "mark_retention_s", b"mark_retention_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Retention: _TypeAlias = Retention  # noqa: Y015
+
+@_typing.final
 class CreateTableRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CATALOG_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
     catalog: _builtins.str
     job_id: _builtins.str
     @_builtins.property
     def meta(self) -> Global___TableMeta: ...
+    @_builtins.property
+    def retention(self) -> Global___Retention:
+        """Written in the same transaction as the table; unset: the defaults (log 30 days,
+        marks 7 days). A negative, NaN or infinite value: INVALID_ARGUMENT.
+        """
+
     def __init__(
         self,
         *,
         catalog: _builtins.str = ...,
         meta: Global___TableMeta | None = ...,
         job_id: _builtins.str = ...,
+        retention: Global___Retention | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_retention", b"_retention", "meta", b"meta", "retention", b"retention"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog", b"catalog", "job_id", b"job_id", "meta", b"meta"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_retention", b"_retention", "catalog", b"catalog", "job_id", b"job_id", "meta", b"meta", "retention", b"retention"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__retention: _TypeAlias = _typing.Literal["retention"]  # noqa: Y015
+    _WhichOneofArgType__retention: _TypeAlias = _typing.Literal["_retention", b"_retention"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__retention) -> _WhichOneofReturnType__retention | None: ...
 
 Global___CreateTableRequest: _TypeAlias = CreateTableRequest  # noqa: Y015
 
