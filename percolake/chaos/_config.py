@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TypeAlias
@@ -87,6 +88,10 @@ class RunConfig:
     #: lakehouse: files per commit and rows per file.
     files_per_commit: int = 4
     rows_per_file: int = 10
+    #: lakehouse: the table's log retention in seconds (``None``: the table defaults,
+    #: 30 days, so nothing expires). Set, clients also run ``Lakehouse.expire`` now and
+    #: then, so versions expire during the run; the mark retention stays 7 days.
+    lakehouse_log_retention_s: float | None = None
     #: timestamps: deadline of one GetTimestamps call. Shorter than a leader pause, so
     #: a client pinned to a paused leader asks it again after the new leader served.
     ts_call_timeout_s: float = 0.5
@@ -178,6 +183,21 @@ class RunConfig:
             raise ValueError("bank needs at least two accounts with a positive balance")
         if self.files_per_commit < 1 or self.rows_per_file < 1:
             raise ValueError("lakehouse commits need at least one file of one row")
+        retention = self.lakehouse_log_retention_s
+        if retention is not None:
+            if isinstance(retention, bool) or not isinstance(retention, int | float):
+                raise ValueError(
+                    f"--lakehouse-log-retention-s must be a number of seconds, got {retention!r}"
+                )
+            if not math.isfinite(retention) or retention < 0:
+                raise ValueError(
+                    f"--lakehouse-log-retention-s must be a finite number >= 0, got {retention}"
+                )
+            if self.workload != "lakehouse":
+                raise ValueError(
+                    "--lakehouse-log-retention-s applies to --workload lakehouse only, "
+                    f"not {self.workload}"
+                )
         if self.lease_ms < 100 or self.client_timeout_s <= 0 or self.idle_timeout_s <= 0:
             raise ValueError("lease, client timeout and idle timeout must be positive")
 

@@ -24,6 +24,20 @@ gateway when one fails. Every fourth client slot (2, 6, ...) instead runs the ca
 itself over a manager that fails over between the gateways' transaction services
 (``gateway_catalog=False``). ``Lakehouse`` has no metadata-only overwrite, so the
 workload appends only.
+
+With ``--lakehouse-log-retention-s S`` the table keeps its log for ``S`` seconds (marks
+for the default 7 days, so a replay is never committed twice during a run) and clients
+also run ``Lakehouse.expire`` now and then (op ``expire``), besides the expiry that
+follows checkpoints. The final history then starts at the oldest readable version
+``R``; the final read also lists the files of ``R`` (the base), and the checks above
+hold from there: versions ``R..latest`` are dense and whole, the latest files are the
+base plus what later versions added, a job in the base is in no later version, an
+acknowledged append below ``R`` has its files in the base, reads of versions from ``R``
+on are compared (older ones are counted as unchecked, and a read refused with
+``VersionNotFoundError`` is a clean failure). Expiry itself: ``R - 1`` was replaced
+(version ``R`` committed) at least ``S`` before the final read, the history starts at
+or above every bound an ``expire`` op reported, and no read returned a version below a
+bound reported before it began.
 """
 
 from __future__ import annotations
@@ -32,8 +46,10 @@ import hashlib
 import importlib
 import os
 import random
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from percolake.chaos._ops import FINAL_PROCESS, Completion, describe
@@ -43,6 +59,12 @@ from txn.errors import TransactionAbortedError
 
 TABLE = "events"
 _JOB_PREFIX = "_lh_job="
+#: With a log retention set, this share of operations runs ``Lakehouse.expire`` (drawn
+#: out of the reads' share, so runs without it keep their operations): about one a
+#: second over six clients, enough to expire versions between the checkpoints' passes.
+EXPIRE_SHARE = 0.04
+#: A read refused because its version expired between ``version()`` and ``files()``.
+_EXPIRED_READ = "VersionNotFoundError"
 
 
 _DIGEST_MOD = 1 << 64
@@ -114,7 +136,10 @@ class LakehouseAppends(Workload):
     ) -> tuple[str, Any]:
         if self._replay is not None:
             return "append", {**self._replay, "replay": True}
-        if rng.random() < 0.3:
+        draw = rng.random()
+        if draw < 0.3:
+            if self.config.lakehouse_log_retention_s is not None and draw < EXPIRE_SHARE:
+                return "expire", None
             return "read", None
         return "append", {
             "app_id": f"chaos-{process}",
@@ -125,6 +150,8 @@ class LakehouseAppends(Workload):
 
     def execute(self, ctx: ClientContext, f: str, value: Any) -> Completion:
         lh = ctx.lakehouse
+        if f == "expire":
+            return self._expire(ctx)
         if f == "read":
             try:
                 version = lh.version(TABLE)
@@ -172,12 +199,48 @@ class LakehouseAppends(Workload):
         self._replay = None
         return Completion("ok", {**value, "version": version})
 
+    def _expire(self, ctx: ClientContext) -> Completion:
+        """One ``Lakehouse.expire``: idempotent (bounds only rise), so its outcome only
+        matters for the bound it reports; marked as a commit so kills land inside it."""
+        if ctx.phase is not None:
+            ctx.phase.set(ctx.phase.COMMITTING)
+        try:
+            result = ctx.lakehouse.expire(TABLE)
+        except TransactionAbortedError as exc:
+            return Completion("fail", None, error=describe(exc))
+        except Exception as exc:
+            return Completion("info", None, error=describe(exc))
+        finally:
+            if ctx.phase is not None:
+                ctx.phase.set(ctx.phase.IDLE)
+        return Completion(
+            "ok",
+            {
+                "readable_from": result.readable_from,
+                "deleted": result.deleted,
+                "log_cells": result.log_cells,
+                "file_rows": result.file_rows,
+                "checkpoints": result.checkpoints,
+            },
+        )
+
     # --- harness side --------------------------------------------------------------
 
     def setup(self, manager: Manager, warehouse: str) -> None:
         types = importlib.import_module("pyspark.sql.types")
         lh = self.open_lakehouse(manager, warehouse, 60.0)
-        lh.create_table(TABLE, types.StructType([types.StructField("id", types.LongType())]))
+        retention = None
+        if self.config.lakehouse_log_retention_s is not None:
+            # The mark retention stays the default (7 days): no replay's mark expires
+            # during a run, so "no batch committed twice" stays exact.
+            retention = _spark_integration().Retention(
+                log_retention_s=self.config.lakehouse_log_retention_s
+            )
+        lh.create_table(
+            TABLE,
+            types.StructType([types.StructField("id", types.LongType())]),
+            retention=retention,
+        )
 
     def final_read(
         self, manager: Manager, ops: list[dict[str, Any]], warehouse: str
@@ -202,12 +265,27 @@ class LakehouseAppends(Workload):
                 "batch_id": h.record.batch_id,
                 "added": sorted(e.path for e in h.added),
                 "removed": len(h.removed),
+                "timestamp_ms": h.record.timestamp_ms,
             }
             for h in catalog.history(TABLE)
         ]
+        # After the history: every expiry it reflects ran before this instant.
+        read_ms = time.time_ns() // 1_000_000
+        # History leaves expired versions out: it starts at the oldest readable one,
+        # whose files are the base the later versions add to. Should that version expire
+        # in between, files() raises and the harness runs the final read again.
+        oldest = commits[0]["version"] if commits else 0
+        base = sorted(os.path.relpath(d.path, location) for d in lh.files(TABLE, version=oldest))
         latest = sorted(os.path.relpath(d.path, location) for d in lh.files(TABLE))
         invoke = {"type": "invoke", "process": FINAL_PROCESS, "f": "history", "value": None}
-        return [invoke, {**invoke, "type": "ok", "value": {"commits": commits, "files": latest}}]
+        value = {
+            "commits": commits,
+            "files": latest,
+            "base": base,
+            "read_ms": read_ms,
+            "log_retention_s": lh.retention(TABLE).log_retention_s,
+        }
+        return [invoke, {**invoke, "type": "ok", "value": value}]
 
     def check(self, ops: list[dict[str, Any]]) -> list[CheckResult]:
         final = next(
@@ -216,32 +294,57 @@ class LakehouseAppends(Workload):
         shape = CheckResult("lakehouse versions")
         acked = CheckResult("lakehouse acknowledged commits")
         reads = CheckResult("lakehouse reads")
+        expiry = CheckResult("lakehouse expiry")
         if final is None:
             shape.anomalies.append({"check": shape.name, "type": "no-final-read"})
             return [shape]
-        commits: list[dict[str, Any]] = final["value"]["commits"]
-        cumulative = self._check_versions(shape, commits, final["value"]["files"])
-        self._check_acknowledged(acked, ops, commits)
-        self._check_reads(reads, ops, cumulative)
-        return [shape, acked, reads]
+        value = final["value"]
+        commits: list[dict[str, Any]] = value["commits"]
+        # Histories recorded before expiry was checked carry no base: they start at 0.
+        retained = self._check_versions(shape, commits, value["files"], value.get("base"))
+        self._check_acknowledged(acked, ops, commits, retained)
+        self._check_reads(reads, ops, retained)
+        self._check_expiry(expiry, ops, value, retained)
+        return [shape, acked, reads, expiry]
 
     def _check_versions(
-        self, result: CheckResult, commits: list[dict[str, Any]], latest: list[str]
-    ) -> list[tuple[int, int]]:
-        """Dense versions of whole, unique commits; returns each version's file count
-        and :func:`digest`."""
+        self,
+        result: CheckResult,
+        commits: list[dict[str, Any]],
+        latest: list[str],
+        base: list[str] | None = None,
+    ) -> Retained:
+        """Dense versions of whole, unique commits from the oldest retained one (the
+        first of ``commits``), whose files are ``base`` (``None``: the history must
+        start at version 0); returns what the other checks need."""
         flag = _flagger(result)
-        seen_jobs: dict[str, int] = {}
+        oldest = commits[0]["version"] if commits else 0
+        retained = Retained(oldest=oldest, latest=commits[-1]["version"] if commits else -1)
+        if not commits:
+            flag("no-versions", "the history holds no version, not even the latest")
+        if base is None:
+            base = []
+            if oldest != 0:
+                flag("version-gap", f"the history starts at version {oldest}, not 0")
+        seen_jobs: dict[str, int | str] = {}
         seen_batches: dict[tuple[str, Any], int] = {}
-        cumulative: list[tuple[int, int]] = []
-        files: set[str] = set()
-        fingerprint = 0
+        files: set[str] = set(base)
+        fingerprint = digest(files)
+        # Jobs committed by versions that expired: their files are in the base only.
+        first_added = {_job_of(p)[0] for p in commits[0]["added"]} if commits else set()
+        for job in partial_jobs(base):
+            flag("partial-commit", f"the base (version {oldest}) holds part of job {job}")
+        for path in base:
+            job = _job_of(path)[0]
+            retained.base_jobs.add(job)
+            if job not in first_added:
+                seen_jobs[job] = f"an expired version (below {oldest})"
         previous: tuple[int, Any] | None = None  # commit_ts and transaction of the last
         #: The transaction of the version just before (stamped with its commit_ts or not:
         #: a version whose log record carries no commit_ts still sits between others).
         previous_txn: Any = None
         transactions: set[Any] = set()
-        for expected, c in enumerate(commits):
+        for expected, c in enumerate(commits, start=oldest):
             if c["version"] != expected:
                 flag("version-gap", f"version {c['version']} where {expected} was expected")
             txn = c.get("txn_start_ts")
@@ -285,7 +388,7 @@ class LakehouseAppends(Workload):
                 if job in seen_jobs:
                     flag(
                         "duplicate-commit",
-                        f"job {job} added by versions {seen_jobs[job]} and {c['version']}",
+                        f"job {job} added by {_named(seen_jobs[job])} and version {c['version']}",
                     )
                 seen_jobs[job] = c["version"]
             if c["app_id"] is not None:
@@ -297,71 +400,114 @@ class LakehouseAppends(Workload):
                         f"{c['version']}",
                     )
                 seen_batches[batch] = c["version"]
+            if c["version"] == oldest and base:
+                # The base is this version's files: what it added must be among them.
+                missing = [p for p in c["added"] if p not in files]
+                if missing:
+                    flag(
+                        "base-mismatch",
+                        f"version {oldest} added {missing[:3]}, which its files lack",
+                    )
             new = [p for p in c["added"] if p not in files]
             files.update(new)
             fingerprint = digest(new, fingerprint)
-            cumulative.append((len(files), fingerprint))
+            retained.cumulative[c["version"]] = (len(files), fingerprint)
         if set(latest) != files:
-            flag("files-mismatch", "the latest files are not the union of every version's")
+            extra = sorted(set(latest) - files)[:3]
+            lacking = sorted(files - set(latest))[:3]
+            flag(
+                "files-mismatch",
+                f"the latest files are not the base (version {oldest}) plus every later "
+                f"version's: {extra} not added by any, {lacking} added but missing",
+            )
         grouped = Counter(c.get("txn_start_ts") for c in commits)
         result.stats.update(
             versions=len(commits),
+            oldest_retained=oldest,
+            base_files=len(base),
             files=len(files),
             jobs=len(seen_jobs),
             grouped_versions=sum(n for n in grouped.values() if n > 1),
         )
-        return cumulative
+        return retained
 
     def _check_acknowledged(
-        self, result: CheckResult, ops: list[dict[str, Any]], commits: list[dict[str, Any]]
+        self,
+        result: CheckResult,
+        ops: list[dict[str, Any]],
+        commits: list[dict[str, Any]],
+        retained: Retained,
     ) -> None:
         flag = _flagger(result)
+        oldest, base_jobs = retained.oldest, retained.base_jobs
         by_batch = {(c["app_id"], c["batch_id"]): c for c in commits if c["app_id"] is not None}
         outcomes: dict[tuple[str, Any], set[str]] = {}
+        job_of_batch: dict[tuple[str, Any], str] = {}
+        expired_acks = 0
         for op in ops:
             if op["f"] != "append" or op["type"] == "invoke":
                 continue
             batch = (op["value"]["app_id"], op["value"]["batch_id"])
             outcomes.setdefault(batch, set()).add(op["type"])
+            job_of_batch[batch] = op["value"]["job"]
             if op["type"] != "ok":
                 continue
             commit = by_batch.get(batch)
-            if commit is None:
+            told = op["value"]["version"]
+            if told < oldest and commit is None:
+                # Its version expired: its files must be in the oldest retained version's.
+                expired_acks += 1
+                if op["value"]["job"] not in base_jobs:
+                    flag(
+                        "lost-acknowledged-commit",
+                        f"batch {batch} acknowledged at version {told}, which expired, and "
+                        f"its job {op['value']['job']} is not in version {oldest}'s files",
+                    )
+            elif commit is None:
                 flag("lost-acknowledged-commit", f"batch {batch} acknowledged, not in history")
-            elif commit["version"] != op["value"]["version"]:
+            elif commit["version"] != told:
                 flag(
                     "wrong-version",
-                    f"batch {batch} was told version {op['value']['version']}, history has "
-                    f"it at {commit['version']}",
+                    f"batch {batch} was told version {told}, history has it at {commit['version']}",
                 )
         for batch, kinds in outcomes.items():
-            if kinds == {"fail"} and batch in by_batch:
+            if kinds == {"fail"} and (batch in by_batch or job_of_batch[batch] in base_jobs):
                 flag("failed-commit-visible", f"batch {batch} only failed, yet it is committed")
         result.stats.update(
             batches=len(outcomes),
             acknowledged=sum(1 for k in outcomes.values() if "ok" in k),
+            acknowledged_expired=expired_acks,
             unknown=sum(1 for k in outcomes.values() if k == {"info"}),
         )
 
     def _check_reads(
-        self, result: CheckResult, ops: list[dict[str, Any]], cumulative: list[tuple[int, int]]
+        self, result: CheckResult, ops: list[dict[str, Any]], retained: Retained
     ) -> None:
         flag = _flagger(result)
         newest_acked = -1  # newest version acknowledged to any client so far
-        pending: dict[int, int] = {}  # process -> newest_acked when its read was invoked
-        checked = 0
+        expired_below = 0  # highest bound an expire op reported so far
+        #: process -> (newest_acked, expired_below) when its operation was invoked
+        pending: dict[int, tuple[int, int]] = {}
+        checked = unchecked = refused = 0
         for op in ops:
             if op["process"] == FINAL_PROCESS:
                 continue
             if op["type"] == "invoke":
-                pending[op["process"]] = newest_acked
+                pending[op["process"]] = (newest_acked, expired_below)
                 continue
-            floor = pending.pop(op["process"], -1)
+            floor, expired_floor = pending.pop(op["process"], (-1, 0))
             if op["f"] == "append" and op["type"] == "ok":
                 newest_acked = max(newest_acked, op["value"]["version"])
+            if op["f"] == "expire" and op["type"] == "ok":
+                expired_below = max(expired_below, op["value"]["readable_from"])
+            if (
+                op["f"] == "read"
+                and op["type"] == "fail"
+                and _EXPIRED_READ in (op.get("error") or "")
+            ):
+                refused += 1
             if op["f"] != "read" or op["type"] != "ok":
                 continue
-            checked += 1
             version, seen = op["value"]["version"], op["value"]
             if seen["partial_jobs"]:
                 flag(
@@ -375,15 +521,86 @@ class LakehouseAppends(Workload):
                     f"process {op['process']} read version {version} after version {floor} "
                     "was acknowledged",
                 )
-            if version >= len(cumulative):
-                flag("read-of-unknown-version", f"read version {version}")
-            elif (seen["files"], seen["digest"]) != cumulative[version]:
+            if version < expired_floor:
                 flag(
-                    "read-not-version",
-                    f"process {op['process']} read {seen['files']} files at version {version}, "
-                    f"not the {cumulative[version][0]} files that version holds",
+                    "read-of-expired-version",
+                    f"process {op['process']} read version {version} after an expiry "
+                    f"reported versions below {expired_floor} expired",
                 )
-        result.stats["checked_reads"] = checked
+            if version > retained.latest:
+                flag("read-of-unknown-version", f"read version {version}")
+            elif version not in retained.cumulative:
+                unchecked += 1  # expired by the final read: nothing left to compare with
+            else:
+                checked += 1
+                want = retained.cumulative[version]
+                if (seen["files"], seen["digest"]) != want:
+                    flag(
+                        "read-not-version",
+                        f"process {op['process']} read {seen['files']} files at version "
+                        f"{version}, not the {want[0]} files that version holds",
+                    )
+        result.stats.update(checked_reads=checked, unchecked_reads=unchecked, expired_reads=refused)
+
+    def _check_expiry(
+        self,
+        result: CheckResult,
+        ops: list[dict[str, Any]],
+        final: dict[str, Any],
+        retained: Retained,
+    ) -> None:
+        """Expiry removed only what the retention let go, and it ran when asked to."""
+        flag = _flagger(result)
+        retention_s = final.get("log_retention_s")
+        wanted = self.config.lakehouse_log_retention_s
+        if wanted is not None and retention_s != wanted:
+            flag(
+                "retention-mismatch",
+                f"the table's log retention is {retention_s} s, the run asked for {wanted} s",
+            )
+        oldest = retained.oldest
+        commits: list[dict[str, Any]] = final["commits"]
+        read_ms = final.get("read_ms")
+        if oldest > 0 and commits and retention_s is not None and read_ms is not None:
+            # Version oldest - 1 expired: version `oldest`, which replaced it, committed
+            # more than the retention before some expiry, itself before the final read.
+            replaced_ms = commits[0].get("timestamp_ms")
+            if replaced_ms is None or replaced_ms >= read_ms - int(retention_s * 1000):
+                flag(
+                    "premature-expiry",
+                    f"version {oldest - 1} expired, yet version {oldest} replaced it at "
+                    f"{replaced_ms} ms, less than the log retention ({retention_s:g} s) before "
+                    f"the final read at {read_ms} ms",
+                )
+        expires = [op for op in ops if op["f"] == "expire" and op["type"] == "ok"]
+        highest = max((op["value"]["readable_from"] for op in expires), default=0)
+        if highest > oldest:
+            flag(
+                "expired-version-in-history",
+                f"an expiry reported versions below {highest} expired, yet the final history "
+                f"starts at {oldest}",
+            )
+        result.stats.update(
+            log_retention_s=retention_s,
+            oldest_retained=oldest,
+            expire_ops=len(expires),
+            expire_ops_deleting=sum(1 for op in expires if op["value"]["deleted"] > 0),
+            deleted_cells=sum(op["value"]["deleted"] for op in expires),
+            highest_reported_bound=highest,
+        )
+
+
+@dataclass(slots=True)
+class Retained:
+    """What the final history keeps, for the checks after the version check."""
+
+    #: The oldest readable version (0 unless versions expired) and the latest.
+    oldest: int
+    latest: int
+    #: Version -> (file count, :func:`digest`) of its files, for every retained version.
+    cumulative: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: Jobs whose files the oldest retained version holds.
+    base_jobs: set[str] = field(default_factory=set)
 
 
 class ServiceLakehouses:
@@ -425,10 +642,17 @@ class ServiceLakehouses:
         version: int = self._on_current("append_files", name, files, **kwargs)
         return version
 
+    def expire(self, name: str) -> Any:
+        return self._on_current("expire", name)
+
 
 def _spark_integration() -> Any:
     """``spark_integration``, imported on first use: it needs the ``spark`` extra."""
     return importlib.import_module("spark_integration")
+
+
+def _named(where: int | str) -> str:
+    return f"version {where}" if isinstance(where, int) else where
 
 
 def _flagger(result: CheckResult) -> Callable[[str, str], None]:

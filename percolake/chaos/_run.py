@@ -495,6 +495,8 @@ def replay_command(config: RunConfig) -> str:
         parts.append(
             f"--gc-interval-s {config.gc_interval_s:g} --gc-retention-s {config.gc_retention_s:g}"
         )
+    if config.lakehouse_log_retention_s is not None:
+        parts.append(f"--lakehouse-log-retention-s {config.lakehouse_log_retention_s:g}")
     if config.unsafe_broken_protocol:
         parts.append("--unsafe-broken-protocol")
     if config.unsafe_no_oracle_claim:

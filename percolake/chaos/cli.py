@@ -116,6 +116,13 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         help="with --gc-interval-s: keep what transactions younger than this read (1)",
     )
     run.add_argument(
+        "--lakehouse-log-retention-s",
+        type=float,
+        default=None,
+        help="lakehouse workload: the table's log retention in seconds, and clients expire "
+        "it now and then, so versions expire during the run (default: the table's 30 days)",
+    )
+    run.add_argument(
         "--unsafe-broken-protocol",
         action="store_true",
         help="TEST ONLY: commit without locks, conflict check before write; must find anomalies",
@@ -200,6 +207,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         gzip_history=args.gzip_history,
         gc_interval_s=args.gc_interval_s,
         gc_retention_s=args.gc_retention_s,
+        lakehouse_log_retention_s=args.lakehouse_log_retention_s,
     )
 
 

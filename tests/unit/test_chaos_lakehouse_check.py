@@ -1,7 +1,11 @@
 """The lakehouse chaos workload's version check (``percolake.chaos._lakehouse``) on
 hand-made version histories: a group commit (consecutive versions of one transaction)
 is whole whether or not its log records carry a commit timestamp, and a transaction
-whose versions have another one's in between is flagged."""
+whose versions have another one's in between is flagged. With expiry (the table's log
+retention, ``--lakehouse-log-retention-s``) the final history starts at the oldest
+retained version: clean histories pass, and a gap among retained versions, a lost
+acknowledged commit, files other than the base plus later adds, and expiry before its
+time are flagged."""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from typing import Any
 import pytest
 
 from percolake.chaos._config import RunConfig
-from percolake.chaos._lakehouse import LakehouseAppends
+from percolake.chaos._lakehouse import LakehouseAppends, digest, partial_jobs
+from percolake.chaos._ops import FINAL_PROCESS
 from percolake.chaos._workload import CheckResult
 
 pytestmark = pytest.mark.unit
@@ -56,3 +61,186 @@ def test_a_transaction_split_by_another_is_flagged() -> None:
     commits = [_version(0, 4, 5), _version(1, 10, None), _version(2, 20, 21), _version(3, 10, None)]
     types = {a["type"] for a in _check(commits).anomalies}
     assert "group-not-consecutive" in types
+
+
+# --- with expiry: the final history starts at the oldest retained version -----------
+
+RETENTION_S = 2.0
+#: The final read's clock; versions committed a second apart from 1,000 s on.
+READ_MS = 2_000_000
+
+
+def _expiring_run(
+    versions: int = 8, oldest: int = 5
+) -> tuple[LakehouseAppends, list[dict[str, Any]]]:
+    """A clean run of ``versions`` one-job appends (after the create at 0), of which
+    versions below ``oldest`` expired: acknowledged appends, reads of retained and of
+    expired versions, an expire op, and the final read that starts at ``oldest``."""
+    config = RunConfig(
+        workload="lakehouse", out_dir=Path("unused"), lakehouse_log_retention_s=RETENTION_S
+    )
+    workload = LakehouseAppends(config)
+    commits = [{**_version(0, 1, 2), "app_id": None, "batch_id": None, "added": []}]
+    commits += [_version(v, 10 * v, 10 * v + 1) for v in range(1, versions + 1)]
+    for c in commits:
+        c["timestamp_ms"] = 1_000_000 + 1000 * c["version"]
+    ops: list[dict[str, Any]] = []
+
+    def op(process: int, f: str, invoke: Any, done: Any, kind: str = "ok") -> None:
+        ops.append({"type": "invoke", "process": process, "f": f, "value": invoke})
+        ops.append({"type": kind, "process": process, "f": f, "value": done})
+
+    def read(version: int) -> dict[str, Any]:
+        paths = [p for c in commits[: version + 1] for p in c["added"]]
+        return {
+            "version": version,
+            "files": len(paths),
+            "digest": digest(paths),
+            "partial_jobs": partial_jobs(paths),
+        }
+
+    for c in commits[1:]:
+        batch = {"app_id": c["app_id"], "batch_id": c["batch_id"], "job": str(c["version"])}
+        op(1, "append", {**batch, "files": 1}, {**batch, "files": 1, "version": c["version"]})
+        op(2, "read", None, read(c["version"]))
+    op(3, "expire", None, {"readable_from": oldest, "deleted": 12})
+    op(2, "read", None, read(versions))
+    ops.append({"type": "invoke", "process": 2, "f": "read", "value": None})
+    ops.append(
+        {
+            "type": "fail",
+            "process": 2,
+            "f": "read",
+            "value": None,
+            "error": "VersionNotFoundError: version 3 of table 'events' expired",
+        }
+    )
+    retained = commits[oldest:]
+    final = {
+        "commits": retained,
+        "files": [p for c in commits for p in c["added"]],
+        "base": [p for c in commits[: oldest + 1] for p in c["added"]],
+        "read_ms": READ_MS,
+        "log_retention_s": RETENTION_S,
+    }
+    ops.append({"type": "invoke", "process": FINAL_PROCESS, "f": "history", "value": None})
+    ops.append({"type": "ok", "process": FINAL_PROCESS, "f": "history", "value": final})
+    return workload, ops
+
+
+def _final(ops: list[dict[str, Any]]) -> dict[str, Any]:
+    value: dict[str, Any] = ops[-1]["value"]
+    return value
+
+
+def _found(workload: LakehouseAppends, ops: list[dict[str, Any]]) -> set[str]:
+    return {a["type"] for check in workload.check(ops) for a in check.anomalies}
+
+
+def test_a_history_that_starts_at_the_oldest_retained_version_is_clean() -> None:
+    workload, ops = _expiring_run()
+    checks = {c.name: c for c in workload.check(ops)}
+    assert all(c.valid for c in checks.values()), [c.anomalies for c in checks.values()]
+    assert checks["lakehouse versions"].stats["oldest_retained"] == 5
+    assert checks["lakehouse versions"].stats["jobs"] == 8
+    assert checks["lakehouse acknowledged commits"].stats["acknowledged_expired"] == 4
+    # Reads of versions 5..8 (one of them twice) are compared; 1..4 expired since.
+    assert checks["lakehouse reads"].stats["checked_reads"] == 5
+    assert checks["lakehouse reads"].stats["unchecked_reads"] == 4
+    assert checks["lakehouse reads"].stats["expired_reads"] == 1
+    assert checks["lakehouse expiry"].stats["expire_ops_deleting"] == 1
+    assert checks["lakehouse expiry"].stats["oldest_retained"] == 5
+
+
+def test_a_gap_among_retained_versions_is_flagged() -> None:
+    workload, ops = _expiring_run()
+    del _final(ops)["commits"][2]  # version 7
+    assert "version-gap" in _found(workload, ops)
+
+
+def test_a_history_that_skips_its_start_without_a_base_is_flagged() -> None:
+    """A history recorded without a base must start at version 0."""
+    workload, ops = _expiring_run()
+    del _final(ops)["base"]
+    assert "version-gap" in _found(workload, ops)
+
+
+def test_a_missing_acknowledged_retained_commit_is_flagged() -> None:
+    workload, ops = _expiring_run()
+    final = _final(ops)
+    gone = final["commits"][-1]
+    final["commits"] = final["commits"][:-1]
+    final["files"] = [p for p in final["files"] if p not in gone["added"]]
+    assert "lost-acknowledged-commit" in _found(workload, ops)
+
+
+def test_an_acknowledged_expired_commit_missing_from_the_base_is_flagged() -> None:
+    workload, ops = _expiring_run()
+    final = _final(ops)
+    lost = "t/_lh_job=2/part-0-of-1.parquet"  # version 2 expired; its job must be in the base
+    final["base"].remove(lost)
+    final["files"].remove(lost)
+    found = _found(workload, ops)
+    assert "lost-acknowledged-commit" in found
+
+
+def test_latest_files_other_than_base_plus_adds_are_flagged() -> None:
+    workload, ops = _expiring_run()
+    _final(ops)["files"].append("t/_lh_job=99/part-0-of-1.parquet")
+    assert "files-mismatch" in _found(workload, ops)
+    workload, ops = _expiring_run()
+    _final(ops)["files"].remove("t/_lh_job=3/part-0-of-1.parquet")  # an expired version's
+    assert "files-mismatch" in _found(workload, ops)
+
+
+def test_a_job_of_an_expired_version_added_again_is_a_duplicate() -> None:
+    workload, ops = _expiring_run()
+    final = _final(ops)
+    final["commits"][-1]["added"].append("t/_lh_job=2/part-0-of-1.parquet")
+    assert "duplicate-commit" in _found(workload, ops)
+
+
+def test_a_read_that_disagrees_with_a_retained_version_is_flagged() -> None:
+    workload, ops = _expiring_run()
+    read = next(
+        op for op in ops if op["f"] == "read" and op["value"] and op["value"]["version"] == 6
+    )
+    read["value"] = {**read["value"], "digest": read["value"]["digest"] + 1}
+    assert "read-not-version" in _found(workload, ops)
+
+
+def test_expiry_before_the_retention_ran_out_is_flagged() -> None:
+    """Version 4 expired; version 5 replaced it at 1,005 s, so a final read at 1,006 s
+    is within the 2 s retention: it should still be readable."""
+    workload, ops = _expiring_run()
+    _final(ops)["read_ms"] = 1_006_000
+    assert "premature-expiry" in _found(workload, ops)
+
+
+def test_a_history_below_a_reported_expiry_bound_is_flagged() -> None:
+    workload, ops = _expiring_run()
+    expire = next(op for op in ops if op["f"] == "expire" and op["type"] == "ok")
+    expire["value"] = {**expire["value"], "readable_from": 7}
+    assert "expired-version-in-history" in _found(workload, ops)
+
+
+def test_a_read_of_a_version_below_a_reported_expiry_bound_is_flagged() -> None:
+    workload, ops = _expiring_run()
+    ops.insert(-2, {"type": "invoke", "process": 4, "f": "read", "value": None})
+    stale = {"version": 3, "files": 3, "digest": 0, "partial_jobs": []}
+    ops.insert(-2, {"type": "ok", "process": 4, "f": "read", "value": stale})
+    assert "read-of-expired-version" in _found(workload, ops)
+
+
+def test_the_log_retention_option_must_be_a_finite_non_negative_number() -> None:
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="--lakehouse-log-retention-s"):
+            RunConfig(workload="lakehouse", out_dir=Path("x"), lakehouse_log_retention_s=bad)
+    with pytest.raises(ValueError, match="--workload lakehouse only"):
+        RunConfig(workload="bank", out_dir=Path("x"), lakehouse_log_retention_s=2.0)
+    assert (
+        RunConfig(
+            workload="lakehouse", out_dir=Path("x"), lakehouse_log_retention_s=0
+        ).lakehouse_log_retention_s
+        == 0
+    )
