@@ -547,6 +547,33 @@ class KVStore(abc.ABC):
         are left out. Used by garbage collection, which decides per version.
         """
 
+    def sweep_candidates(
+        self,
+        table: str,
+        below_ts: int,
+        stamped_below: int,
+        *,
+        start_row: bytes = b"",
+        start_column: bytes = b"",
+        page_size: int = 1000,
+    ) -> Iterator[Cell]:
+        """Cells of ``table`` from ``(start_row, start_column)`` on, in ``(row, column)``
+        order, that garbage collection may have work on below ``below_ts``: each cell
+        with a version below ``below_ts``, except a cell whose one version below it
+        carries a commit stamp below ``stamped_below`` and a value (nothing to delete,
+        stamp or collect there). More cells than that is correct, fewer is not.
+
+        This default yields every cell :meth:`scan` finds below ``below_ts``; a backend
+        that can filter where the data is (SQLite's ``GROUP BY ... HAVING``) overrides
+        it, so that a pass over a store of mostly settled cells reads only the few it
+        has work on instead of bringing every cell to Python.
+        """
+        check_ts("stamped_below", stamped_below)
+        for entry in self.scan(
+            table, start_row, None, below_ts, start_column=start_column, page_size=page_size
+        ):
+            yield Cell(entry.row, entry.column)
+
     @abc.abstractmethod
     def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
         """Write each version's commit stamp (rule S9); reads return it as ``commit_ts``.

@@ -175,6 +175,56 @@ class MemoryStore(KVStore):
                     out[cell] = tss
         return out
 
+    def sweep_candidates(
+        self,
+        table: str,
+        below_ts: int,
+        stamped_below: int,
+        *,
+        start_row: bytes = b"",
+        start_column: bytes = b"",
+        page_size: int = 1000,
+    ) -> Iterator[Cell]:
+        page_size = check_scan(table, start_row, None, below_ts, start_column, page_size)
+        check_ts("stamped_below", stamped_below)
+        return self._sweep_candidates(
+            table, below_ts, stamped_below, Cell(start_row, start_column), page_size
+        )
+
+    def _sweep_candidates(
+        self, table: str, below_ts: int, stamped_below: int, cursor: Cell, page_size: int
+    ) -> Iterator[Cell]:
+        inclusive = True
+        while True:
+            page: list[Cell] = []
+            last: Cell | None = None
+            with self._lock:
+                self._check_open()
+                stored = self._tables.get(table)
+                if stored is None:
+                    return
+                stamps = self._stamps.get(table, {})
+                for key in stored.irange(minimum=cursor, inclusive=(inclusive, False)):
+                    last = key
+                    below = [ts for ts in stored[key] if ts < below_ts]
+                    if not below:
+                        continue
+                    stamp = stamps.get((key.row, key.column, below[0]))
+                    settled = (
+                        len(below) == 1
+                        and stamp is not None
+                        and stamp < stamped_below
+                        and stored[key][below[0]] is not None
+                    )
+                    if not settled:
+                        page.append(key)
+                        if len(page) >= page_size:
+                            break
+            yield from page
+            if last is None or len(page) < page_size:
+                return
+            cursor, inclusive = last, False
+
     def get_versions(
         self,
         table: str,

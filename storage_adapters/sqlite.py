@@ -77,6 +77,17 @@ WHERE tbl = ? AND (row, col) {op} (?, ?) AND ts < ? {end}
 GROUP BY row, col ORDER BY row, col LIMIT ?
 """
 
+#: Cells garbage collection has work on (:meth:`KVStore.sweep_candidates`): more than
+#: one version below the safe point, or one without a stamp, a delete, or a stamp at
+#: or above ``stamped_below`` (its entry not collected yet).
+_SWEEP_SQL = """
+SELECT row, col FROM versions
+WHERE tbl = ? AND (row, col) {op} (?, ?) AND ts < ?
+GROUP BY row, col
+HAVING count(*) > 1 OR max(commit_ts IS NULL) OR max(value IS NULL) OR max(commit_ts) >= ?
+ORDER BY row, col LIMIT ?
+"""
+
 
 class SQLiteOptions(NamedTuple):
     path: str
@@ -262,6 +273,42 @@ class SQLiteStore(KVStore):
                 page = cur.execute(sql, params).fetchall()
             for row, col, ts, value, commit_ts in page:
                 yield ScanEntry(row, col, ts, value, commit_ts)
+            if len(page) < page_size:
+                return
+            cursor_row, cursor_col, op = page[-1][0], page[-1][1], ">"
+
+    def sweep_candidates(
+        self,
+        table: str,
+        below_ts: int,
+        stamped_below: int,
+        *,
+        start_row: bytes = b"",
+        start_column: bytes = b"",
+        page_size: int = 1000,
+    ) -> Iterator[Cell]:
+        page_size = check_scan(table, start_row, None, below_ts, start_column, page_size)
+        check_ts("stamped_below", stamped_below)
+        return self._sweep_candidates(
+            table, below_ts, stamped_below, start_row, start_column, page_size
+        )
+
+    def _sweep_candidates(
+        self,
+        table: str,
+        below_ts: int,
+        stamped_below: int,
+        start_row: bytes,
+        start_column: bytes,
+        page_size: int,
+    ) -> Iterator[Cell]:
+        cursor_row, cursor_col, op = start_row, start_column, ">="
+        while True:
+            params = (table, cursor_row, cursor_col, below_ts, stamped_below, page_size)
+            with self._using(writes=False) as cur:
+                page = cur.execute(_SWEEP_SQL.format(op=op), params).fetchall()
+            for row, col in page:
+                yield Cell(row, col)
             if len(page) < page_size:
                 return
             cursor_row, cursor_col, op = page[-1][0], page[-1][1], ">"

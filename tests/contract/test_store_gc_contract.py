@@ -112,3 +112,103 @@ def test_delete_system_is_a_compare_and_delete(store: KVStore) -> None:
     # The key can be written again afterwards, and only once.
     assert store.put_unless_exists("_s", b"k", b"w") == (True, b"w")
     assert store.put_unless_exists("_s", b"k", b"x") == (False, b"w")
+
+
+def _needs_work(versions: list[Version], stamped_below: int) -> bool:
+    """What ``KVStore.sweep_candidates`` must yield a cell for (its versions below the
+    safe point given): all but one stamped version with a value, stamped below."""
+    if len(versions) != 1:
+        return bool(versions)
+    (only,) = versions
+    return only.commit_ts is None or only.commit_ts >= stamped_below or only.value is None
+
+
+def _settled_history(store: KVStore) -> None:
+    """Cells in every state a sweep may find them in, below and above ts 100."""
+    store.put_versions(
+        "t",
+        [
+            VersionWrite(b"a", b"settled", 10, b"v"),  # one stamped value below 50: done
+            VersionWrite(b"a", b"settled-new", 10, b"v"),  # stamped at 60 >= 50: entry
+            VersionWrite(b"b", b"two", 10, b"old"),  # an older version to delete
+            VersionWrite(b"b", b"two", 20, b"new"),
+            VersionWrite(b"c", b"unstamped", 10, b"v"),  # outcome unknown
+            VersionWrite(b"d", b"delete", 10, None),  # a kept delete goes too
+            VersionWrite(b"e", b"above", 150, b"v"),  # nothing below 100
+            VersionWrite(b"e", b"settled-and-above", 10, b"v"),
+            VersionWrite(b"e", b"settled-and-above", 150, b"w"),
+        ],
+    )
+    store.stamp_versions(
+        "t",
+        [
+            VersionStamp(b"a", b"settled", 10, 11),
+            VersionStamp(b"a", b"settled-new", 10, 60),
+            VersionStamp(b"b", b"two", 10, 11),
+            VersionStamp(b"b", b"two", 20, 21),
+            VersionStamp(b"d", b"delete", 10, 11),
+            VersionStamp(b"e", b"settled-and-above", 10, 11),
+        ],
+    )
+
+
+def test_sweep_candidates_yield_every_cell_a_sweep_has_work_on(store: KVStore) -> None:
+    _settled_history(store)
+    got = list(store.sweep_candidates("t", 100, 50, page_size=2))
+    assert got == sorted(set(got)), "in (row, column) order, each cell once"
+    versions = store.get_versions("t", got + [(b"a", b"settled"), (b"e", b"above")], below_ts=100)
+    needed = [cell for cell, found in sorted(versions.items()) if _needs_work(found, 50)]
+    assert needed == [
+        Cell(b"a", b"settled-new"),
+        Cell(b"b", b"two"),
+        Cell(b"c", b"unstamped"),
+        Cell(b"d", b"delete"),
+    ]
+    assert set(needed) <= set(got)
+    assert Cell(b"e", b"above") not in got, "a cell with nothing below the safe point"
+    # From a cursor: only cells after it (inclusive of the start cell).
+    assert set(store.sweep_candidates("t", 100, 50, start_row=b"b", start_column=b"two")) == {
+        c for c in got if (c.row, c.column) >= (b"b", b"two")
+    }
+    assert list(store.sweep_candidates("nothing", 100, 50)) == []
+
+
+def test_sweep_candidates_leave_settled_cells_out_where_the_backend_filters(
+    store: KVStore,
+) -> None:
+    """SQLite and memory filter where the data is and yield exactly the cells with
+    work; a backend on the default (Cassandra) yields every cell below the safe point."""
+    _settled_history(store)
+    if type(store).sweep_candidates is KVStore.sweep_candidates:
+        assert list(store.sweep_candidates("t", 100, 50)) == [
+            Cell(b"a", b"settled"),
+            Cell(b"a", b"settled-new"),
+            Cell(b"b", b"two"),
+            Cell(b"c", b"unstamped"),
+            Cell(b"d", b"delete"),
+            Cell(b"e", b"settled-and-above"),
+        ]
+        return
+    assert list(store.sweep_candidates("t", 100, 50, page_size=1)) == [
+        Cell(b"a", b"settled-new"),
+        Cell(b"b", b"two"),
+        Cell(b"c", b"unstamped"),
+        Cell(b"d", b"delete"),
+    ]
+    # Raising stamped_below past 60 settles a's entry too; a lower safe point sees less.
+    assert Cell(b"a", b"settled-new") not in set(store.sweep_candidates("t", 100, 61))
+    assert list(store.sweep_candidates("t", 15, 0)) == [
+        Cell(b"a", b"settled"),
+        Cell(b"a", b"settled-new"),
+        Cell(b"b", b"two"),
+        Cell(b"c", b"unstamped"),
+        Cell(b"d", b"delete"),
+        Cell(b"e", b"settled-and-above"),
+    ]
+
+
+def test_sweep_candidates_check_their_arguments(store: KVStore) -> None:
+    with pytest.raises(ValueError, match="page_size"):
+        list(store.sweep_candidates("t", 100, 50, page_size=0))
+    with pytest.raises(ValueError):
+        list(store.sweep_candidates("", 100, 50))
