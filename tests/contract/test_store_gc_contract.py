@@ -156,7 +156,7 @@ def test_sweep_candidates_yield_every_cell_a_sweep_has_work_on(store: KVStore) -
     _settled_history(store)
     got = list(store.sweep_candidates("t", 100, 50, page_size=2))
     assert got == sorted(set(got)), "in (row, column) order, each cell once"
-    versions = store.get_versions("t", got + [(b"a", b"settled"), (b"e", b"above")], below_ts=100)
+    versions = store.get_versions("t", [*got, (b"a", b"settled"), (b"e", b"above")], below_ts=100)
     needed = [cell for cell, found in sorted(versions.items()) if _needs_work(found, 50)]
     assert needed == [
         Cell(b"a", b"settled-new"),
