@@ -643,11 +643,12 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         cache = self._snapshots if snapshot else self._changes
         outdated = version < head.min_readable_version
         if version not in cache:
-            # Below min_readable_version vacuum may have removed files: a snapshot there
-            # is gone; a version's own added files may still all be there (an append
-            # that no overwrite replaced), so they are looked for.
+            # Below min_readable_version a snapshot is gone: retention expired the
+            # version or vacuum removed files (a restart from a checkpoint whose offset
+            # is that snapshot); a version's own added files may still all be there (an
+            # append that no overwrite replaced), so they are looked for.
             if outdated and snapshot:
-                raise self._vacuumed(version, head)
+                raise self._unreadable_snapshot(version, head)
             self._fetch(version, snapshot, head)
             if version not in cache:
                 # History leaves out only what retention expired (every version up
@@ -665,6 +666,19 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 "that add files. Set option skipChangeCommits=true to skip such versions"
             )
         return cache.get(version, [])
+
+    def _unreadable_snapshot(
+        self, version: int, head: Head
+    ) -> VersionNotFoundError | VersionVacuumedError:
+        """Why the snapshot of ``version``, below the oldest readable version, is gone.
+
+        Retention raised the head's ``min_readable_version`` past it (the version
+        expired: history, asked afresh, leaves it out, and its files may well still
+        exist), or vacuum's fence did (history still lists it, its files may be gone).
+        """
+        with _gateway(self.opts.gateway) as catalog:
+            listed = any(e.record.version == version for e in catalog.history(self.opts.table))
+        return self._vacuumed(version, head) if listed else self._expired(version)
 
     def _vacuumed(self, version: int, head: Head) -> VersionVacuumedError:
         return VersionVacuumedError(

@@ -25,7 +25,7 @@ from spark_integration import Retention, VersionNotFoundError
 from spark_integration._catalog import Catalog
 from spark_integration._datasource_options import StreamReadOptions
 from spark_integration._hook import STAGING_PREFIX
-from spark_integration._model import APPEND, FileEntry, TableMeta
+from spark_integration._model import APPEND, OVERWRITE, FileEntry, TableMeta
 from spark_integration.datasource import PercolakeStreamReader, _StreamSplit
 from txn import TransactionManager
 
@@ -152,3 +152,62 @@ def test_streams_whose_versions_are_all_retained_read_as_before(table: Table) ->
     assert start == {"version": 4, "index": 0, "snapshot": True}
     end = snap.latestOffset(start, snap.getDefaultReadLimit())
     assert len(snap.partitions(start, end)) >= 1
+
+
+def test_a_stream_restarted_on_a_snapshot_of_an_expired_version_says_it_expired(
+    table: Table,
+) -> None:
+    """A query without startingVersion checkpoints the latest version's snapshot as its
+    offset; restarted after that version expired, it must name retention, not vacuum
+    (the version's files are all still there)."""
+    assert [table.append() for _ in range(2)] == [1, 2]
+    first = reader()
+    start = first.initialOffset()
+    assert start == {"version": 2, "index": 0, "snapshot": True}
+    assert [table.append() for _ in range(2)] == [3, 4]
+    assert table.expire_all_but_latest() == 4
+
+    def latest(r: PercolakeStreamReader) -> object:
+        return r.latestOffset(start, r.getDefaultReadLimit())
+
+    def partitions(r: PercolakeStreamReader) -> object:
+        return r.partitions(start, {"version": 5, "index": 0, "snapshot": False})
+
+    for plan in (latest, partitions):
+        with pytest.raises(VersionNotFoundError) as caught:
+            plan(reader())  # a fresh reader, as after a restart
+        message = str(caught.value)
+        assert "version 2 of table 't'" in message
+        assert "expired under the table's log retention (1 h)" in message
+        assert "versions from 4 on are readable" in message
+        assert "new checkpoint and startingVersion=4 or later" in message
+        assert "vacuum" not in message
+
+
+def test_a_stream_restarted_on_a_snapshot_vacuum_fenced_off_still_says_vacuum(
+    table: Table,
+) -> None:
+    """Below the oldest readable version through vacuum's fence, not retention: the
+    version is still in history, an overwrite replaced its files and vacuum may have
+    removed them."""
+    assert [table.append() for _ in range(2)] == [1, 2]
+    start = reader().initialOffset()
+    assert start == {"version": 2, "index": 0, "snapshot": True}
+    replaced = table.catalog.commit_files(
+        "t",
+        OVERWRITE,
+        [FileEntry(f"{STAGING_PREFIX}w/day=d/f.parquet", 10, 1, {"day": "d"})],
+        job_id="job-overwrite",
+        job_started_ms=int(time.time() * 1000),
+        base_version=2,
+    )
+    assert replaced.version == 3
+    cutoff_ms = int(time.time() * 1000) + 1
+    time.sleep(0.01)
+    plan = table.catalog.vacuum_plan("t", cutoff_ms)
+    table.catalog.vacuum_fence("t", plan, cutoff_ms)
+    assert table.catalog.prepare("t").head.min_readable_version == 3
+    assert [e.record.version for e in table.catalog.history("t")] == [0, 1, 2, 3]
+
+    with pytest.raises(datasource.VersionVacuumedError, match="vacuum removed its files"):
+        reader().latestOffset(start, reader().getDefaultReadLimit())
