@@ -200,6 +200,16 @@ class RemoteCatalog:
             retention=retention_to_pb(retention),
         )
         got = call(self._stub.CreateTable, request, self._conn, self._commit_timeout_s)
+        if retention is not None and self._cells.retention(meta.name) != retention:
+            # A gateway older than the retention field ignores it: set it as those
+            # clients did, in a second transaction, rather than leave the defaults.
+            log.warning(
+                "the gateway at %s created table %r without its retention (an older "
+                "percolake?): setting it in a second transaction",
+                self._conn.address,
+                meta.name,
+            )
+            self._cells.set_retention(meta.name, retention)
         return got.commit_ts if got.HasField("commit_ts") else None
 
     def commit_files(

@@ -148,3 +148,29 @@ def test_a_request_without_a_retention_gets_the_defaults(
     lh = Lakehouse(remote, tmp_path / "warehouse")
     assert lh.list_tables() == ["events"]
     assert lh.retention("events") == Retention()
+
+
+def test_a_gateway_that_drops_the_retention_gets_it_set_in_a_second_transaction(
+    gateway: tuple[str, str],
+    remote: RemoteTransactionManager,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An older gateway ignores the field it does not know: the client finds the
+    defaults on the new table and sets its retention as older clients did."""
+    lh = Lakehouse(remote, tmp_path / "warehouse")
+    catalog = lh._catalog
+    assert isinstance(catalog, RemoteCatalog)
+    send = catalog._stub.CreateTable
+
+    def older_gateway(request: pb.CreateTableRequest, *args: Any, **kwargs: Any) -> Any:
+        request.ClearField("retention")  # what a gateway without the field reads
+        return send(request, *args, **kwargs)
+
+    catalog._stub.CreateTable = older_gateway  # type: ignore[assignment]
+    with caplog.at_level("WARNING", logger="spark_integration._remote"):
+        lh.create_table("events", SCHEMA, "day", retention=Retention(3600, 60))
+    assert lh.retention("events") == Retention(3600, 60)
+    assert "without its retention" in caplog.text
+    stamps = table_cell_timestamps(gateway[1], "events")
+    assert stamps[COL_RETENTION][0] > stamps[Layout.COL_META][0]  # the second transaction
