@@ -22,10 +22,19 @@ One pass (:meth:`GarbageCollector.run_once`):
    began and was stamped or deleted by it (S9). A writer's own ABORTED (it abandoned its
    commit) is deleted once its versions are; an ABORTED written by anyone else stays:
    it fences a writer that may still be alive from reaching its commit point.
+
+**Resumable.** A pass saves how far it swept, every ``cursor_every_s``, in the ``_gc``
+row ``cursor`` (:class:`GcCursor`: its safe point and the last cell fully swept). A
+pass that finds a live cursor resumes it instead of starting afresh: it sweeps below
+the *cursor's* safe point, only the cells after the cursor, deletes the entries of the
+writers it met there, and does not raise ``collected_below`` (it never met the writers
+whose versions all lie before the cursor; a later pass meets their stamps). The
+argument is in docs/design.md, "Resumable passes".
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -34,7 +43,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from lockserver import LockTable
-from storage_adapters import MAX_TIMESTAMP, Cell, KVStore, Version, VersionStamp
+from storage_adapters import (
+    MAX_TIMESTAMP,
+    Cell,
+    KVStore,
+    StoreError,
+    Version,
+    VersionStamp,
+)
 from txn._config import TransactionConfig
 from txn._safepoint import (
     CLIENTS_KEY,
@@ -60,6 +76,71 @@ log = logging.getLogger(__name__)
 #: Samples of (wall time, timestamp) kept beyond the retention, at most.
 MAX_SAMPLES = 1000
 
+#: The ``_gc`` row holding the cursor of an unfinished pass. A row of its own, not a
+#: field of ``state``: saving progress does not contend with raising the safe point.
+CURSOR_KEY = b"cursor"
+
+#: How often a pass saves its cursor by default: a system write every few seconds, not
+#: every page.
+DEFAULT_CURSOR_EVERY_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class GcCursor:
+    """How far a pass at ``safe_point`` swept: every cell of the tables before
+    ``table`` (by name) and of ``table`` up to ``(row, column)`` included was swept
+    below ``safe_point`` by that pass, or by it and the passes it resumed."""
+
+    safe_point: int
+    table: str
+    row: bytes
+    column: bytes
+
+    @property
+    def position(self) -> tuple[str, bytes, bytes]:
+        return (self.table, self.row, self.column)
+
+    def ahead_of(self, other: GcCursor) -> bool:
+        """Whether this cursor says at least as much as ``other``: a higher safe point
+        (a newer pass), or the same one swept at least as far."""
+        if self.safe_point != other.safe_point:
+            return self.safe_point > other.safe_point
+        return self.position >= other.position
+
+    def describe(self) -> str:
+        return (
+            f"table {self.table!r}, row {_show(self.row)}, column {_show(self.column)} "
+            f"(safe point {self.safe_point})"
+        )
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "safe_point": self.safe_point,
+                "table": self.table,
+                "row": self.row.hex(),
+                "column": self.column.hex(),
+            },
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> GcCursor:
+        try:
+            got = json.loads(raw)
+            return cls(
+                safe_point=int(got["safe_point"]),
+                table=str(got["table"]),
+                row=bytes.fromhex(got["row"]),
+                column=bytes.fromhex(got["column"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"corrupt garbage-collection cursor row {raw[:200]!r}") from exc
+
+
+def _show(key: bytes, limit: int = 40) -> str:
+    return repr(key) if len(key) <= limit else f"{key[:limit]!r}... ({len(key)} bytes)"
+
 
 @dataclass(slots=True)
 class GcReport:
@@ -73,12 +154,15 @@ class GcReport:
     entries_deleted: int = 0
     seconds: float = 0.0
     note: str = ""
+    #: Where the unfinished pass this one resumed had stopped ("": a pass from the start).
+    resumed_from: str = ""
 
     def summary(self) -> str:
         if self.note:
             return self.note
+        resumed = f" (resumed after {self.resumed_from})" if self.resumed_from else ""
         return (
-            f"safe point {self.safe_point}: {self.tables} tables, {self.cells} cells; "
+            f"safe point {self.safe_point}{resumed}: {self.tables} tables, {self.cells} cells; "
             f"deleted {self.versions_deleted} versions, stamped {self.versions_stamped}, "
             f"deleted {self.entries_deleted} transactions-table entries "
             f"in {self.seconds:.1f} s"
@@ -95,6 +179,14 @@ class _Pass:
     committed: dict[int, int] = field(default_factory=dict)
     #: Writers found aborted whose versions this pass deleted: own entries to try.
     aborted: set[int] = field(default_factory=set)
+    #: The cursor this pass resumed (None: it sweeps from the start).
+    resumed: GcCursor | None = None
+    #: The cursor row's value as last read or written (for compare-and-set), and
+    #: whether that is still known (not after a failed write).
+    cursor_raw: bytes | None = None
+    cursor_known: bool = True
+    #: When the cursor was last saved (monotonic).
+    saved_at: float = 0.0
 
 
 class GarbageCollector:
@@ -111,6 +203,7 @@ class GarbageCollector:
         grace_ms: int = DEFAULT_GRACE_MS,
         page_cells: int = 500,
         max_versions_per_s: float | None = None,
+        cursor_every_s: float = DEFAULT_CURSOR_EVERY_S,
         config: TransactionConfig | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -124,6 +217,8 @@ class GarbageCollector:
             raise ValueError(f"page_cells must be positive, got {page_cells}")
         if max_versions_per_s is not None and max_versions_per_s <= 0:
             raise ValueError(f"max_versions_per_s must be positive, got {max_versions_per_s}")
+        if cursor_every_s < 0:
+            raise ValueError(f"cursor_every_s must be >= 0, got {cursor_every_s}")
         self._store = store
         self._timestamps = timestamps
         self._resolver = StatusResolver(store, locks or LockTable(), config or TransactionConfig())
@@ -131,6 +226,7 @@ class GarbageCollector:
         self._grace_ms = grace_ms
         self._page_cells = page_cells
         self._rate = max_versions_per_s
+        self._cursor_every_s = cursor_every_s
         self._clock = clock
         self._monotonic = monotonic
         self._sleep = sleep
@@ -174,12 +270,17 @@ class GarbageCollector:
         raise RuntimeError("could not update the garbage-collection state row: contention")
 
     def _finish(self, run: _Pass) -> None:
+        # Only a pass that swept everything from the start at its safe point met every
+        # writer committed below it. A resumed one never met the writers whose versions
+        # all lie before its cursor: their entries stay, and their stamps (outcome at or
+        # above collected_below) are what lets a later pass find and delete them.
+        collected = run.safe_point if run.resumed is None else 0
         for _ in range(20):
             state, raw = read_state(self._store)
             new = GcState(
                 state.safe_point,
                 state.grace_ms,
-                max(state.collected_below, run.safe_point),
+                max(state.collected_below, collected),
                 state.samples,
                 asdict(run.report),
             )
@@ -190,41 +291,157 @@ class GarbageCollector:
     # --- a pass ---------------------------------------------------------------------
 
     def run_once(self, progress: Callable[[str], None] | None = None) -> GcReport:
-        """One pass: raise the safe point, sweep every table, collect entries."""
+        """One pass: resume the unfinished pass a cursor records, if any; else raise the
+        safe point and sweep every table. Then collect entries."""
         started = self._monotonic()
-        safe_point, wait_ms, collected_below = self._raise_safe_point()
-        report = GcReport(safe_point=safe_point)
-        if safe_point <= 0:
-            report.note = (
-                "nothing to collect yet: no timestamp is known to be "
-                f"{self._retention_ms / 1000:g} s old (this pass recorded the time, so a "
-                "later one can)"
-            )
-            return report
-        if wait_ms:
-            log.info("garbage collection waits %d ms before sweeping below %d", wait_ms, safe_point)
-            self._sleep(wait_ms / 1000)
-        run = _Pass(safe_point, report, collected_below)
-        for table in self._store.tables():
+        run = self._resume()
+        if run is None:
+            safe_point, wait_ms, collected_below = self._raise_safe_point()
+            report = GcReport(safe_point=safe_point)
+            if safe_point <= 0:
+                report.note = (
+                    "nothing to collect yet: no timestamp is known to be "
+                    f"{self._retention_ms / 1000:g} s old (this pass recorded the time, so a "
+                    "later one can)"
+                )
+                return report
+            if wait_ms:
+                log.info(
+                    "garbage collection waits %d ms before sweeping below %d", wait_ms, safe_point
+                )
+                self._sleep(wait_ms / 1000)
+            run = _Pass(safe_point, report, collected_below, cursor_known=False)
+        run.saved_at = self._monotonic()
+        for table in sorted(self._store.tables()):
+            if run.resumed is not None and table < run.resumed.table:
+                continue  # swept by the pass this one resumes
             if progress is not None:
                 progress(table)
             self._sweep_table(run, table)
-            report.tables += 1
+            run.report.tables += 1
         self._collect_entries(run)
-        report.seconds = self._monotonic() - started
+        run.report.seconds = self._monotonic() - started
+        self._clear_cursor(run)
         self._finish(run)
-        log.info("garbage collection: %s", report.summary())
-        return report
+        log.info("garbage collection: %s", run.report.summary())
+        return run.report
+
+    # --- the cursor -----------------------------------------------------------------
+
+    def _resume(self) -> _Pass | None:
+        """The unfinished pass to resume, from the cursor row; None to start afresh.
+
+        A cursor is live while its safe point is above ``collected_below`` (no pass at
+        or above it finished) and not above the state row's safe point (the row backs
+        it: readers were told). A resumed pass sweeps below the cursor's safe point even
+        if the row's is higher now: the cells before the cursor were swept below that
+        one only, and sweeping below a lower safe point deletes less. It does not wait
+        the grace: the pass that wrote the cursor waited it before deleting anything.
+        """
+        for _ in range(20):
+            state, _ = read_state(self._store)
+            raw = self._store.get_system(GC_TABLE, [CURSOR_KEY]).get(CURSOR_KEY)
+            if raw is None:
+                return None
+            try:
+                cursor: GcCursor | None = GcCursor.decode(raw)
+            except StoreError as exc:
+                log.warning("garbage collection drops its cursor and starts afresh: %s", exc)
+                cursor = None
+            if cursor is not None and state.collected_below < cursor.safe_point:
+                if cursor.safe_point <= state.safe_point:
+                    log.info("garbage collection resumes after %s", cursor.describe())
+                    report = GcReport(safe_point=cursor.safe_point, resumed_from=cursor.describe())
+                    return _Pass(
+                        cursor.safe_point,
+                        report,
+                        state.collected_below,
+                        resumed=cursor,
+                        cursor_raw=raw,
+                    )
+                log.warning(
+                    "garbage collection drops a cursor above the state row's safe point %d "
+                    "(was the row reset?): %s",
+                    state.safe_point,
+                    cursor.describe(),
+                )
+            # Obsolete (a pass at or above its safe point finished) or unusable.
+            if self._store.delete_system(GC_TABLE, CURSOR_KEY, raw).applied:
+                return None
+        raise StoreError("could not read the garbage-collection cursor row: contention")
+
+    def _save_cursor(self, run: _Pass, table: str, cell: Cell) -> None:
+        """Record that every cell up to ``cell`` of ``table`` is swept. Never moves the
+        row backwards: a cursor of a higher safe point, or one further at this safe
+        point, stays (each one's claim is true of the passes that wrote it)."""
+        new = GcCursor(run.safe_point, table, cell.row, cell.column)
+        encoded = new.encode()
+        try:
+            for _ in range(20):
+                if not run.cursor_known:
+                    run.cursor_raw = self._store.get_system(GC_TABLE, [CURSOR_KEY]).get(CURSOR_KEY)
+                    run.cursor_known = True
+                current = _decoded(run.cursor_raw)
+                if current is not None and current.ahead_of(new):
+                    return
+                result = self._store.compare_and_set(GC_TABLE, CURSOR_KEY, run.cursor_raw, encoded)
+                run.cursor_raw = result.current
+                if result.applied:
+                    return
+            log.warning("could not save the garbage-collection cursor: contention")
+        except StoreError as exc:
+            # Progress not saved costs a resumed pass more work, never safety.
+            run.cursor_known = False
+            log.warning("could not save the garbage-collection cursor: %s", exc)
+
+    def _clear_cursor(self, run: _Pass) -> None:
+        """The pass swept everything below its safe point: a cursor at or below it is
+        done with (one above it belongs to a newer pass and stays)."""
+        try:
+            raw = self._store.get_system(GC_TABLE, [CURSOR_KEY]).get(CURSOR_KEY)
+            for _ in range(20):
+                current = _decoded(raw)
+                if raw is None or (current is not None and current.safe_point > run.safe_point):
+                    return
+                result = self._store.delete_system(GC_TABLE, CURSOR_KEY, raw)
+                if result.applied:
+                    return
+                raw = result.current
+            log.warning("could not clear the garbage-collection cursor: contention")
+        except StoreError as exc:
+            # A cursor left behind is obsolete once a pass raised collected_below past
+            # it, or resumed again at no cost to safety.
+            log.warning("could not clear the garbage-collection cursor: %s", exc)
+
+    # --- sweeping -------------------------------------------------------------------
 
     def _sweep_table(self, run: _Pass, table: str) -> None:
+        start_row, start_column = b"", b""
+        if run.resumed is not None and table == run.resumed.table:
+            # Right after the cursor's cell: column + b"\x00" is the least key above it.
+            start_row, start_column = run.resumed.row, run.resumed.column + b"\x00"
         page: list[Cell] = []
-        for entry in self._store.scan(table, b"", None, MAX_TIMESTAMP, page_size=self._page_cells):
+        for entry in self._store.scan(
+            table,
+            start_row,
+            None,
+            MAX_TIMESTAMP,
+            start_column=start_column,
+            page_size=self._page_cells,
+        ):
             page.append(Cell(entry.row, entry.column))
             if len(page) >= self._page_cells:
-                self._sweep_cells(run, table, page)
+                self._sweep_page(run, table, page)
                 page = []
         if page:
-            self._sweep_cells(run, table, page)
+            self._sweep_page(run, table, page)
+
+    def _sweep_page(self, run: _Pass, table: str, page: list[Cell]) -> None:
+        self._sweep_cells(run, table, page)
+        # Saved only once the whole page is stamped and deleted.
+        if self._monotonic() - run.saved_at >= self._cursor_every_s:
+            self._save_cursor(run, table, page[-1])
+            run.saved_at = self._monotonic()
 
     def _sweep_cells(self, run: _Pass, table: str, cells: list[Cell]) -> None:
         found = self._store.get_versions(table, cells, below_ts=run.safe_point)
@@ -310,6 +527,16 @@ class GarbageCollector:
             self._sleep(versions / self._rate)
 
 
+def _decoded(raw: bytes | None) -> GcCursor | None:
+    """The cursor in ``raw``; None if absent, or corrupt (then overwritten)."""
+    if raw is None:
+        return None
+    try:
+        return GcCursor.decode(raw)
+    except StoreError:
+        return None
+
+
 def _thin(samples: list[tuple[int, int]], horizon_ms: int) -> list[tuple[int, int]]:
     """Samples worth keeping: the newest one at or before ``horizon_ms`` and every later
     one, at most :data:`MAX_SAMPLES` (every other one of the oldest half dropped)."""
@@ -323,8 +550,8 @@ def _thin(samples: list[tuple[int, int]], horizon_ms: int) -> list[tuple[int, in
 
 class GcLoop:
     """Runs a pass every ``interval_s`` on a daemon thread until :meth:`close`
-    (``percolake serve --gc-interval-s``). A failed pass is logged and retried at the
-    next interval: every step of a pass is idempotent."""
+    (``percolake serve --gc-interval-s``). A failed pass is logged and resumed at the
+    next interval from its cursor: every step of a pass is idempotent."""
 
     def __init__(self, collector: GarbageCollector, interval_s: float) -> None:
         if interval_s <= 0:
