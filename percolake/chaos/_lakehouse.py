@@ -32,12 +32,15 @@ follows checkpoints. The final history then starts at the oldest readable versio
 ``R``; the final read also lists the files of ``R`` (the base), and the checks above
 hold from there: versions ``R..latest`` are dense and whole, the latest files are the
 base plus what later versions added, a job in the base is in no later version, an
-acknowledged append below ``R`` has its files in the base, reads of versions from ``R``
-on are compared (older ones are counted as unchecked, and a read refused with
-``VersionNotFoundError`` is a clean failure). Expiry itself: ``R - 1`` was replaced
-(version ``R`` committed) at least ``S`` before the final read, the history starts at
-or above every bound an ``expire`` op reported, and no read returned a version below a
-bound reported before it began.
+acknowledged append below ``R`` has its files in the base, and no expired version was
+acknowledged to two jobs. Each version adds one job, so the acknowledgements rebuild the
+files of expired versions up to the first one no client was told (and when every one
+was told, they and ``R``'s own adds must make the base exactly): reads of those versions
+and of ``R`` on are compared, the others counted as unchecked; a read refused with
+``VersionNotFoundError`` (its version expired meanwhile) is a clean failure. Expiry
+itself: ``R - 1`` was replaced (version ``R`` committed) at least ``S`` before the final
+read, the history starts at or above every bound an ``expire`` op reported, and no read
+returned a version below a bound reported before it began.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ _JOB_PREFIX = "_lh_job="
 #: With a log retention set, this share of operations runs ``Lakehouse.expire`` (drawn
 #: out of the reads' share, so runs without it keep their operations): about one a
 #: second over six clients, enough to expire versions between the checkpoints' passes.
-EXPIRE_SHARE = 0.04
+EXPIRE_SHARE = 0.06
 #: A read refused because its version expired between ``version()`` and ``files()``.
 _EXPIRED_READ = "VersionNotFoundError"
 
@@ -337,6 +340,7 @@ class LakehouseAppends(Workload):
         for path in base:
             job = _job_of(path)[0]
             retained.base_jobs.add(job)
+            retained.base_by_job.setdefault(job, []).append(path)
             if job not in first_added:
                 seen_jobs[job] = f"an expired version (below {oldest})"
         previous: tuple[int, Any] | None = None  # commit_ts and transaction of the last
@@ -424,6 +428,7 @@ class LakehouseAppends(Workload):
         result.stats.update(
             versions=len(commits),
             oldest_retained=oldest,
+            latest_version=retained.latest,
             base_files=len(base),
             files=len(files),
             jobs=len(seen_jobs),
@@ -443,7 +448,9 @@ class LakehouseAppends(Workload):
         by_batch = {(c["app_id"], c["batch_id"]): c for c in commits if c["app_id"] is not None}
         outcomes: dict[tuple[str, Any], set[str]] = {}
         job_of_batch: dict[tuple[str, Any], str] = {}
-        expired_acks = 0
+        acked_at: dict[tuple[str, Any], int] = {}
+        #: Expired version -> the job acknowledged at it.
+        expired_jobs: dict[int, str] = {}
         for op in ops:
             if op["f"] != "append" or op["type"] == "invoke":
                 continue
@@ -454,14 +461,24 @@ class LakehouseAppends(Workload):
                 continue
             commit = by_batch.get(batch)
             told = op["value"]["version"]
+            if acked_at.setdefault(batch, told) != told:
+                flag(
+                    "duplicate-batch",
+                    f"batch {batch} acknowledged at versions {acked_at[batch]} and {told}",
+                )
             if told < oldest and commit is None:
                 # Its version expired: its files must be in the oldest retained version's.
-                expired_acks += 1
-                if op["value"]["job"] not in base_jobs:
+                job = op["value"]["job"]
+                if expired_jobs.setdefault(told, job) != job:
+                    flag(
+                        "version-acknowledged-twice",
+                        f"version {told} acknowledged to jobs {expired_jobs[told]} and {job}",
+                    )
+                if job not in base_jobs:
                     flag(
                         "lost-acknowledged-commit",
                         f"batch {batch} acknowledged at version {told}, which expired, and "
-                        f"its job {op['value']['job']} is not in version {oldest}'s files",
+                        f"its job {job} is not in version {oldest}'s files",
                     )
             elif commit is None:
                 flag("lost-acknowledged-commit", f"batch {batch} acknowledged, not in history")
@@ -473,12 +490,52 @@ class LakehouseAppends(Workload):
         for batch, kinds in outcomes.items():
             if kinds == {"fail"} and (batch in by_batch or job_of_batch[batch] in base_jobs):
                 flag("failed-commit-visible", f"batch {batch} only failed, yet it is committed")
+        reconstructed = self._reconstruct_expired(flag, commits, retained, expired_jobs)
         result.stats.update(
             batches=len(outcomes),
             acknowledged=sum(1 for k in outcomes.values() if "ok" in k),
-            acknowledged_expired=expired_acks,
+            acknowledged_expired=len(expired_jobs),
+            reconstructed_versions=reconstructed,
             unknown=sum(1 for k in outcomes.values() if k == {"info"}),
         )
+
+    @staticmethod
+    def _reconstruct_expired(
+        flag: Callable[[str, str], None],
+        commits: list[dict[str, Any]],
+        retained: Retained,
+        expired_jobs: dict[int, str],
+    ) -> int:
+        """The files of expired versions, from the acknowledgements: each version adds
+        one job, whose files the base holds. Version 0 is the workload's empty create.
+        Fills ``retained.cumulative`` up to the first expired version no client was
+        told; returns how many it filled. When every one was told, those jobs and what
+        the oldest retained version added must be the base exactly."""
+        oldest = retained.oldest
+        if oldest == 0 or not commits:
+            return 0
+        files: set[str] = set()
+        fingerprint = 0
+        retained.cumulative[0] = (0, 0)
+        for version in range(1, oldest):
+            job = expired_jobs.get(version)
+            paths = retained.base_by_job.get(job, []) if job is not None else []
+            if not paths:
+                return version  # unknown (or lost, flagged above): the chain stops here
+            new = [p for p in paths if p not in files]
+            files.update(new)
+            fingerprint = digest(new, fingerprint)
+            retained.cumulative[version] = (len(files), fingerprint)
+        expected = files | set(commits[0]["added"])
+        base = {p for paths in retained.base_by_job.values() for p in paths}
+        if expected != base:
+            flag(
+                "base-mismatch",
+                f"versions 1..{oldest - 1} were acknowledged to jobs whose files, with what "
+                f"version {oldest} added, are not version {oldest}'s files: "
+                f"{sorted(base - expected)[:3]} unaccounted for",
+            )
+        return oldest
 
     def _check_reads(
         self, result: CheckResult, ops: list[dict[str, Any]], retained: Retained
@@ -580,10 +637,17 @@ class LakehouseAppends(Workload):
                 f"an expiry reported versions below {highest} expired, yet the final history "
                 f"starts at {oldest}",
             )
+        raising = 0  # expire ops that reported a higher bound than any before them
+        bound = 0
+        for op in expires:
+            if op["value"]["readable_from"] > bound:
+                raising += 1
+                bound = op["value"]["readable_from"]
         result.stats.update(
             log_retention_s=retention_s,
             oldest_retained=oldest,
             expire_ops=len(expires),
+            expire_ops_raising=raising,
             expire_ops_deleting=sum(1 for op in expires if op["value"]["deleted"] > 0),
             deleted_cells=sum(op["value"]["deleted"] for op in expires),
             highest_reported_bound=highest,
@@ -599,8 +663,9 @@ class Retained:
     latest: int
     #: Version -> (file count, :func:`digest`) of its files, for every retained version.
     cumulative: dict[int, tuple[int, int]] = field(default_factory=dict)
-    #: Jobs whose files the oldest retained version holds.
+    #: Jobs whose files the oldest retained version holds, and those files.
     base_jobs: set[str] = field(default_factory=set)
+    base_by_job: dict[str, list[str]] = field(default_factory=dict)
 
 
 class ServiceLakehouses:

@@ -174,6 +174,9 @@ def test_partitions_and_a_slow_network_leave_a_clean_history(tmp_path: Path) -> 
 
 
 def test_lakehouse_versions_stay_whole_under_client_kills(tmp_path: Path) -> None:
+    """Also with retention (issue 17): a 2 s log retention, and clients that expire the
+    table now and then, so versions expire under the kills, pauses and GC passes; the
+    checks start at the oldest retained version and must find that it rose above 0."""
     pytest.importorskip("pyspark")
     report = chaos_run(
         tmp_path / "lh",
@@ -189,12 +192,22 @@ def test_lakehouse_versions_stay_whole_under_client_kills(tmp_path: Path) -> Non
         "6",
         "--fault-gap-s",
         "1",
+        "--lakehouse-log-retention-s",
+        "2",
         *GC,
-        duration_s=15,
+        # 20 s, not 15: expiry needs versions replaced 2 s before an expire op.
+        duration_s=20,
     )
     assert_clean(report, min_ok=100, min_faults=3)
-    assert report["checks"]["lakehouse versions"]["versions"] > 20
-    assert report["checks"]["lakehouse reads"]["checked_reads"] > 10
+    checks = report["checks"]
+    # Versions 0..latest were committed; those below oldest_retained expired since.
+    assert checks["lakehouse versions"]["latest_version"] > 20
+    assert checks["lakehouse reads"]["checked_reads"] > 10
+    # Versions expired during the run, and clients' expire ops ran (they delete rows
+    # only past a checkpoint, every 100 versions; log records stay with the marks).
+    assert checks["lakehouse expiry"]["oldest_retained"] > 0, checks["lakehouse expiry"]
+    assert checks["lakehouse expiry"]["expire_ops"] > 0, checks["lakehouse expiry"]
+    assert "--lakehouse-log-retention-s 2" in report["replay"]
 
 
 @pytest.fixture

@@ -71,11 +71,12 @@ READ_MS = 2_000_000
 
 
 def _expiring_run(
-    versions: int = 8, oldest: int = 5
+    versions: int = 8, oldest: int = 5, unacknowledged: frozenset[int] = frozenset()
 ) -> tuple[LakehouseAppends, list[dict[str, Any]]]:
     """A clean run of ``versions`` one-job appends (after the create at 0), of which
-    versions below ``oldest`` expired: acknowledged appends, reads of retained and of
-    expired versions, an expire op, and the final read that starts at ``oldest``."""
+    versions below ``oldest`` expired: appends acknowledged (except those committed as
+    ``unacknowledged`` versions, whose outcome stayed unknown), reads of retained and
+    of expired versions, an expire op, and the final read that starts at ``oldest``."""
     config = RunConfig(
         workload="lakehouse", out_dir=Path("unused"), lakehouse_log_retention_s=RETENTION_S
     )
@@ -101,7 +102,11 @@ def _expiring_run(
 
     for c in commits[1:]:
         batch = {"app_id": c["app_id"], "batch_id": c["batch_id"], "job": str(c["version"])}
-        op(1, "append", {**batch, "files": 1}, {**batch, "files": 1, "version": c["version"]})
+        if c["version"] in unacknowledged:
+            op(1, "append", {**batch, "files": 1}, {**batch, "files": 1}, kind="info")
+        else:
+            done = {**batch, "files": 1, "version": c["version"]}
+            op(1, "append", {**batch, "files": 1}, done)
         op(2, "read", None, read(c["version"]))
     op(3, "expire", None, {"readable_from": oldest, "deleted": 12})
     op(2, "read", None, read(versions))
@@ -142,13 +147,17 @@ def test_a_history_that_starts_at_the_oldest_retained_version_is_clean() -> None
     checks = {c.name: c for c in workload.check(ops)}
     assert all(c.valid for c in checks.values()), [c.anomalies for c in checks.values()]
     assert checks["lakehouse versions"].stats["oldest_retained"] == 5
+    assert checks["lakehouse versions"].stats["latest_version"] == 8
     assert checks["lakehouse versions"].stats["jobs"] == 8
     assert checks["lakehouse acknowledged commits"].stats["acknowledged_expired"] == 4
-    # Reads of versions 5..8 (one of them twice) are compared; 1..4 expired since.
-    assert checks["lakehouse reads"].stats["checked_reads"] == 5
-    assert checks["lakehouse reads"].stats["unchecked_reads"] == 4
+    # Versions 1..4 expired; each was acknowledged to one job whose files the base
+    # holds, so every read, of versions 1..8 (8 twice), is compared.
+    assert checks["lakehouse acknowledged commits"].stats["reconstructed_versions"] == 5
+    assert checks["lakehouse reads"].stats["checked_reads"] == 9
+    assert checks["lakehouse reads"].stats["unchecked_reads"] == 0
     assert checks["lakehouse reads"].stats["expired_reads"] == 1
     assert checks["lakehouse expiry"].stats["expire_ops_deleting"] == 1
+    assert checks["lakehouse expiry"].stats["expire_ops_raising"] == 1
     assert checks["lakehouse expiry"].stats["oldest_retained"] == 5
 
 
@@ -244,3 +253,38 @@ def test_the_log_retention_option_must_be_a_finite_non_negative_number() -> None
         ).lakehouse_log_retention_s
         == 0
     )
+
+
+def test_reads_of_expired_versions_past_an_unacknowledged_one_are_unchecked() -> None:
+    """Version 3's append ended unknown: versions 3 and 4 expired with no client told
+    which job they added, so reads of them cannot be compared; 1 and 2 still are."""
+    workload, ops = _expiring_run(unacknowledged=frozenset({3}))
+    checks = {c.name: c for c in workload.check(ops)}
+    assert all(c.valid for c in checks.values()), [c.anomalies for c in checks.values()]
+    assert checks["lakehouse acknowledged commits"].stats["reconstructed_versions"] == 3
+    assert checks["lakehouse reads"].stats["checked_reads"] == 7
+    assert checks["lakehouse reads"].stats["unchecked_reads"] == 2
+
+
+def test_a_read_that_disagrees_with_an_expired_acknowledged_version_is_flagged() -> None:
+    workload, ops = _expiring_run()
+    read = next(
+        op for op in ops if op["f"] == "read" and op["value"] and op["value"]["version"] == 2
+    )
+    read["value"] = {**read["value"], "files": 1}
+    assert "read-not-version" in _found(workload, ops)
+
+
+def test_a_base_with_files_no_expired_version_was_acknowledged_for_is_flagged() -> None:
+    workload, ops = _expiring_run()
+    stray = "t/_lh_job=77/part-0-of-1.parquet"
+    _final(ops)["base"].append(stray)
+    _final(ops)["files"].append(stray)
+    assert "base-mismatch" in _found(workload, ops)
+
+
+def test_one_expired_version_acknowledged_to_two_jobs_is_flagged() -> None:
+    workload, ops = _expiring_run()
+    acks = [op for op in ops if op["f"] == "append" and op["type"] == "ok"]
+    acks[1]["value"] = {**acks[1]["value"], "version": acks[0]["value"]["version"]}
+    assert "version-acknowledged-twice" in _found(workload, ops)
