@@ -28,16 +28,17 @@ workload appends only.
 With ``--lakehouse-log-retention-s S`` the table keeps its log for ``S`` seconds (marks
 for the default 7 days, so a replay is never committed twice during a run) and clients
 also run ``Lakehouse.expire`` now and then (op ``expire``), besides the expiry that
-follows checkpoints. The final history then starts at the oldest readable version
-``R``; the final read also lists the files of ``R`` (the base), and the checks above
-hold from there: versions ``R..latest`` are dense and whole, the latest files are the
-base plus what later versions added, a job in the base is in no later version, an
-acknowledged append below ``R`` has its files in the base, and no expired version was
-acknowledged to two jobs. Each version adds one job, so the acknowledgements rebuild the
-files of expired versions up to the first one no client was told (and when every one
-was told, they and ``R``'s own adds must make the base exactly): reads of those versions
-and of ``R`` on are compared, the others counted as unchecked; a read refused with
-``VersionNotFoundError`` (its version expired meanwhile) is a clean failure. Expiry
+follows checkpoints; half the reads travel back up to :data:`MAX_READ_BACK` versions
+from the latest, around the expiry bound. The final history then starts at the oldest
+readable version ``R``; the final read also lists the files of ``R`` (the base), and the
+checks above hold from there: versions ``R..latest`` are dense and whole, the latest
+files are the base plus what later versions added, a job in the base is in no later
+version, an acknowledged append below ``R`` has its files in the base, and no expired
+version was acknowledged to two jobs. Each version adds one job, so the acknowledgements
+rebuild the files of expired versions up to the first one no client was told (and when
+every one was told, they and ``R``'s own adds must make the base exactly): reads of
+those versions and of ``R`` on are compared, the others counted as unchecked; a read
+refused with ``VersionNotFoundError`` (its version expired) is a clean failure. Expiry
 itself: ``R - 1`` was replaced (version ``R`` committed) at least ``S`` before the final
 read, the history starts at or above every bound an ``expire`` op reported, and no read
 returned a version below a bound reported before it began.
@@ -66,7 +67,11 @@ _JOB_PREFIX = "_lh_job="
 #: out of the reads' share, so runs without it keep their operations): about one a
 #: second over six clients, enough to expire versions between the checkpoints' passes.
 EXPIRE_SHARE = 0.06
-#: A read refused because its version expired between ``version()`` and ``files()``.
+#: With a log retention set, half the reads read this many versions back at most (the
+#: latest minus 1..MAX_READ_BACK): some land just above the expiry bound, some below.
+MAX_READ_BACK = 40
+#: A read refused because its version expired (between ``version()`` and ``files()``,
+#: or a read of an older version).
 _EXPIRED_READ = "VersionNotFoundError"
 
 
@@ -141,8 +146,12 @@ class LakehouseAppends(Workload):
             return "append", {**self._replay, "replay": True}
         draw = rng.random()
         if draw < 0.3:
-            if self.config.lakehouse_log_retention_s is not None and draw < EXPIRE_SHARE:
-                return "expire", None
+            if self.config.lakehouse_log_retention_s is not None:
+                if draw < EXPIRE_SHARE:
+                    return "expire", None
+                if rng.random() < 0.5:
+                    # Time travel to a version near the expiry bound, or past it.
+                    return "read", {"back": rng.randint(1, MAX_READ_BACK)}
             return "read", None
         return "append", {
             "app_id": f"chaos-{process}",
@@ -156,23 +165,22 @@ class LakehouseAppends(Workload):
         if f == "expire":
             return self._expire(ctx)
         if f == "read":
+            back = 0 if value is None else value["back"]
             try:
-                version = lh.version(TABLE)
+                version = max(0, lh.version(TABLE) - back)
                 files = lh.files(TABLE, version=version)
             except Exception as exc:
                 return Completion("fail", value, error=describe(exc))
             location = os.path.join(lh.warehouse, TABLE)
             paths = [os.path.relpath(d.path, location) for d in files]
             # A digest, not the list: thousands of paths per read would bloat the history.
-            return Completion(
-                "ok",
-                {
-                    "version": version,
-                    "files": len(paths),
-                    "digest": digest(paths),
-                    "partial_jobs": partial_jobs(paths),
-                },
-            )
+            seen = {
+                "version": version,
+                "files": len(paths),
+                "digest": digest(paths),
+                "partial_jobs": partial_jobs(paths),
+            }
+            return Completion("ok", seen if back == 0 else {**seen, "back": back})
         data_file = _spark_integration().DataFile
         location = os.path.join(lh.warehouse, TABLE)
         k = value["files"]
@@ -572,11 +580,14 @@ class LakehouseAppends(Workload):
                     f"process {op['process']} read part of jobs {seen['partial_jobs'][:5]} at "
                     f"version {version}",
                 )
-            if version < floor:
+            # A read back (time travel) read the latest version, then this many before.
+            back = seen.get("back", 0)
+            latest_seen = version + back
+            if latest_seen < floor and (version > 0 or back == 0):
                 flag(
                     "stale-read",
-                    f"process {op['process']} read version {version} after version {floor} "
-                    "was acknowledged",
+                    f"process {op['process']} read version {latest_seen} as the latest after "
+                    f"version {floor} was acknowledged",
                 )
             if version < expired_floor:
                 flag(

@@ -288,3 +288,18 @@ def test_one_expired_version_acknowledged_to_two_jobs_is_flagged() -> None:
     acks = [op for op in ops if op["f"] == "append" and op["type"] == "ok"]
     acks[1]["value"] = {**acks[1]["value"], "version": acks[0]["value"]["version"]}
     assert "version-acknowledged-twice" in _found(workload, ops)
+
+
+def test_a_read_back_in_time_is_stale_only_if_the_latest_it_saw_was() -> None:
+    """A read back (time travel) reads the latest version, then one ``back`` before it:
+    an old version is no stale read, unless the latest it started from was old."""
+    workload, ops = _expiring_run()
+    read = next(
+        op for op in ops if op["f"] == "read" and op["value"] and op["value"]["version"] == 6
+    )
+    past = dict(read["value"])
+    ops.insert(-2, {"type": "invoke", "process": 4, "f": "read", "value": {"back": 2}})
+    ops.insert(-2, {"type": "ok", "process": 4, "f": "read", "value": {**past, "back": 2}})
+    assert _found(workload, ops) == set()
+    ops[-3]["value"]["back"] = 1  # started from version 7, after 8 was acknowledged
+    assert "stale-read" in _found(workload, ops)
