@@ -44,7 +44,6 @@ from dataclasses import asdict, dataclass, field
 
 from lockserver import LockTable
 from storage_adapters import (
-    MAX_TIMESTAMP,
     Cell,
     KVStore,
     StoreError,
@@ -421,15 +420,18 @@ class GarbageCollector:
             # Right after the cursor's cell: column + b"\x00" is the least key above it.
             start_row, start_column = run.resumed.row, run.resumed.column + b"\x00"
         page: list[Cell] = []
-        for entry in self._store.scan(
+        # Only the cells with work below the safe point (SQLite filters them where the
+        # data is): a cell whose one version below it is a value stamped below
+        # ``collected_below`` has nothing to delete, stamp or collect (``_decide``).
+        for cell in self._store.sweep_candidates(
             table,
-            start_row,
-            None,
-            MAX_TIMESTAMP,
+            run.safe_point,
+            run.collected_below,
+            start_row=start_row,
             start_column=start_column,
             page_size=self._page_cells,
         ):
-            page.append(Cell(entry.row, entry.column))
+            page.append(cell)
             if len(page) >= self._page_cells:
                 self._sweep_page(run, table, page)
                 page = []
