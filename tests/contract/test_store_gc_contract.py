@@ -179,15 +179,16 @@ def test_sweep_candidates_leave_settled_cells_out_where_the_backend_filters(
     """SQLite and memory filter where the data is and yield exactly the cells with
     work; a backend on the default (Cassandra) yields every cell below the safe point."""
     _settled_history(store)
+    below_15 = [
+        Cell(b"a", b"settled"),
+        Cell(b"a", b"settled-new"),
+        Cell(b"b", b"two"),
+        Cell(b"c", b"unstamped"),
+        Cell(b"d", b"delete"),
+        Cell(b"e", b"settled-and-above"),
+    ]
     if type(store).sweep_candidates is KVStore.sweep_candidates:
-        assert list(store.sweep_candidates("t", 100, 50)) == [
-            Cell(b"a", b"settled"),
-            Cell(b"a", b"settled-new"),
-            Cell(b"b", b"two"),
-            Cell(b"c", b"unstamped"),
-            Cell(b"d", b"delete"),
-            Cell(b"e", b"settled-and-above"),
-        ]
+        assert list(store.sweep_candidates("t", 100, 50)) == below_15
         return
     assert list(store.sweep_candidates("t", 100, 50, page_size=1)) == [
         Cell(b"a", b"settled-new"),
@@ -197,14 +198,7 @@ def test_sweep_candidates_leave_settled_cells_out_where_the_backend_filters(
     ]
     # Raising stamped_below past 60 settles a's entry too; a lower safe point sees less.
     assert Cell(b"a", b"settled-new") not in set(store.sweep_candidates("t", 100, 61))
-    assert list(store.sweep_candidates("t", 15, 0)) == [
-        Cell(b"a", b"settled"),
-        Cell(b"a", b"settled-new"),
-        Cell(b"b", b"two"),
-        Cell(b"c", b"unstamped"),
-        Cell(b"d", b"delete"),
-        Cell(b"e", b"settled-and-above"),
-    ]
+    assert list(store.sweep_candidates("t", 15, 0)) == below_15
 
 
 def test_sweep_candidates_check_their_arguments(store: KVStore) -> None:

@@ -5,7 +5,9 @@ fixed cases on every backend, Cassandra included.)"""
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,32 +90,30 @@ arguments = {
 }
 
 
-@settings(max_examples=150, deadline=None)
-@given(**arguments)
-def test_memory_yields_exactly_the_cells_with_work(
-    history: list[tuple[bytes, bytes, int, bytes | None, int | None]],
-    deleted: list[int],
-    below_ts: int,
-    stamped_below: int,
-    page_size: int,
-    start: tuple[bytes, bytes],
-) -> None:
-    check(MemoryStore(), history, deleted, below_ts, stamped_below, page_size, start)
-
-
-@settings(max_examples=120, deadline=None)
-@given(**arguments)
-def test_sqlite_yields_exactly_the_cells_with_work(
-    history: list[tuple[bytes, bytes, int, bytes | None, int | None]],
-    deleted: list[int],
-    below_ts: int,
-    stamped_below: int,
-    page_size: int,
-    start: tuple[bytes, bytes],
-) -> None:
+@contextlib.contextmanager
+def opened(backend: str) -> Iterator[KVStore]:
+    if backend == "memory":
+        yield MemoryStore()
+        return
     with tempfile.TemporaryDirectory() as folder:
         store = SQLiteStore(f"sqlite:///{Path(folder) / 's.db'}")
         try:
-            check(store, history, deleted, below_ts, stamped_below, page_size, start)
+            yield store
         finally:
             store.close()
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+@settings(max_examples=120, deadline=None)
+@given(**arguments)
+def test_the_store_yields_exactly_the_cells_with_work(
+    backend: str,
+    history: list[tuple[bytes, bytes, int, bytes | None, int | None]],
+    deleted: list[int],
+    below_ts: int,
+    stamped_below: int,
+    page_size: int,
+    start: tuple[bytes, bytes],
+) -> None:
+    with opened(backend) as store:
+        check(store, history, deleted, below_ts, stamped_below, page_size, start)
