@@ -21,7 +21,10 @@ the store's size between batches, with its own connection to the store.
   Without GC the gateway is plain ``percolake serve``; with GC it runs
   ``--gc-interval-s 2 --gc-retention-s 0`` (a pass 2 s after the last one ended, each
   waiting the default 5 s grace after raising the safe point), while the writers
-  commit. Quick mode cannot wait for those passes: there, with GC means one pass
+  commit; the lakehouse table then keeps its log and batch marks
+  ``--lakehouse-retention-s`` (10 s by default) instead of 30 and 7 days, so its own
+  expiry (run with its checkpoints) runs during the curve too. Quick mode cannot wait
+  for those passes: there, with GC means one pass
   between batches (``GarbageCollector.run_once`` in the benchmark process, retention 0,
   grace 200 ms, timestamps from the gateway's oracle, the writers idle).
   SQLite at every size; Cassandra (one 5.0 node) up to 100,000 commits: at the ~100 to
