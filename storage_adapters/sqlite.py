@@ -20,8 +20,8 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
 from percolake.errors import StoreError, StoreTimeoutError, StoreUnavailableError
@@ -262,17 +262,31 @@ class SQLiteStore(KVStore):
         start_column: bytes,
         page_size: int,
     ) -> Iterator[ScanEntry]:
-        cursor_row, cursor_col, op = start_row, start_column, ">="
+        end = "" if end_row is None else "AND row < ?"
+        bounded = () if end_row is None else (end_row,)
+        for row, col, ts, value, commit_ts in self._cell_pages(
+            lambda op: _SCAN_SQL.format(op=op, end=end),
+            lambda r, c: (table, r, c, below_ts, *bounded, page_size),
+            (start_row, start_column),
+            page_size,
+        ):
+            yield ScanEntry(row, col, ts, value, commit_ts)
+
+    def _cell_pages(
+        self,
+        sql: Callable[[str], str],
+        params: Callable[[bytes, bytes], tuple[object, ...]],
+        start: tuple[bytes, bytes],
+        page_size: int,
+    ) -> Iterator[tuple[Any, ...]]:
+        """Rows of a query over cells in ``(row, col)`` order, a page at a time: the
+        first page from ``start`` on (``sql(">=")``), each next one after the last
+        cell of the one before (``sql(">")``); ``params(row, col)`` binds the cursor."""
+        (cursor_row, cursor_col), op = start, ">="
         while True:
-            sql = _SCAN_SQL.format(op=op, end="" if end_row is None else "AND row < ?")
-            params: list[object] = [table, cursor_row, cursor_col, below_ts]
-            if end_row is not None:
-                params.append(end_row)
-            params.append(page_size)
             with self._using(writes=False) as cur:
-                page = cur.execute(sql, params).fetchall()
-            for row, col, ts, value, commit_ts in page:
-                yield ScanEntry(row, col, ts, value, commit_ts)
+                page = cur.execute(sql(op), params(cursor_row, cursor_col)).fetchall()
+            yield from page
             if len(page) < page_size:
                 return
             cursor_row, cursor_col, op = page[-1][0], page[-1][1], ">"
@@ -302,16 +316,13 @@ class SQLiteStore(KVStore):
         start_column: bytes,
         page_size: int,
     ) -> Iterator[Cell]:
-        cursor_row, cursor_col, op = start_row, start_column, ">="
-        while True:
-            params = (table, cursor_row, cursor_col, below_ts, stamped_below, page_size)
-            with self._using(writes=False) as cur:
-                page = cur.execute(_SWEEP_SQL.format(op=op), params).fetchall()
-            for row, col in page:
-                yield Cell(row, col)
-            if len(page) < page_size:
-                return
-            cursor_row, cursor_col, op = page[-1][0], page[-1][1], ">"
+        for row, col in self._cell_pages(
+            lambda op: _SWEEP_SQL.format(op=op),
+            lambda r, c: (table, r, c, below_ts, stamped_below, page_size),
+            (start_row, start_column),
+            page_size,
+        ):
+            yield Cell(row, col)
 
     def get_version_timestamps(
         self,
