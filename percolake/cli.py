@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -11,6 +12,76 @@ from percolake import __version__
 from percolake.serve_args import add_serve_arguments
 
 log = logging.getLogger("percolake")
+
+#: pip extra -> the top-level modules it installs that a command imports. A command that
+#: needs one names the extra and exits 2 instead of failing deep inside with a traceback
+#: (``pip install percolake`` alone must leave every command working or saying why not).
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "spark": ("pyspark", "pyarrow", "pandas"),
+    "cassandra": ("cassandra",),
+    "bench": ("deltalake", "pyiceberg"),
+}
+EXIT_MISSING_EXTRA = 2
+
+
+def _missing_extras(extras: Sequence[str]) -> list[str]:
+    """The extras among ``extras`` with a module that is not installed (nothing imported)."""
+    return [
+        extra
+        for extra in extras
+        if any(importlib.util.find_spec(module) is None for module in EXTRA_MODULES[extra])
+    ]
+
+
+def _store_extras(url: str | None) -> list[str]:
+    """The extra a store URL's backend needs (``cassandra://`` -> cassandra), if any."""
+    if not url or "://" not in url:
+        return []  # the default store, or a malformed URL the command reports itself
+    from storage_adapters import AVAILABLE_STORES
+
+    backend = AVAILABLE_STORES.get(url.split("://", 1)[0])
+    return [backend[2]] if backend is not None and backend[2] is not None else []
+
+
+def extras_needed(args: argparse.Namespace) -> list[str]:
+    """The pip extras a parsed command needs beyond the core dependencies."""
+    command = args.command
+    if command in ("serve", "gc"):
+        return _store_extras(args.store)
+    if command == "demo":
+        return [] if args.tour else ["spark"]
+    if command == "cassandra":
+        # start and status ask each node over CQL; stop and fetch need only the JDK
+        return ["cassandra"] if args.cassandra_command in ("start", "status") else []
+    if command == "chaos":
+        if args.chaos_command == "suite":
+            return ["cassandra", "spark"]  # its runs use a three-node Cassandra, lakehouse
+        if args.chaos_command != "run":
+            return []  # plan only prints the schedule
+        needed = ["spark"] if args.workload == "lakehouse" else []
+        if args.cassandra_nodes:
+            needed.append("cassandra")
+        return needed + [e for e in _store_extras(args.store) if e not in needed]
+    return []
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    action = getattr(args, f"{args.command}_command", None)
+    return f"percolake {args.command}" + (f" {action}" if action else "")
+
+
+def _extra_of_module(module: str | None) -> str | None:
+    root = (module or "").split(".", 1)[0]
+    return next((extra for extra, mods in EXTRA_MODULES.items() if root in mods), None)
+
+
+def _missing_extra_error(command: str, extras: Sequence[str]) -> int:
+    names = " and ".join(f"'{extra}'" for extra in extras)
+    noun = "extras" if len(extras) > 1 else "extra"
+    sys.stderr.write(
+        f"{command} needs the {names} {noun}: pip install 'percolake[{','.join(extras)}]'\n"
+    )
+    return EXIT_MISSING_EXTRA
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -134,7 +205,7 @@ def _gc(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import json
     from dataclasses import asdict
 
-    from tqdm import tqdm
+    from tqdm import tqdm  # a core dependency: progress bars belong to the core CLI
 
     from storage_adapters import open_store
     from txn import GarbageCollector
@@ -186,6 +257,22 @@ def _status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
+    missing = _missing_extras(extras_needed(args))
+    if missing:  # before anything starts: no half-launched cluster, no traceback
+        return _missing_extra_error(_command_name(args), missing)
+    try:
+        return _run(args, parser)
+    except ModuleNotFoundError as exc:
+        # A path extras_needed does not foresee (bench suites, a new option): still name
+        # the extra rather than show a traceback. Any other missing module is a bug.
+        extra = _extra_of_module(exc.name)
+        if extra is None:
+            raise
+        log.debug("missing module %s", exc.name, exc_info=True)
+        return _missing_extra_error(_command_name(args), [extra])
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     quiet = args.command in ("demo", "check", "status")  # their output is the report itself
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
