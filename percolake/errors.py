@@ -110,6 +110,16 @@ class CommitUnknownError(TransactionError):
         self.start_ts = start_ts
 
 
+class OutcomeForgottenError(CommitUnknownError):
+    """The transaction's outcome is no longer known: garbage collection may have
+    collected its transactions-table entry, and no version of it that carries a commit
+    stamp was found. It may have committed; it is never settled as aborted (rule S9).
+
+    Not an abort: no caller may treat it as "not committed". Read the data back, or
+    retry with an idempotency key.
+    """
+
+
 class LakehouseError(PercolakeError):
     """Root of the errors raised by lakehouse tables (transaction errors pass through)."""
 
@@ -142,6 +152,7 @@ __all__ = [
     "LakehouseError",
     "NotTransactionOwnerError",
     "OracleFencedError",
+    "OutcomeForgottenError",
     "PercolakeError",
     "ServiceUnavailableError",
     "SnapshotTooOldError",

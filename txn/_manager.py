@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -13,7 +13,7 @@ from lockserver import LockTable
 if TYPE_CHECKING:
     from percolake.rpc import TlsConfig
     from txn.remote import RemoteTransactionManager
-from storage_adapters import KVStore, StoreError, open_store
+from storage_adapters import Cell, KVStore, StoreError, open_store
 from tso import OracleFencedError, TimestampBatcher, TimestampOracle
 from txn._args import check_isolation, check_txn_id
 from txn._committer import STEPS
@@ -127,7 +127,10 @@ class TransactionManager:
         """``COMMITTED`` or ``ABORTED`` once decided; ``None`` while undecided.
 
         With ``settle`` the answer is final: an undecided transaction is settled as
-        aborted (rule S3), so it can never commit afterwards.
+        aborted (rule S3), so it can never commit afterwards. A transaction whose entry
+        garbage collection may have collected is never settled that way: its outcome is
+        found from its commit stamps, or :class:`~txn.errors.OutcomeForgottenError`
+        (a ``CommitUnknownError``) says it is no longer known.
         """
         if not check_txn_id(txn_id).isdigit():
             raise ValueError(f"txn_id must be a transaction id (a str of digits), got {txn_id!r}")
@@ -136,14 +139,18 @@ class TransactionManager:
             return None
         return TransactionStatus.ABORTED if found == ABORTED else TransactionStatus.COMMITTED
 
-    def outcome_of(self, start_ts: int, *, settle: bool = False) -> int | None:
+    def outcome_of(
+        self, start_ts: int, *, settle: bool = False, written: Sequence[tuple[str, Cell]] = ()
+    ) -> int | None:
         """The commit timestamp of the transaction that started at ``start_ts``, or ABORTED
-        (-1); ``None`` while undecided. With ``settle``, an undecided one is settled (S3).
+        (-1); ``None`` while undecided. With ``settle``, an undecided one is settled
+        (S3, :meth:`txn._status.StatusResolver.settle`); ``written`` names cells it wrote,
+        where its commit stamps are looked for once its entry may have been collected.
         """
         resolver = self._rt.resolver
         try:
             if settle:
-                return resolver.resolve([start_ts])[start_ts]
+                return resolver.settle(start_ts, written)
             return resolver.read([start_ts]).get(start_ts)
         except StoreError as exc:
             raise ServiceUnavailableError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from percolake.errors import (
     CommitUnknownError,
     NotTransactionOwnerError,
+    OutcomeForgottenError,
     PercolakeError,
     ServiceUnavailableError,
     SnapshotTooOldError,
@@ -24,6 +25,7 @@ from percolake.errors import (
 __all__ = [
     "CommitUnknownError",
     "NotTransactionOwnerError",
+    "OutcomeForgottenError",
     "PercolakeError",
     "ServiceUnavailableError",
     "SnapshotTooOldError",

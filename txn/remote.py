@@ -40,6 +40,7 @@ from txn._retry import RetryPolicy, run_transaction
 from txn.errors import (
     CommitUnknownError,
     NotTransactionOwnerError,
+    OutcomeForgottenError,
     TransactionAbortedError,
     TransactionClosedError,
     TransactionError,
@@ -51,6 +52,9 @@ T = TypeVar("T")
 
 #: Buffered mutations sent per Write call.
 WRITE_BATCH = 2_000
+#: Written cells a lost Commit reply's settle names (any one stamped one proves the
+#: commit; a sample keeps the request small).
+WRITTEN_SAMPLE = 64
 
 
 class RemoteTransaction:
@@ -73,6 +77,11 @@ class RemoteTransaction:
         self._secret = commit_secret
         self._pending: list[pb.Mutation] = []
         self._scans: dict[int, pb.ScanProgress] = {}
+        #: Whether this handle sent any write, and a sample of the cells it wrote: once
+        #: a lost Commit reply is settled after garbage collection collected the entry,
+        #: the commit stamps on these cells say it committed (rule S9).
+        self._wrote = False
+        self._written: dict[tuple[str, bytes, bytes], None] = {}
 
     @property
     def attached(self) -> bool:
@@ -94,10 +103,18 @@ class RemoteTransaction:
         while self._pending:
             batch, self._pending = self._pending[:WRITE_BATCH], self._pending[WRITE_BATCH:]
             try:
-                self._m._call(self._m._stub.Write, pb.WriteRequest(txn_id=self.id, mutations=batch))
+                self._m._call(
+                    self._m._stub.Write,
+                    pb.WriteRequest(txn_id=self.id, mutations=batch, attached=self.attached),
+                )
             except BaseException:
                 self._pending[:0] = batch  # nothing of a failed batch was applied
                 raise
+            self._wrote = True
+            for m in batch:
+                if len(self._written) >= WRITTEN_SAMPLE:
+                    break
+                self._written[(m.table, m.row, m.column)] = None
 
     # --- reads ---------------------------------------------------------------------
 
@@ -196,16 +213,25 @@ class RemoteTransaction:
         return got.commit_ts
 
     def _settle(self, first: Exception) -> int:
-        """The Commit reply was lost: ask any gateway what the transactions table says."""
+        """The Commit reply was lost: ask any gateway what the transactions table says.
+
+        The request names a sample of the cells this handle wrote (a commit whose entry
+        garbage collection collected is found by its stamps there), or says it wrote
+        nothing (a read-only commit needs no entry; settling writes none).
+        """
         log.warning("commit of %s lost its reply (%s); settling it", self.id, first)
         last: Exception = first
         config = self._m.config
         pause_s = config.gateway_settle_pause_ms / 1000
+        request = pb.StatusRequest(
+            txn_id=self.id,
+            settle=True,
+            read_only=not self._wrote,
+            written=[pb.WrittenCell(table=t, row=r, column=c) for t, r, c in self._written],
+        )
         for _ in range(config.gateway_settle_attempts):
             try:
-                got = self._m._call(
-                    self._m._stub.Status, pb.StatusRequest(txn_id=self.id, settle=True)
-                )
+                got = self._m._call(self._m._stub.Status, request)
             except (ServiceUnavailableError, RpcError) as exc:
                 last = exc
                 time.sleep(pause_s)
@@ -217,6 +243,9 @@ class RemoteTransaction:
             if got.state == pb.TRANSACTION_STATE_ABORTED:
                 self.status = TransactionStatus.ABORTED
                 raise TransactionAbortedError(f"transaction {self.id} did not commit") from first
+            if got.forgotten:
+                self.status = TransactionStatus.UNKNOWN
+                raise OutcomeForgottenError(got.detail, start_ts=self.start_ts) from first
             # Settling fences, so a gateway answers COMMITTED or ABORTED once it could
             # reach the store; anything else (a gateway from before fencing) is asked again.
             time.sleep(pause_s)
@@ -336,10 +365,14 @@ class RemoteTransactionManager:
 
         With ``settle`` the answer is final (rule S6): a transaction still open on
         the gateway is aborted there first, so a Commit of it that is still on its
-        way can no longer land.
+        way can no longer land. A transaction whose entry garbage collection may have
+        collected is never settled as aborted: :class:`~txn.errors.OutcomeForgottenError`
+        (a ``CommitUnknownError``) says its outcome is no longer known.
         """
         check_txn_id(txn_id)
         got = self._call(self._stub.Status, pb.StatusRequest(txn_id=txn_id, settle=settle))
+        if got.forgotten:
+            raise OutcomeForgottenError(got.detail, start_ts=got.start_ts)
         state = state_from_pb(got.state) if got.state != pb.TRANSACTION_STATE_UNSPECIFIED else None
         if state in (TransactionStatus.COMMITTED, TransactionStatus.ABORTED):
             return state

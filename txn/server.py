@@ -29,10 +29,11 @@ from txn._args import check_cell, check_put
 from txn._isolation import TransactionStatus
 from txn._lowering import isolation_from_pb, isolation_to_pb, state_to_pb
 from txn._manager import TransactionManager
-from txn._status import ABORTED
+from txn._status import ABORTED, mark_attached, was_attached
 from txn._transaction import EmbeddedTransaction
 from txn.errors import (
     NotTransactionOwnerError,
+    OutcomeForgottenError,
     TransactionAbortedError,
     TransactionClosedError,
     TransactionLimitError,
@@ -74,6 +75,8 @@ class _Open:
     secret: str
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_used: float = field(default_factory=time.monotonic)
+    #: Recorded in the store as holding writes of attached handles (see Write).
+    attached: bool = False
 
 
 class TransactionServicer(pb_grpc.TransactionServiceServicer):
@@ -264,6 +267,12 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                     check_cell(m.table, m.row, m.column)
             entry = self._entry(request.txn_id)
             with entry.lock:
+                if request.attached and request.mutations and not entry.attached:
+                    # Durable before the writes are buffered: once the owner's Commit
+                    # reply is lost and this gateway is gone, settling must know the
+                    # transaction holds writes its owner did not make (see Status).
+                    mark_attached(self._tm.store, entry.tx.start_ts)
+                    entry.attached = True
                 buffered = entry.tx.buffered_writes
                 if buffered + len(request.mutations) > self._limits.max_buffered_writes:
                     raise TransactionLimitError(
@@ -326,37 +335,74 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
         )
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
+        start_ts = 0
         try:
+            start_ts = _start_ts_of(request.txn_id)
+            written = _written_cells(request)
+            read_only = request.settle and request.read_only
             with self._registry:
                 entry = self._open.get(request.txn_id)
                 finished = self._finished.get(request.txn_id)
             if entry is not None:
-                if request.settle:
-                    finished = self._fence(request.txn_id, entry)
-                else:
+                if not request.settle:
                     tx = entry.tx
                     return pb.StatusResponse(
                         state=state_to_pb(tx.status),
                         start_ts=tx.start_ts,
                         commit_ts=tx.commit_ts or 0,
                     )
-            start_ts = _start_ts_of(request.txn_id)
+                wrote = entry.tx.buffered_writes > 0
+                finished = self._fence(request.txn_id, entry)
+                if read_only and not wrote and finished[0] is not TransactionStatus.COMMITTING:
+                    # Nothing to commit: its reads stand, fenced or not.
+                    return _committed(start_ts, start_ts)
             if finished is not None and finished[0] is not TransactionStatus.UNKNOWN:
                 status, commit_ts = finished
                 return pb.StatusResponse(
                     state=state_to_pb(status), start_ts=start_ts, commit_ts=commit_ts or 0
                 )
             # Not open here: the transactions table is the truth, on any gateway.
-            outcome = self._tm.outcome_of(start_ts, settle=request.settle)
+            if read_only and not was_attached(self._tm.store, start_ts):
+                # Its owner wrote nothing and nobody attached: a read-only commit
+                # needs no entry, and settling writes none.
+                found = self._tm.outcome_of(start_ts)
+                return _committed(start_ts, start_ts if found in (None, ABORTED) else found)
+            outcome = self._tm.outcome_of(start_ts, settle=request.settle, written=written)
+        except OutcomeForgottenError as exc:
+            return pb.StatusResponse(
+                state=pb.TRANSACTION_STATE_UNKNOWN,
+                start_ts=start_ts,
+                forgotten=True,
+                detail=str(exc),
+            )
         except Exception as exc:
             abort_with(context, exc)
         if outcome is None:
             return pb.StatusResponse(state=pb.TRANSACTION_STATE_UNSPECIFIED, start_ts=start_ts)
         if outcome == ABORTED:
             return pb.StatusResponse(state=pb.TRANSACTION_STATE_ABORTED, start_ts=start_ts)
-        return pb.StatusResponse(
-            state=pb.TRANSACTION_STATE_COMMITTED, start_ts=start_ts, commit_ts=outcome
+        return _committed(start_ts, outcome)
+
+
+#: Cells a Status request may name (a sample of the write set is enough).
+MAX_WRITTEN_CELLS = 1_000
+
+
+def _written_cells(request: pb.StatusRequest) -> list[tuple[str, Cell]]:
+    if len(request.written) > MAX_WRITTEN_CELLS:
+        raise ValueError(
+            f"a Status request names at most {MAX_WRITTEN_CELLS} written cells, "
+            f"got {len(request.written)}"
         )
+    for c in request.written:
+        check_cell(c.table, c.row, c.column)
+    return [(c.table, Cell(c.row, c.column)) for c in request.written]
+
+
+def _committed(start_ts: int, commit_ts: int) -> pb.StatusResponse:
+    return pb.StatusResponse(
+        state=pb.TRANSACTION_STATE_COMMITTED, start_ts=start_ts, commit_ts=commit_ts
+    )
 
 
 def _aborted_before_commit(txn_id: str) -> TransactionAbortedError:

@@ -175,7 +175,10 @@ class SteeredTransactionServicer(TransactionServicer):
                 _configure(steering, m.row, m.put)
         rest = [m for m in request.mutations if m.table != CONTROL_TABLE]
         response = (
-            super().Write(pb.WriteRequest(txn_id=request.txn_id, mutations=rest), context)
+            super().Write(
+                pb.WriteRequest(txn_id=request.txn_id, mutations=rest, attached=request.attached),
+                context,
+            )
             if rest
             else pb.WriteResponse()
         )

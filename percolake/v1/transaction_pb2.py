@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epercolake/v1/transaction.proto\x12\x0cpercolake.v1\"#\n\x04\x43\x65ll\x12\x0b\n\x03row\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\x0c\"7\n\tCellValue\x12\x0b\n\x03row\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\":\n\x0c\x42\x65ginRequest\x12*\n\tisolation\x18\x01 \x01(\x0e\x32\x17.percolake.v1.Isolation\"t\n\rBeginResponse\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x10\n\x08start_ts\x18\x02 \x01(\x04\x12*\n\tisolation\x18\x03 \x01(\x0e\x32\x17.percolake.v1.Isolation\x12\x15\n\rcommit_secret\x18\x04 \x01(\t\"H\n\nGetRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0b\n\x03row\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x04 \x01(\x0c\"+\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\"R\n\x0eGetManyRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12!\n\x05\x63\x65lls\x18\x03 \x03(\x0b\x32\x12.percolake.v1.Cell\"9\n\x0fGetManyResponse\x12&\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x17.percolake.v1.CellValue\"u\n\x0bScanRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tstart_row\x18\x03 \x01(\x0c\x12\x14\n\x07\x65nd_row\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\nbatch_size\x18\x05 \x01(\rB\n\n\x08_end_row\"G\n\x0cScanResponse\x12&\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x17.percolake.v1.CellValue\x12\x0f\n\x07scan_id\x18\x02 \x01(\r\"b\n\x0cScanProgress\x12\x0f\n\x07scan_id\x18\x01 \x01(\r\x12\x11\n\texhausted\x18\x02 \x01(\x08\x12%\n\x04last\x18\x03 \x01(\x0b\x32\x12.percolake.v1.CellH\x00\x88\x01\x01\x42\x07\n\x05_last\"_\n\x08Mutation\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03row\x18\x02 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x03 \x01(\x0c\x12\r\n\x03put\x18\x04 \x01(\x0cH\x00\x12\x10\n\x06\x64\x65lete\x18\x05 \x01(\x08H\x00\x42\x06\n\x04kind\"I\n\x0cWriteRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12)\n\tmutations\x18\x02 \x03(\x0b\x32\x16.percolake.v1.Mutation\"!\n\rWriteResponse\x12\x10\n\x08\x62uffered\x18\x01 \x01(\r\"a\n\rCommitRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x15\n\rcommit_secret\x18\x02 \x01(\t\x12)\n\x05scans\x18\x03 \x03(\x0b\x32\x1a.percolake.v1.ScanProgress\"#\n\x0e\x43ommitResponse\x12\x11\n\tcommit_ts\x18\x01 \x01(\x04\"5\n\x0c\x41\x62ortRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x15\n\rcommit_secret\x18\x02 \x01(\t\"\x0f\n\rAbortResponse\"\x1f\n\rAttachRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\"N\n\x0e\x41ttachResponse\x12\x10\n\x08start_ts\x18\x01 \x01(\x04\x12*\n\tisolation\x18\x02 \x01(\x0e\x32\x17.percolake.v1.Isolation\"/\n\rStatusRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x0e\n\x06settle\x18\x02 \x01(\x08\"d\n\x0eStatusResponse\x12-\n\x05state\x18\x01 \x01(\x0e\x32\x1e.percolake.v1.TransactionState\x12\x10\n\x08start_ts\x18\x02 \x01(\x04\x12\x11\n\tcommit_ts\x18\x03 \x01(\x04*Z\n\tIsolation\x12\x19\n\x15ISOLATION_UNSPECIFIED\x10\x00\x12\x16\n\x12ISOLATION_SNAPSHOT\x10\x01\x12\x1a\n\x16ISOLATION_SERIALIZABLE\x10\x02*\xd4\x01\n\x10TransactionState\x12!\n\x1dTRANSACTION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18TRANSACTION_STATE_ACTIVE\x10\x01\x12 \n\x1cTRANSACTION_STATE_COMMITTING\x10\x02\x12\x1f\n\x1bTRANSACTION_STATE_COMMITTED\x10\x03\x12\x1d\n\x19TRANSACTION_STATE_ABORTED\x10\x04\x12\x1d\n\x19TRANSACTION_STATE_UNKNOWN\x10\x05\x32\xee\x04\n\x12TransactionService\x12@\n\x05\x42\x65gin\x12\x1a.percolake.v1.BeginRequest\x1a\x1b.percolake.v1.BeginResponse\x12:\n\x03Get\x12\x18.percolake.v1.GetRequest\x1a\x19.percolake.v1.GetResponse\x12\x46\n\x07GetMany\x12\x1c.percolake.v1.GetManyRequest\x1a\x1d.percolake.v1.GetManyResponse\x12?\n\x04Scan\x12\x19.percolake.v1.ScanRequest\x1a\x1a.percolake.v1.ScanResponse0\x01\x12@\n\x05Write\x12\x1a.percolake.v1.WriteRequest\x1a\x1b.percolake.v1.WriteResponse\x12\x43\n\x06\x43ommit\x12\x1b.percolake.v1.CommitRequest\x1a\x1c.percolake.v1.CommitResponse\x12@\n\x05\x41\x62ort\x12\x1a.percolake.v1.AbortRequest\x1a\x1b.percolake.v1.AbortResponse\x12\x43\n\x06\x41ttach\x12\x1b.percolake.v1.AttachRequest\x1a\x1c.percolake.v1.AttachResponse\x12\x43\n\x06Status\x12\x1b.percolake.v1.StatusRequest\x1a\x1c.percolake.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epercolake/v1/transaction.proto\x12\x0cpercolake.v1\"#\n\x04\x43\x65ll\x12\x0b\n\x03row\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\x0c\"7\n\tCellValue\x12\x0b\n\x03row\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\":\n\x0c\x42\x65ginRequest\x12*\n\tisolation\x18\x01 \x01(\x0e\x32\x17.percolake.v1.Isolation\"t\n\rBeginResponse\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x10\n\x08start_ts\x18\x02 \x01(\x04\x12*\n\tisolation\x18\x03 \x01(\x0e\x32\x17.percolake.v1.Isolation\x12\x15\n\rcommit_secret\x18\x04 \x01(\t\"H\n\nGetRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0b\n\x03row\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x04 \x01(\x0c\"+\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\"R\n\x0eGetManyRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12!\n\x05\x63\x65lls\x18\x03 \x03(\x0b\x32\x12.percolake.v1.Cell\"9\n\x0fGetManyResponse\x12&\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x17.percolake.v1.CellValue\"u\n\x0bScanRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x11\n\tstart_row\x18\x03 \x01(\x0c\x12\x14\n\x07\x65nd_row\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\nbatch_size\x18\x05 \x01(\rB\n\n\x08_end_row\"G\n\x0cScanResponse\x12&\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x17.percolake.v1.CellValue\x12\x0f\n\x07scan_id\x18\x02 \x01(\r\"b\n\x0cScanProgress\x12\x0f\n\x07scan_id\x18\x01 \x01(\r\x12\x11\n\texhausted\x18\x02 \x01(\x08\x12%\n\x04last\x18\x03 \x01(\x0b\x32\x12.percolake.v1.CellH\x00\x88\x01\x01\x42\x07\n\x05_last\"_\n\x08Mutation\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03row\x18\x02 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x03 \x01(\x0c\x12\r\n\x03put\x18\x04 \x01(\x0cH\x00\x12\x10\n\x06\x64\x65lete\x18\x05 \x01(\x08H\x00\x42\x06\n\x04kind\"[\n\x0cWriteRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12)\n\tmutations\x18\x02 \x03(\x0b\x32\x16.percolake.v1.Mutation\x12\x10\n\x08\x61ttached\x18\x03 \x01(\x08\"!\n\rWriteResponse\x12\x10\n\x08\x62uffered\x18\x01 \x01(\r\"a\n\rCommitRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x15\n\rcommit_secret\x18\x02 \x01(\t\x12)\n\x05scans\x18\x03 \x03(\x0b\x32\x1a.percolake.v1.ScanProgress\"#\n\x0e\x43ommitResponse\x12\x11\n\tcommit_ts\x18\x01 \x01(\x04\"5\n\x0c\x41\x62ortRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x15\n\rcommit_secret\x18\x02 \x01(\t\"\x0f\n\rAbortResponse\"\x1f\n\rAttachRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\"N\n\x0e\x41ttachResponse\x12\x10\n\x08start_ts\x18\x01 \x01(\x04\x12*\n\tisolation\x18\x02 \x01(\x0e\x32\x17.percolake.v1.Isolation\"9\n\x0bWrittenCell\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03row\x18\x02 \x01(\x0c\x12\x0e\n\x06\x63olumn\x18\x03 \x01(\x0c\"n\n\rStatusRequest\x12\x0e\n\x06txn_id\x18\x01 \x01(\t\x12\x0e\n\x06settle\x18\x02 \x01(\x08\x12*\n\x07written\x18\x03 \x03(\x0b\x32\x19.percolake.v1.WrittenCell\x12\x11\n\tread_only\x18\x04 \x01(\x08\"\x87\x01\n\x0eStatusResponse\x12-\n\x05state\x18\x01 \x01(\x0e\x32\x1e.percolake.v1.TransactionState\x12\x10\n\x08start_ts\x18\x02 \x01(\x04\x12\x11\n\tcommit_ts\x18\x03 \x01(\x04\x12\x11\n\tforgotten\x18\x04 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t*Z\n\tIsolation\x12\x19\n\x15ISOLATION_UNSPECIFIED\x10\x00\x12\x16\n\x12ISOLATION_SNAPSHOT\x10\x01\x12\x1a\n\x16ISOLATION_SERIALIZABLE\x10\x02*\xd4\x01\n\x10TransactionState\x12!\n\x1dTRANSACTION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18TRANSACTION_STATE_ACTIVE\x10\x01\x12 \n\x1cTRANSACTION_STATE_COMMITTING\x10\x02\x12\x1f\n\x1bTRANSACTION_STATE_COMMITTED\x10\x03\x12\x1d\n\x19TRANSACTION_STATE_ABORTED\x10\x04\x12\x1d\n\x19TRANSACTION_STATE_UNKNOWN\x10\x05\x32\xee\x04\n\x12TransactionService\x12@\n\x05\x42\x65gin\x12\x1a.percolake.v1.BeginRequest\x1a\x1b.percolake.v1.BeginResponse\x12:\n\x03Get\x12\x18.percolake.v1.GetRequest\x1a\x19.percolake.v1.GetResponse\x12\x46\n\x07GetMany\x12\x1c.percolake.v1.GetManyRequest\x1a\x1d.percolake.v1.GetManyResponse\x12?\n\x04Scan\x12\x19.percolake.v1.ScanRequest\x1a\x1a.percolake.v1.ScanResponse0\x01\x12@\n\x05Write\x12\x1a.percolake.v1.WriteRequest\x1a\x1b.percolake.v1.WriteResponse\x12\x43\n\x06\x43ommit\x12\x1b.percolake.v1.CommitRequest\x1a\x1c.percolake.v1.CommitResponse\x12@\n\x05\x41\x62ort\x12\x1a.percolake.v1.AbortRequest\x1a\x1b.percolake.v1.AbortResponse\x12\x43\n\x06\x41ttach\x12\x1b.percolake.v1.AttachRequest\x1a\x1c.percolake.v1.AttachResponse\x12\x43\n\x06Status\x12\x1b.percolake.v1.StatusRequest\x1a\x1c.percolake.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'percolake.v1.transaction_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ISOLATION']._serialized_start=1553
-  _globals['_ISOLATION']._serialized_end=1643
-  _globals['_TRANSACTIONSTATE']._serialized_start=1646
-  _globals['_TRANSACTIONSTATE']._serialized_end=1858
+  _globals['_ISOLATION']._serialized_start=1729
+  _globals['_ISOLATION']._serialized_end=1819
+  _globals['_TRANSACTIONSTATE']._serialized_start=1822
+  _globals['_TRANSACTIONSTATE']._serialized_end=2034
   _globals['_CELL']._serialized_start=48
   _globals['_CELL']._serialized_end=83
   _globals['_CELLVALUE']._serialized_start=85
@@ -60,25 +60,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MUTATION']._serialized_start=874
   _globals['_MUTATION']._serialized_end=969
   _globals['_WRITEREQUEST']._serialized_start=971
-  _globals['_WRITEREQUEST']._serialized_end=1044
-  _globals['_WRITERESPONSE']._serialized_start=1046
-  _globals['_WRITERESPONSE']._serialized_end=1079
-  _globals['_COMMITREQUEST']._serialized_start=1081
-  _globals['_COMMITREQUEST']._serialized_end=1178
-  _globals['_COMMITRESPONSE']._serialized_start=1180
-  _globals['_COMMITRESPONSE']._serialized_end=1215
-  _globals['_ABORTREQUEST']._serialized_start=1217
-  _globals['_ABORTREQUEST']._serialized_end=1270
-  _globals['_ABORTRESPONSE']._serialized_start=1272
-  _globals['_ABORTRESPONSE']._serialized_end=1287
-  _globals['_ATTACHREQUEST']._serialized_start=1289
-  _globals['_ATTACHREQUEST']._serialized_end=1320
-  _globals['_ATTACHRESPONSE']._serialized_start=1322
-  _globals['_ATTACHRESPONSE']._serialized_end=1400
-  _globals['_STATUSREQUEST']._serialized_start=1402
-  _globals['_STATUSREQUEST']._serialized_end=1449
-  _globals['_STATUSRESPONSE']._serialized_start=1451
-  _globals['_STATUSRESPONSE']._serialized_end=1551
-  _globals['_TRANSACTIONSERVICE']._serialized_start=1861
-  _globals['_TRANSACTIONSERVICE']._serialized_end=2483
+  _globals['_WRITEREQUEST']._serialized_end=1062
+  _globals['_WRITERESPONSE']._serialized_start=1064
+  _globals['_WRITERESPONSE']._serialized_end=1097
+  _globals['_COMMITREQUEST']._serialized_start=1099
+  _globals['_COMMITREQUEST']._serialized_end=1196
+  _globals['_COMMITRESPONSE']._serialized_start=1198
+  _globals['_COMMITRESPONSE']._serialized_end=1233
+  _globals['_ABORTREQUEST']._serialized_start=1235
+  _globals['_ABORTREQUEST']._serialized_end=1288
+  _globals['_ABORTRESPONSE']._serialized_start=1290
+  _globals['_ABORTRESPONSE']._serialized_end=1305
+  _globals['_ATTACHREQUEST']._serialized_start=1307
+  _globals['_ATTACHREQUEST']._serialized_end=1338
+  _globals['_ATTACHRESPONSE']._serialized_start=1340
+  _globals['_ATTACHRESPONSE']._serialized_end=1418
+  _globals['_WRITTENCELL']._serialized_start=1420
+  _globals['_WRITTENCELL']._serialized_end=1477
+  _globals['_STATUSREQUEST']._serialized_start=1479
+  _globals['_STATUSREQUEST']._serialized_end=1589
+  _globals['_STATUSRESPONSE']._serialized_start=1592
+  _globals['_STATUSRESPONSE']._serialized_end=1727
+  _globals['_TRANSACTIONSERVICE']._serialized_start=2037
+  _globals['_TRANSACTIONSERVICE']._serialized_end=2659
 # @@protoc_insertion_point(module_scope)

@@ -386,7 +386,13 @@ class WriteRequest(_message.Message):
 
     TXN_ID_FIELD_NUMBER: _builtins.int
     MUTATIONS_FIELD_NUMBER: _builtins.int
+    ATTACHED_FIELD_NUMBER: _builtins.int
     txn_id: _builtins.str
+    attached: _builtins.bool
+    """Sent by an attached handle (not the owner): before buffering, the gateway records
+    in the store that the transaction holds writes its owner did not make, so that a
+    settle of the owner's lost Commit reply never takes it for read-only.
+    """
     @_builtins.property
     def mutations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Mutation]: ...
     def __init__(
@@ -394,10 +400,11 @@ class WriteRequest(_message.Message):
         *,
         txn_id: _builtins.str = ...,
         mutations: _abc.Iterable[Global___Mutation] | None = ...,
+        attached: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["mutations", b"mutations", "txn_id", b"txn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attached", b"attached", "mutations", b"mutations", "txn_id", b"txn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -550,22 +557,63 @@ class AttachResponse(_message.Message):
 Global___AttachResponse: _TypeAlias = AttachResponse  # noqa: Y015
 
 @_typing.final
+class WrittenCell(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    ROW_FIELD_NUMBER: _builtins.int
+    COLUMN_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    row: _builtins.bytes
+    column: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+        row: _builtins.bytes = ...,
+        column: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "row", b"row", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WrittenCell: _TypeAlias = WrittenCell  # noqa: Y015
+
+@_typing.final
 class StatusRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TXN_ID_FIELD_NUMBER: _builtins.int
     SETTLE_FIELD_NUMBER: _builtins.int
+    WRITTEN_FIELD_NUMBER: _builtins.int
+    READ_ONLY_FIELD_NUMBER: _builtins.int
     txn_id: _builtins.str
     settle: _builtins.bool
+    read_only: _builtins.bool
+    """With settle, from the transaction's own client: it wrote nothing itself. Unless
+    another process attached to it, it is read-only and needs no entry: its Commit
+    succeeded or would have, and settling writes nothing.
+    """
+    @_builtins.property
+    def written(self) -> _containers.RepeatedCompositeFieldContainer[Global___WrittenCell]:
+        """With settle, from the transaction's own client: cells it wrote (a sample). Once
+        garbage collection may have collected the transaction's entry, its commit stamps
+        there decide; it is never settled as aborted by writing an entry (rule S9).
+        """
+
     def __init__(
         self,
         *,
         txn_id: _builtins.str = ...,
         settle: _builtins.bool = ...,
+        written: _abc.Iterable[Global___WrittenCell] | None = ...,
+        read_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["settle", b"settle", "txn_id", b"txn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["read_only", b"read_only", "settle", b"settle", "txn_id", b"txn_id", "written", b"written"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -578,20 +626,29 @@ class StatusResponse(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     START_TS_FIELD_NUMBER: _builtins.int
     COMMIT_TS_FIELD_NUMBER: _builtins.int
+    FORGOTTEN_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
     state: Global___TransactionState.ValueType
     start_ts: _builtins.int
     commit_ts: _builtins.int
     """set when committed"""
+    forgotten: _builtins.bool
+    """state UNKNOWN after a settle: the outcome is no longer known (garbage collection
+    collected what recorded it) and never will be; detail says why.
+    """
+    detail: _builtins.str
     def __init__(
         self,
         *,
         state: Global___TransactionState.ValueType = ...,
         start_ts: _builtins.int = ...,
         commit_ts: _builtins.int = ...,
+        forgotten: _builtins.bool = ...,
+        detail: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_ts", b"commit_ts", "start_ts", b"start_ts", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_ts", b"commit_ts", "detail", b"detail", "forgotten", b"forgotten", "start_ts", b"start_ts", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
