@@ -490,8 +490,10 @@ class CassandraStore(KVStore):
             # The newest version below ts: the first row of the partition (ts DESC).
             latest_one=prepare(versions + "cell = ? AND ts < ? LIMIT 1"),
             latest=prepare(versions + "cell IN ? AND ts < ? PER PARTITION LIMIT 1"),
-            version_ts_one=prepare(stamps + "cell = ? AND ts > ? AND ts < ? LIMIT ?"),
-            version_ts=prepare(stamps + "cell IN ? AND ts > ? AND ts < ? PER PARTITION LIMIT ?"),
+            # An inclusive upper bound: the open bound above MAX_TIMESTAMP (2**63) does
+            # not fit a bigint, its inclusive form (MAX_TIMESTAMP) does.
+            version_ts_one=prepare(stamps + "cell = ? AND ts > ? AND ts <= ? LIMIT ?"),
+            version_ts=prepare(stamps + "cell IN ? AND ts > ? AND ts <= ? PER PARTITION LIMIT ?"),
             versions_one=prepare(versions + "cell = ? AND ts < ? LIMIT ?"),
             versions=prepare(versions + "cell IN ? AND ts < ? PER PARTITION LIMIT ?"),
             # A stamp carries its version's write time: a delete of the version (above
@@ -671,10 +673,13 @@ class CassandraStore(KVStore):
                 raise TypeError(f"{name} must be int, got {type(bound).__name__}")
         limit = check_limit(limit)
         self._check_open()
-        # Stored timestamps lie in [0, MAX_TIMESTAMP]: clamp the open bounds to what
-        # a bigint can carry without changing which versions match.
-        above_ts, below_ts = max(above_ts, -1), min(below_ts, MAX_TIMESTAMP)
-        if below_ts <= above_ts + 1:
+        # Stored timestamps lie in [0, MAX_TIMESTAMP], so clamping the bounds to that
+        # range changes no match, and a bigint carries them. The upper bound goes as
+        # ``ts <= below_ts - 1``: clamping the open ``ts < below_ts`` itself would turn
+        # below_ts=2**63 into ``ts < MAX_TIMESTAMP`` and lose a version at MAX_TIMESTAMP.
+        above = min(max(above_ts, -1), MAX_TIMESTAMP)
+        last = min(max(below_ts - 1, -1), MAX_TIMESTAMP)
+        if last <= above:
             return {}
         keys = {cell_key(c.row, c.column): c for c in wanted}
         per_cell = MAX_PAGE_SIZE if limit is None else min(limit, MAX_PAGE_SIZE)
@@ -683,7 +688,7 @@ class CassandraStore(KVStore):
             self._stmts.version_ts,
             table,
             list(keys),
-            (above_ts, below_ts, per_cell),
+            (above, last, per_cell),
         )
         out: dict[Cell, list[int]] = {}
         for rows in self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY):

@@ -157,6 +157,11 @@ class MemoryStore(KVStore):
     ) -> dict[Cell, list[int]]:
         check_table(table)
         wanted = check_cells(cells)
+        # Any int is a bound (the interval is open and exact); anything else is refused
+        # here as on every backend, not compared by accident (True < 2 holds).
+        for name, bound in (("above_ts", above_ts), ("below_ts", below_ts)):
+            if not isinstance(bound, int) or isinstance(bound, bool):
+                raise TypeError(f"{name} must be int, got {type(bound).__name__}")
         limit = check_limit(limit)
         out: dict[Cell, list[int]] = {}
         with self._lock:

@@ -335,21 +335,32 @@ class SQLiteStore(KVStore):
     ) -> dict[Cell, list[int]]:
         check_table(table)
         wanted = check_cells(cells)
+        for name, bound in (("above_ts", above_ts), ("below_ts", below_ts)):
+            if not isinstance(bound, int) or isinstance(bound, bool):
+                raise TypeError(f"{name} must be int, got {type(bound).__name__}")
         limit = check_limit(limit)
+        # Any int is a bound. Stored timestamps lie in [0, MAX_TIMESTAMP], so clamping
+        # to that range changes no match and keeps the parameters in SQLite's int64;
+        # the upper bound goes inclusive (ts <= below_ts - 1) so that below_ts=2**63
+        # still finds a version at MAX_TIMESTAMP.
+        above = min(max(above_ts, -1), MAX_TIMESTAMP)
+        last = min(max(below_ts - 1, -1), MAX_TIMESTAMP)
         out: dict[Cell, list[int]] = {}
         with self._using(writes=False) as cur:
+            if last <= above:  # an empty interval (after the closed-store check)
+                return out
             for cell in wanted:
                 tss = [
                     r[0]
                     for r in cur.execute(
                         "SELECT ts FROM versions WHERE tbl = ? AND row = ? AND col = ? "
-                        "AND ts > ? AND ts < ? ORDER BY ts DESC LIMIT ?",
+                        "AND ts > ? AND ts <= ? ORDER BY ts DESC LIMIT ?",
                         (
                             table,
                             cell.row,
                             cell.column,
-                            above_ts,
-                            below_ts,
+                            above,
+                            last,
                             -1 if limit is None else min(limit, _SQL_INT_MAX),
                         ),
                     )

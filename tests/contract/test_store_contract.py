@@ -14,6 +14,7 @@ from storage_adapters import (
     KVStore,
     ScanEntry,
     Version,
+    VersionStamp,
     VersionWrite,
     open_store,
 )
@@ -115,6 +116,70 @@ def test_version_timestamps_newest_first_with_bounds_and_limit(store: KVStore) -
     assert store.get_version_timestamps("t", [(b"r", b"c")], above_ts=9) == {}
 
 
+#: Versions at both ends of the timestamp range, and bounds around them.
+EDGE_TSS = (0, 1, MAX_TIMESTAMP - 1, MAX_TIMESTAMP)
+EDGE_BOUNDS = (-(2**64), -2, -1, 0, 1, 2, MAX_TIMESTAMP - 1, MAX_TIMESTAMP, 2**63, 2**64)
+
+
+def test_version_timestamps_at_the_edges_of_the_range(store: KVStore) -> None:
+    """Fails on the code before issue 30 item 11: with ``below_ts=2**63`` Cassandra left
+    out the version at MAX_TIMESTAMP (it clamped the open bound to MAX_TIMESTAMP, which
+    excludes it) and SQLite raised OverflowError; memory returned it. Every pair of
+    bounds, beyond the stored range too, selects exactly ``above_ts < ts < below_ts``."""
+    cell = Cell(b"r", b"c")
+    store.put_versions("t", [_w(b"r", b"c", ts, b"v%d" % i) for i, ts in enumerate(EDGE_TSS)])
+    assert store.get_version_timestamps("t", [cell], below_ts=2**63) == {
+        cell: [MAX_TIMESTAMP, MAX_TIMESTAMP - 1, 1, 0]
+    }
+    for above in EDGE_BOUNDS:
+        for below in EDGE_BOUNDS:
+            expected = sorted((ts for ts in EDGE_TSS if above < ts < below), reverse=True)
+            got = store.get_version_timestamps("t", [cell], above_ts=above, below_ts=below)
+            assert got == ({cell: expected} if expected else {}), (above, below)
+            limited = store.get_version_timestamps(
+                "t", [cell], above_ts=above, below_ts=below, limit=1
+            )
+            assert limited == ({cell: expected[:1]} if expected else {}), (above, below)
+
+
+def test_reads_below_a_timestamp_at_the_edges_of_the_range(store: KVStore) -> None:
+    """The same class of edge for every read that takes ``below_ts`` (valid in
+    ``[0, MAX_TIMESTAMP]``): ts 0, 1 and MAX_TIMESTAMP, read below 0, 1, 2 and
+    MAX_TIMESTAMP, and stamps, deletes and sweeps of the versions at both ends."""
+    cell = Cell(b"r", b"c")
+    store.put_versions("t", [_w(b"r", b"c", ts, b"v%d" % ts) for ts in (0, 1, MAX_TIMESTAMP)])
+    for below, newest in ((0, None), (1, 0), (2, 1), (MAX_TIMESTAMP, 1)):
+        expected = {} if newest is None else {cell: Version(newest, b"v%d" % newest)}
+        assert store.get_latest("t", [cell], below) == expected, below
+        scanned = list(store.scan("t", b"", None, below))
+        assert scanned == [ScanEntry(b"r", b"c", v.ts, v.value) for v in expected.values()]
+        older = [ts for ts in (1, 0) if ts < below]
+        versions = store.get_versions("t", [cell], below_ts=below)
+        assert versions == ({cell: [Version(ts, b"v%d" % ts) for ts in older]} if older else {})
+        swept = list(store.sweep_candidates("t", below, 0))
+        assert swept == ([cell] if older else []), below
+    # A stamp at the top of the range, on the versions at both ends.
+    store.stamp_versions(
+        "t", [VersionStamp(b"r", b"c", 0, MAX_TIMESTAMP), VersionStamp(b"r", b"c", 1, 2)]
+    )
+    assert store.get_versions("t", [cell], below_ts=MAX_TIMESTAMP) == {
+        cell: [Version(1, b"v1", 2), Version(0, b"v0", MAX_TIMESTAMP)]
+    }
+    assert store.get_latest("t", [cell], 1) == {cell: Version(0, b"v0", MAX_TIMESTAMP)}
+    store.delete_versions("t", [(b"r", b"c", MAX_TIMESTAMP), (b"r", b"c", 1)])
+    assert store.get_version_timestamps("t", [cell], below_ts=2**63) == {cell: [0]}
+    # A cell whose one version is stamped is left out of a sweep only below its stamp:
+    # (r, c) is stamped at MAX_TIMESTAMP, never below a valid stamped_below.
+    other = Cell(b"s", b"c")
+    store.put_versions("t", [_w(b"s", b"c", MAX_TIMESTAMP - 2, b"s")])
+    store.stamp_versions("t", [VersionStamp(b"s", b"c", MAX_TIMESTAMP - 2, MAX_TIMESTAMP - 1)])
+    assert list(store.sweep_candidates("t", MAX_TIMESTAMP, MAX_TIMESTAMP)) in (
+        [cell],
+        [cell, other],
+    )
+    assert list(store.sweep_candidates("t", MAX_TIMESTAMP, MAX_TIMESTAMP - 1)) == [cell, other]
+
+
 def test_delete_versions_is_idempotent(store: KVStore) -> None:
     store.put_versions("t", [_w(b"r", b"c", 1, b"a"), _w(b"r", b"c", 2, b"b")])
     store.delete_versions("t", [(b"r", b"c", 2), (b"r", b"c", 99), (b"x", b"y", 1)])
@@ -184,6 +249,12 @@ def test_system_rows_and_versions_do_not_mix(store: KVStore) -> None:
         (lambda s: s.scan("t", "a", None, 1), TypeError),
         (lambda s: s.scan("t", b"", None, 1, page_size=0), ValueError),
         (lambda s: s.get_version_timestamps("t", [(b"r", b"c")], limit=0), ValueError),
+        (lambda s: s.get_version_timestamps("t", [(b"r", b"c")], below_ts=True), TypeError),
+        (lambda s: s.get_version_timestamps("t", [(b"r", b"c")], above_ts="0"), TypeError),
+        (lambda s: s.get_version_timestamps("t", [(b"r", b"c")], below_ts=2.0), TypeError),
+        (lambda s: s.get_latest("t", [(b"r", b"c")], 2**63), ValueError),
+        (lambda s: s.get_versions("t", [(b"r", b"c")], below_ts=2**63), ValueError),
+        (lambda s: s.scan("t", b"", None, 2**63), ValueError),
         (lambda s: s.put_unless_exists("t", b"", b"v"), ValueError),
         (lambda s: s.put_unless_exists("t", b"k", None), TypeError),
         (lambda s: s.compare_and_set("t", "k", None, b"v"), TypeError),
