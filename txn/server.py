@@ -151,17 +151,25 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                 raise _aborted_before_commit(txn_id) from None
             raise
 
-    def _fence(self, txn_id: str, entry: _Open) -> tuple[TransactionStatus, int | None]:
+    def _fence(
+        self, txn_id: str, entry: _Open, *, read_only: bool = False
+    ) -> tuple[TransactionStatus, int | None]:
         """Decide an open transaction for good: settling must fence (rule S6).
 
         Waits for a commit in progress to end; a transaction still ACTIVE is
         aborted, so a Commit request of it that has not run yet (queued behind a
         Write, or waiting for a worker thread) finds it closed and cannot land.
+        ``read_only``: its owner wrote nothing; if nobody else did either, it is
+        committed instead (a read-only commit needs no entry and never aborts).
         """
         with entry.lock:
             if entry.tx.status is TransactionStatus.ACTIVE:
-                entry.tx.abort(reason="fenced")
-                log.info("aborted open transaction %s to settle its outcome", txn_id)
+                if read_only and entry.tx.buffered_writes == 0:
+                    entry.tx.commit()
+                    log.info("committed read-only transaction %s to settle it", txn_id)
+                else:
+                    entry.tx.abort(reason="fenced")
+                    log.info("aborted open transaction %s to settle its outcome", txn_id)
             if entry.tx.status is not TransactionStatus.COMMITTING:
                 self._finish(txn_id, entry)
             return entry.tx.status, entry.tx.commit_ts
@@ -351,11 +359,7 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                         start_ts=tx.start_ts,
                         commit_ts=tx.commit_ts or 0,
                     )
-                wrote = entry.tx.buffered_writes > 0
-                finished = self._fence(request.txn_id, entry)
-                if read_only and not wrote and finished[0] is not TransactionStatus.COMMITTING:
-                    # Nothing to commit: its reads stand, fenced or not.
-                    return _committed(start_ts, start_ts)
+                finished = self._fence(request.txn_id, entry, read_only=read_only)
             if finished is not None and finished[0] is not TransactionStatus.UNKNOWN:
                 status, commit_ts = finished
                 return pb.StatusResponse(
