@@ -3,8 +3,9 @@
 from lockserver._table import (
     MAX_LEASE_MS,
     LockTable,
+    LockTableClosedError,
     LockToken,
 )
 from percolake.errors import StaleTokenError
 
-__all__ = ["MAX_LEASE_MS", "LockTable", "LockToken", "StaleTokenError"]
+__all__ = ["MAX_LEASE_MS", "LockTable", "LockTableClosedError", "LockToken", "StaleTokenError"]

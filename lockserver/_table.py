@@ -3,7 +3,10 @@
 Locks exist for liveness only (rule S5): the transaction protocol stays correct
 when any lock is lost. So the table is deliberately simple and in memory; a
 restart loses every lock and changes the epoch, and tokens of an older epoch are
-rejected so that no client believes it still holds a lock it lost.
+rejected so that no client believes it still holds a lock it lost. A table that
+served one term of a replicated control plane is closed when the term ends
+(:meth:`LockTable.close`): its grants end with it, and calls still waiting in it fail
+instead of being granted after the term.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from percolake import metrics
-from percolake.errors import StaleTokenError
+from percolake.errors import ServiceUnavailableError, StaleTokenError
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,11 @@ class LockToken(NamedTuple):
 
     epoch: int
     lock_id: int
+
+
+class LockTableClosedError(ServiceUnavailableError):
+    """This lock table was closed (its term of the control plane ended): it grants,
+    refreshes and releases nothing more. The caller asks whoever serves locks now."""
 
 
 @dataclass(slots=True)
@@ -96,7 +104,30 @@ class LockTable:
         self._slots: dict[bytes, _Slot] = {}
         self._grants: dict[int, _Grant] = {}
         self._ids = itertools.count(1)
+        self._closed = False
         metrics.track_locks_held(self.__len__)
+
+    def close(self) -> None:
+        """End every grant and refuse every call from now on; calls waiting in the
+        table wake up and raise :class:`LockTableClosedError`. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._grants.clear()
+            self._slots.clear()
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        """The caller holds the condition."""
+        if self._closed:
+            raise LockTableClosedError(
+                f"lock table of epoch {self.epoch} was closed: its term ended"
+            )
 
     # --- acquiring ---------------------------------------------------------------
 
@@ -116,6 +147,7 @@ class LockTable:
             raise ValueError("lease_ms must be positive")
         wait = _check_ms("wait_timeout_ms", wait_timeout_ms)
         with self._cond:
+            self._check_open()
             now = self._clock()
             deadline = now + wait / 1000
             grant = _Grant(
@@ -142,6 +174,8 @@ class LockTable:
                         return None
                     waited_since = waited_since or time.monotonic()
                     self._cond.wait(min(remaining, self._time_to_expiry(slot)))
+                    # Closed while waiting: the term ended, nothing may be granted in it.
+                    self._check_open()
                 slot.queue.popleft()
                 slot.holder = grant
                 grant.acquired += 1
@@ -187,6 +221,7 @@ class LockTable:
             raise StaleTokenError(
                 f"lock token from epoch {token.epoch}, server is at epoch {self.epoch}"
             )
+        self._check_open()
         grant = self._grants.get(token.lock_id)
         if grant is None:
             return None
@@ -223,6 +258,7 @@ class LockTable:
         """The owner currently holding ``descriptor`` under a live lease."""
         (d,) = _check_descriptors([descriptor])
         with self._cond:
+            self._check_open()
             slot = self._slots.get(d)
             if slot is None or slot.holder is None:
                 return None
@@ -240,8 +276,10 @@ class LockTable:
         wanted = _check_descriptors(descriptors)
         wait = _check_ms("timeout_ms", timeout_ms)
         with self._cond:
+            self._check_open()
             deadline = self._clock() + wait / 1000
             while True:
+                self._check_open()
                 busy = [s for d in wanted if (s := self._slots.get(d)) and s.holder is not None]
                 live = [s for s in busy if not self._expire_if_due(s)]
                 if not live:

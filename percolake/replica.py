@@ -5,8 +5,13 @@
 term, a :class:`tso.TimestampOracle` (which takes over the persisted bound and serves
 only while the lease is valid) and an empty :class:`lockserver.LockTable` (a new epoch:
 tokens of the old term are refused, which costs aborts and waits, never an anomaly,
-rule S5). A follower forwards each call to the leader named in the row, marked as
-forwarded so that it is never forwarded twice.
+rule S5); when the term ends, its oracle and lock table are closed, so nothing is
+handed out or granted in it afterwards. A replica that cannot start a term (the bound
+cannot be taken) steps down instead of holding the row. On stores whose claims are
+exclusive (SQLite), the leader also holds the store's ``oracle`` claim for its term,
+which lets a replica restarted after a crash take over at once. A follower forwards
+each call to the leader named in the row, marked as forwarded so that it is never
+forwarded twice.
 
 :class:`ControlPlane` is both a :class:`~txn._services.TimestampSource` and a
 :class:`~txn._services.LockService`, for the gRPC servicers and for the replica's own
@@ -22,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from lockserver import LockTable, LockToken
+from lockserver import LockTable, LockTableClosedError, LockToken
 from lockserver.server import RemoteLockService
 from percolake import metrics
 from percolake.errors import OracleFencedError, ServiceUnavailableError, StaleTokenError
@@ -30,6 +35,7 @@ from percolake.rpc import FORWARDED_KEY, Connection, TlsConfig
 from storage_adapters import KVStore, StoreError
 from tso import TimestampBatcher, TimestampOracle, TimestampRange
 from tso._lease import DEFAULT_LEASE_MS, LeaderLease, LeaseRecord, LeaseView
+from tso._oracle import ORACLE_ROLE
 from tso.server import RemoteTimestampSource
 
 log = logging.getLogger(__name__)
@@ -67,6 +73,8 @@ class _Term:
         return self.timestamps.next_timestamp()
 
     def close(self) -> None:
+        """The term ended: its grants end with it (S5), and waiting calls go elsewhere."""
+        self.locks.close()
         if self._oracle is not None:
             self._oracle.close()
 
@@ -125,6 +133,9 @@ class ControlPlane:
             on_change=self._on_change,
             on_row=self._on_row,
             check_validity=check_lease,
+            # Replicas of serve and serve tso hold the oracle's claim (one oracle per
+            # store, embedded ones included); serve locks replicas a claim of their own.
+            claim_role=ORACLE_ROLE if role == "tso" else f"leader-{role}",
         )
         self._term_changed = threading.Condition(self._lock)
 
@@ -152,14 +163,15 @@ class ControlPlane:
             metrics.record_leader_change(self.lease.role, old.epoch if old else 0, False)
             return
         # Take over the bound before the lease turns valid: everything the old leader
-        # could have served lies below it (S7).
+        # could have served lies below it (S7). If that fails, the error makes the lease
+        # step down: a replica that cannot serve the term must not hold the row.
         oracle = None
         if self._timestamps:
             try:
                 oracle = TimestampOracle(self._store, lease=self.lease)
             except (StoreError, OracleFencedError) as exc:
                 log.error("epoch %d: could not take over the timestamp bound: %s", epoch, exc)
-                return
+                raise
         with self._lock:
             self._term = _Term(epoch, oracle)
             self._term_changed.notify_all()
@@ -216,8 +228,8 @@ class ControlPlane:
                 self._unreachable_since = None
                 try:
                     return local(term)
-                except OracleFencedError as exc:  # the lease ran out mid-call
-                    last = exc
+                except (OracleFencedError, LockTableClosedError) as exc:
+                    last = exc  # the lease ran out, or the term ended, mid-call
             elif not forwarded and (forward := self._leader()) is not None:
                 try:
                     result = remote(forward)

@@ -28,6 +28,19 @@ Clock assumption: bounded clock drift *rate* (at most ``DRIFT_MARGIN``, 10 %) be
 replicas, and no synchronised clocks; pauses (GC, SIGSTOP) are fine because validity
 is checked when a timestamp is handed out, after any pause.
 
+**Proof that the holder is gone.** On stores whose claims are exclusive OS locks (SQLite:
+a lock on the database file itself), a leader holds the store's claim of its role for
+its whole term and marks its row ``claimed``; it lets go only after its term ended here
+(it serves nothing more), or when its process dies. A follower that then gets the
+claim knows the holder of a ``claimed`` row has stopped serving, and takes over at
+once instead of waiting out the lease: a restart after ``kill -9`` is not slowed by the
+dead leader's lease. Without the claim (busy, or a store that cannot tell) it waits.
+
+**A term it cannot serve is not held.** ``on_change(epoch)`` readies what the new term
+serves (the oracle takes over the bound); if it fails, the replica steps down at once:
+it releases the row it just wrote (it served nothing in that term) and sits out one
+takeover, instead of renewing a row no one can be served under.
+
 A follower that cannot reach a leader which still renews (a partition that cuts the
 leader off from its clients but not from the store) may *depose* it: it writes the row
 with ``deposed`` set. The leader's next renewal fails and its term ends; everyone,
@@ -46,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from storage_adapters import KVStore, StoreError
-from storage_adapters._base import Claim
+from storage_adapters._base import Claim, StoreClaimedError
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +84,8 @@ class LeaseRecord:
     renewals: int = 0
     released: bool = False
     deposed_by: str = ""
-    #: The holder also held the store's exclusive oracle claim (an embedded oracle on
-    #: SQLite): whoever holds that claim now knows the holder has stopped serving.
+    #: The holder holds the store's exclusive claim of the role for as long as it may
+    #: serve under this row: whoever holds that claim now knows the holder has stopped.
     claimed: bool = False
 
     def encode(self) -> bytes:
@@ -146,8 +159,10 @@ class LeaderLease:
     :meth:`start` runs it on a daemon thread, :meth:`acquire` until this replica leads.
     ``on_change(epoch)`` is called from the stepping thread when this replica starts a
     term (``epoch``) and with ``None`` when the term ends; it runs before
-    :meth:`valid` turns true and after it turned false. ``on_row(record)`` is called
-    when a read finds the row changed (a new leader, a release, a depose).
+    :meth:`valid` turns true and after it turned false; if it raises when a term
+    starts, this replica steps down (releases the row) instead of holding a term it
+    cannot serve. ``on_row(record)`` is called when a read finds the row changed (a new
+    leader, a release, a depose).
     """
 
     def __init__(
@@ -162,11 +177,14 @@ class LeaderLease:
         clock: Callable[[], float] = time.monotonic,
         check_validity: bool = True,
         claim: Claim | None = None,
+        claim_role: str | None = None,
     ) -> None:
-        """``claim``: the store's exclusive oracle claim, held by this process (an
-        embedded oracle). ``check_validity=False`` exists only for the test build that
-        shows the checks catch a leader serving without its lease; it removes the
-        protection of S7."""
+        """``claim``: the store's exclusive claim of the role, held by this process for
+        as long as it lives (an embedded oracle). ``claim_role``: instead, claim that
+        role on the store for each term (replicas); on stores whose claims are not
+        exclusive this changes nothing. ``check_validity=False`` exists only for the test
+        build that shows the checks catch a leader serving without its lease; it removes
+        the protection of S7."""
         self._store = store
         self.role = role
         self._key = role.encode()
@@ -177,7 +195,11 @@ class LeaderLease:
         self._on_row = on_row
         self._clock = clock
         self._check_validity = check_validity
-        self._claim = claim
+        self._life_claim = claim
+        self._claim_role = claim_role
+        #: The claim taken for a takeover (``claim_role``): held from before the row is
+        #: written ``claimed`` until this replica's term under it has ended.
+        self._term_claim: Claim | None = None
         self._lock = threading.RLock()
         #: The row as last read, and when (our clock) we first saw that value.
         self._seen: bytes | None = None
@@ -193,6 +215,8 @@ class LeaderLease:
         self._in_doubt: tuple[bytes, float] | None = None
         #: Our term ended by a depose: sit out one takeover so another replica wins.
         self._sit_out_until = float("-inf")
+        #: Why the last term could not start, for :meth:`acquire` to raise.
+        self._stepped_down: Exception | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -276,30 +300,67 @@ class LeaderLease:
 
     def _renew(self, current: bytes) -> None:
         record = LeaseRecord.decode(current)
-        new = replace(record, renewals=record.renewals + 1, lease_ms=self.lease_ms).encode()
+        # A term that began without the claim (another process held it) marks its row
+        # claimed once it gets it, so that its own crash is not waited out.
+        claimed = record.claimed or self._claim_now() is not None
+        new = replace(
+            record, renewals=record.renewals + 1, lease_ms=self.lease_ms, claimed=claimed
+        ).encode()
         self._write(current, new)
 
     def _maybe_take_over(self, raw: bytes | None, now: float) -> None:
         record = None if raw is None else LeaseRecord.decode(raw)
         if now < self._sit_out_until:
             return
-        if record is not None and not record.released and not self._holder_stopped(record):
+        if record is not None and not record.released:
             assert self._seen_at is not None
             # Wait out the lease the old holder asked for, by our clock, from when we
-            # first saw its last renewal (or the depose).
+            # first saw its last renewal (or the depose), unless the claim proves the
+            # holder gone.
             waited = now - self._seen_at
-            if waited < record.lease_ms / 1000 * (1 + DRIFT_MARGIN):
+            if waited < record.lease_ms / 1000 * (1 + DRIFT_MARGIN) and not self._holder_gone(
+                record
+            ):
+                self._drop_term_claim()
                 return
         epoch = 1 if record is None else record.epoch + 1
-        claimed = self._claim is not None and self._claim.exclusive
+        claimed = self._claim_now() is not None
         new = LeaseRecord(epoch, self.id, self.address, self.lease_ms, claimed=claimed).encode()
         self._write(raw, new)
+        if self._mine is None and self._in_doubt is None:
+            self._drop_term_claim()  # lost the race: the claim is not ours to keep
 
-    def _holder_stopped(self, record: LeaseRecord) -> bool:
-        """The holder held the store's exclusive claim, and now we hold it: it stopped
-        serving when it lost it (an oracle checks its claim at every hand-out)."""
-        claim = self._claim
-        return record.claimed and claim is not None and claim.exclusive and claim.held
+    def _holder_gone(self, record: LeaseRecord) -> bool:
+        """The holder held the store's exclusive claim while it could serve under
+        ``record``, and now we hold it: it has stopped serving (an oracle checks its
+        claim or its lease at every hand-out), or it died."""
+        return record.claimed and self._claim_now() is not None
+
+    def _claim_now(self) -> Claim | None:
+        """The store's exclusive claim of the role, if this replica holds it or can take
+        it now without waiting; ``None`` when another holds it or none is exclusive."""
+        for claim in (self._life_claim, self._term_claim):
+            if claim is not None and claim.exclusive and claim.held:
+                return claim
+        if self._claim_role is None or self._life_claim is not None:
+            return None
+        try:
+            claim = self._store.claim(self._claim_role)
+        except StoreClaimedError:
+            return None
+        except StoreError as exc:
+            log.debug("cannot claim %s: %s", self._claim_role, exc)
+            return None
+        if not claim.exclusive:  # a store that cannot tell: the claim proves nothing
+            claim.release()
+            return None
+        self._term_claim = claim
+        return claim
+
+    def _drop_term_claim(self) -> None:
+        claim, self._term_claim = self._term_claim, None
+        if claim is not None:
+            claim.release()
 
     def _write(self, expected: bytes | None, new: bytes) -> None:
         sent_at = self._clock()
@@ -326,8 +387,32 @@ class LeaderLease:
             epoch = self._mine_epoch = LeaseRecord.decode(mine).epoch
             log.info("replica %s leads %s from epoch %d", self.id[:8], self.role, epoch)
             if self._on_change is not None:
-                self._on_change(epoch)
+                try:
+                    self._on_change(epoch)
+                except Exception as exc:
+                    self._step_down(mine, f"cannot serve epoch {epoch}: {exc}")
+                    self._stepped_down = exc
+                    return
         self._valid_until = sent_at + self.lease_ms / 1000 * (1 - DRIFT_MARGIN)
+
+    def _step_down(self, mine: bytes, why: str) -> None:
+        """Give up a term that could not start: it served nothing, so the row is
+        released for whoever can serve, and this replica sits out one takeover (alone,
+        it tries again after that)."""
+        log.error("replica %s steps down from %s: %s", self.id[:8], self.role, why)
+        self._valid_until = float("-inf")
+        self._mine = self._mine_epoch = None
+        self._sit_out_until = self._clock() + self.lease_ms / 1000 * (1 + DRIFT_MARGIN)
+        released = replace(LeaseRecord.decode(mine), released=True).encode()
+        try:
+            result = self._store.compare_and_set(LEADER_TABLE, self._key, mine, released)
+        except StoreError as exc:
+            # Not released: the others wait out the lease, as after a crash.
+            log.warning("could not release the %s row after stepping down: %s", self.role, exc)
+        else:
+            if result.applied:
+                self._saw(released, self._clock())
+        self._drop_term_claim()
 
     def _end_term(self, why: str) -> None:
         if self._mine is None:
@@ -343,6 +428,9 @@ class LeaderLease:
             self._sit_out_until = self._clock() + 2 * self.lease_ms / 1000 * (1 + DRIFT_MARGIN)
         if self._on_change is not None:
             self._on_change(None)
+        # Only now, with nothing served under the old row any more, may another
+        # process take the claim as proof that this holder is gone.
+        self._drop_term_claim()
 
     def depose(self, why: str) -> bool:
         """Mark the live leader deposed (it cannot be reached); whether the row changed."""
@@ -409,10 +497,15 @@ class LeaderLease:
         return True
 
     def acquire(self, timeout_s: float) -> bool:
-        """Step until this replica leads or ``timeout_s`` passed; whether it leads."""
+        """Step until this replica leads or ``timeout_s`` passed; whether it leads.
+
+        Raises what ``on_change`` raised if a term could not start (it stepped down)."""
         deadline = self._clock() + timeout_s
+        self._stepped_down = None
         while True:
             self.step()
+            if self._stepped_down is not None:  # a term we could not serve
+                raise self._stepped_down
             if self.valid():
                 return True
             if self._clock() >= deadline:

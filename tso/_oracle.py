@@ -118,23 +118,25 @@ class TimestampOracle:
         #: saying whether it applied; settled before the next extension.
         self._in_doubt: bytes | None = None
         self._own_lease: LeaderLease | None = None
+        #: The term this oracle serves in: a later term of the same replica gets a new
+        #: oracle (replicas) or takes the bound again (:meth:`_on_term`, embedded).
+        self._term: int | None = None
+        self._next = self._bound = 0
         if lease is not None:
             self._claim = KVStore.claim(store, ORACLE_ROLE)  # the lease guards instead
+            self._term = lease.epoch
         elif claim_store:
             self._claim = self._claim_store(store)
-            try:
-                lease = self._own_lease = self._lead_alone(store, self._claim)
-            except BaseException:
-                self._claim.release()
-                raise
         else:
             log.critical("timestamp oracle on %s starts WITHOUT claiming its store", store.url)
             self._claim = KVStore.claim(store, ORACLE_ROLE)  # the base claim guards nothing
         self._lease = lease
-        #: The term this oracle serves in: a later term of the same replica gets a new one.
-        self._term = None if lease is None else lease.epoch
         try:
-            self._next, self._bound = self._take_over()
+            if lease is None and claim_store:
+                # Takes the bound in its first term (_on_term), before serving.
+                self._lease = self._own_lease = self._lead_alone(store, self._claim)
+            else:
+                self._next, self._bound = self._take_over()
         except BaseException:
             self._release()
             raise
@@ -155,15 +157,14 @@ class TimestampOracle:
                 holder=exc.holder,
             ) from exc
 
-    @staticmethod
-    def _lead_alone(store: KVStore, claim: Claim) -> LeaderLease:
+    def _lead_alone(self, store: KVStore, claim: Claim) -> LeaderLease:
         """An oracle of its own (embedded) still takes the leader lease, so that it never
         serves beside ``percolake serve`` replicas of the same store."""
         from tso._lease import DRIFT_MARGIN, LeaderLease
 
-        lease = LeaderLease(store, "tso", claim=claim)
-        # A holder that stopped renewing (it crashed) is waited out once, unless it was
-        # an embedded oracle whose claim we now hold.
+        lease = LeaderLease(store, "tso", claim=claim, on_change=self._on_term)
+        # A holder that stopped renewing (it crashed) is waited out once, unless the
+        # claim, which we hold, proves it gone.
         if not lease.acquire(timeout_s=lease.lease_ms / 1000 * (1 + DRIFT_MARGIN) + 1.0):
             lease.release()
             leader = lease.leader()
@@ -178,6 +179,23 @@ class TimestampOracle:
             )
         lease.start()
         return lease
+
+    def _on_term(self, epoch: int | None) -> None:
+        """Our own lease (embedded) starts a term: serve it, from a freshly taken bound.
+
+        A term lost to a replica (this process was paused) may be followed by a later
+        one (that replica died): the oracle serves it as a new oracle would, instead of
+        holding the leader row while refusing every call. If the bound cannot be taken,
+        this raises and the lease steps down. The end of a term needs nothing here:
+        :meth:`next_range` checks the term at every hand-out.
+        """
+        if epoch is None:
+            return
+        with self._lock:
+            self._next, self._bound = self._take_over()
+            self._in_doubt = None
+            self._fenced = False  # the bound is ours again, taken afresh
+            self._term = epoch
 
     def _release(self) -> None:
         self._claim.release()
@@ -276,7 +294,12 @@ class TimestampOracle:
         The store stays open (the oracle does not own it); closing the store also
         releases the claim and stops this oracle.
         """
-        self._release()
+        # Under the oracle's lock: once the claim is free, another process may take it
+        # as proof that this oracle stopped, so no hand-out may still be under way.
+        with self._lock:
+            self._claim.release()
+        if self._own_lease is not None:
+            self._own_lease.release()
 
     def __enter__(self) -> TimestampOracle:
         return self

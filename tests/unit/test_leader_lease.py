@@ -16,9 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from percolake.errors import OracleFencedError
+from percolake.replica import ControlPlane
 from storage_adapters import KVStore, open_store
+from storage_adapters._base import Claim
 from tso import TimestampOracle, _lease
 from tso._lease import DRIFT_MARGIN, LEADER_TABLE, LeaderLease, LeaseRecord
+from tso._oracle import ORACLE_ROLE, OracleAlreadyRunningError
 
 pytestmark = pytest.mark.unit
 
@@ -219,3 +222,151 @@ def test_an_embedded_oracle_whose_claim_another_now_holds_is_not_waited_out(
         first.next_timestamp()
     second.close()
     second_store.close()
+
+
+# --- issue 30: claims that prove the holder gone, and terms no one can serve ---------
+
+
+def _sqlite_replica(url: str, world: World, rate: float = 1.0) -> LeaderLease:
+    """A replica of ``percolake serve`` on SQLite: it claims the oracle role per term."""
+    return LeaderLease(
+        open_store(url),
+        "tso",
+        address=f"r{rate}",
+        lease_ms=LEASE_MS,
+        clock=world.clock(rate),
+        claim_role=ORACLE_ROLE,
+    )
+
+
+def test_a_replica_restarted_after_a_crash_takes_over_at_once_when_the_claim_proves_it(
+    tmp_path: Path,
+) -> None:
+    """Fails before the fix (issue 30, item 10): replicas of ``percolake serve`` held no
+    claim, so a restart after ``kill -9`` of the only replica waited out the dead
+    leader's lease (2.2 s) although the SQLite claim could prove the holder dead. Now
+    the leader holds the store's ``oracle`` claim for its term and marks its row
+    ``claimed``; a restarted replica that gets the claim takes over at once. A replica
+    that cannot get it (the leader lives) waits, then leads without it."""
+    world, url = World(), f"sqlite:///{tmp_path}/s.db"
+    first = _sqlite_replica(url, world)
+    first.step()
+    assert first.valid() and _row(first).claimed
+    alive = _sqlite_replica(url, world)  # the leader lives: no proof, it waits
+    alive.step()
+    assert not alive.valid()
+    first._store.close()  # kill -9: the OS drops its locks; the row stays held
+    restarted = _sqlite_replica(url, world)
+    restarted.step()
+    assert restarted.valid() and restarted.epoch == 2 and _row(restarted).claimed
+    world.now += 0.5
+    alive.step()  # saw the new row: waits again
+    assert not alive.valid()
+
+
+def test_a_follower_that_waited_out_the_lease_leads_without_the_claim_and_its_crash_is_waited_out(
+    tmp_path: Path,
+) -> None:
+    """A leader paused (SIGSTOP) keeps its claim: the follower waits out the lease and
+    leads with ``claimed`` false; after it dies, the next one must wait too, because
+    nothing proves it gone (the claim it never had is free)."""
+    world, url = World(), f"sqlite:///{tmp_path}/s.db"
+    paused, follower = _sqlite_replica(url, world), _sqlite_replica(url, world)
+    paused.step()
+    follower.step()
+    world.now += LEASE_MS / 1000 * (1 + DRIFT_MARGIN) + 0.01
+    follower.step()
+    assert follower.valid() and not _row(follower).claimed
+    assert not paused.valid()
+    follower._store.close()  # dies
+    third = _sqlite_replica(url, world)
+    third.step()
+    assert not third.valid()  # the claim is free, but the row does not say claimed
+
+
+def _row(lease: LeaderLease) -> LeaseRecord:
+    raw = lease._store.get_system(LEADER_TABLE, [b"tso"])[b"tso"]
+    return LeaseRecord.decode(raw)
+
+
+class _Embedded(TimestampOracle):
+    """An embedded oracle (claim, own lease, :meth:`TimestampOracle._on_term`) whose lease
+    runs on a fake clock and is stepped by the test instead of a thread."""
+
+    def __init__(self, store: KVStore, clock: _Clock) -> None:
+        self._test_clock = clock
+        super().__init__(store)
+
+    def _lead_alone(self, store: KVStore, claim: Claim) -> LeaderLease:
+        lease = LeaderLease(
+            store,
+            "tso",
+            claim=claim,
+            on_change=self._on_term,
+            lease_ms=LEASE_MS,
+            clock=self._test_clock,
+        )
+        if not lease.acquire(timeout_s=0):
+            lease.release()
+            raise OracleAlreadyRunningError("another leads", where="row", holder=None)
+        return lease
+
+    @property
+    def lease(self) -> LeaderLease:
+        assert self._own_lease is not None
+        return self._own_lease
+
+
+def test_an_embedded_oracle_that_takes_the_row_again_serves_the_new_term() -> None:
+    """Fails before the fix (issue 30, item 13). Embedded E leads (epoch 1); E is
+    paused, replica R waits out the lease and takes over (epoch 2) and serves; E
+    resumes, its term ends and its oracle refuses; R dies. E's lease thread waits out
+    R's lease and takes the row (epoch 3) and renews it forever, but E's oracle was
+    built for epoch 1 and refused every timestamp (``OracleFencedError``), while no
+    replica could take over and none had anywhere to forward: no timestamps anywhere.
+    Now E's oracle takes the bound afresh in its new term and serves above R."""
+    world, store = World(), open_store("memory://")
+    embedded = _Embedded(store, world.clock())
+    served = [embedded.next_timestamp()]
+    replica = _replica(store, world)
+    replica.step()
+    world.now += LEASE_MS / 1000 * (1 + DRIFT_MARGIN) + 0.01  # E is paused
+    replica.step()
+    assert replica.valid() and replica.epoch == 2
+    served.append(TimestampOracle(store, lease=replica).next_timestamp())
+    with pytest.raises(OracleFencedError):  # E wakes up: its lease ran out
+        embedded.next_timestamp()
+    embedded.lease.step()  # and it learns that R leads
+    assert not embedded.lease.valid()
+    # R dies. E waits out R's lease, takes the row, and serves its new term.
+    for _ in range(100):
+        world.now += 0.1
+        embedded.lease.step()
+        if embedded.lease.valid():
+            break
+    assert embedded.lease.valid() and embedded.lease.epoch == 3
+    served.append(embedded.next_timestamp())
+    assert served == sorted(served) and len(set(served)) == 3
+
+
+def test_a_replica_that_cannot_take_the_bound_steps_down_instead_of_holding_the_row() -> None:
+    """Fails before the fix (issue 30, item 13, the replica's side): a replica whose
+    oracle could not take over the bound at the start of its term logged the error
+    and kept renewing the row, serving nothing, so no other replica could take over.
+    Now it releases the row (it served nothing in that term) and another replica
+    takes over at once."""
+    world, store = World(), open_store("memory://")
+    store.put_unless_exists("_tso", b"bound", b"corrupt")
+    plane = ControlPlane(store, lease_ms=LEASE_MS)
+    plane.lease._clock = world.clock()
+    plane.lease.address = "127.0.0.1:1"
+    plane.lease.step()
+    assert not plane.lease.valid()
+    row = LeaseRecord.decode(store.get_system(LEADER_TABLE, [b"tso"])[b"tso"])
+    assert row.released and row.holder == plane.lease.id
+    store.compare_and_set("_tso", b"bound", b"corrupt", b"5 repaired")
+    other = _replica(store, world)
+    other.step()  # no wait: the row was released
+    assert other.valid() and other.epoch == 2
+    assert TimestampOracle(store, lease=other).next_timestamp() >= 5
+    plane.close()

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
-from lockserver import LockTable, LockToken, StaleTokenError
+from lockserver import LockTable, LockTableClosedError, LockToken, StaleTokenError
+from percolake.errors import ServiceUnavailableError
+from percolake.replica import ControlPlane
+from storage_adapters import open_store
+from tso._lease import LEADER_TABLE, LeaseRecord
 
 pytestmark = pytest.mark.unit
 
@@ -181,3 +186,83 @@ def test_refresh_rejects_negative_lease_and_foreign_tokens() -> None:
     with pytest.raises(TypeError):
         table.refresh((token.epoch, token.lock_id))  # type: ignore[arg-type]
     assert table.refresh(LockToken(table.epoch, 999_999)) is False
+
+
+# --- a term's grants end with the term (issue 30, item 14) -----------------------------
+
+
+def test_a_lock_call_waiting_when_the_term_ends_is_not_granted_in_the_old_table() -> None:
+    """Fails before the fix: when a replica's term ended, its lock table was dropped but
+    never closed, so a ``lock()`` already waiting in it (behind a holder whose lease
+    runs out) was granted there after the term had ended, a token of a table no one
+    serves any more. Now the term's end closes the table: the waiting call wakes up,
+    is sent on to whoever leads (here: an address that does not answer, so it fails
+    as unavailable), and the old table grants nothing."""
+    store = open_store("memory://")
+    plane = ControlPlane(store, lease_ms=1000, failover_s=1.0)
+    plane.lease.address = "127.0.0.1:1"
+    plane.lease.step()
+    assert plane.lease.valid()
+    term = plane._term
+    assert term is not None
+    holder = plane.lock([b"x"], "holder", lease_ms=300)
+    assert holder is not None
+    outcome: list[object] = []
+
+    def wait_for_the_lock() -> None:
+        try:
+            outcome.append(plane.lock([b"x"], "waiter", lease_ms=1000, wait_timeout_ms=3000))
+        except Exception as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait_for_the_lock)
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while len(term.locks) < 2 and time.monotonic() < deadline:  # the waiter is queued
+        time.sleep(0.005)
+    # Another replica takes the row (this one was paused, say): the term ends.
+    mine = store.get_system(LEADER_TABLE, [b"tso"])[b"tso"]
+    other = replace(
+        LeaseRecord.decode(mine), epoch=2, holder="other", address="127.0.0.1:2", claimed=False
+    )
+    assert store.compare_and_set(LEADER_TABLE, b"tso", mine, other.encode()).applied
+    plane.lease.step()
+    assert not plane.lease.valid()
+    waiter.join(timeout=10)
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], ServiceUnavailableError), outcome
+    assert len(term.locks) == 0 and term.locks.closed
+    with pytest.raises(LockTableClosedError):
+        term.locks.lock([b"y"], "late", lease_ms=1000)
+    plane.close()
+
+
+def test_a_closed_table_wakes_its_waiters_and_refuses_every_call() -> None:
+    table = LockTable()
+    token = table.lock([b"x"], "holder", lease_ms=60_000)
+    assert token is not None
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            table.lock([b"x"], "waiter", lease_ms=1000, wait_timeout_ms=30_000)
+        except LockTableClosedError as exc:
+            raised.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while len(table) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    table.close()
+    waiter.join(timeout=10)
+    assert len(raised) == 1 and not waiter.is_alive()
+    for call in (
+        lambda: table.refresh(token),
+        lambda: table.unlock(token),
+        lambda: table.holder(b"x"),
+        lambda: table.wait_until_released([b"x"], 10),
+    ):
+        with pytest.raises(LockTableClosedError):
+            call()
+    table.close()  # idempotent

@@ -14,6 +14,8 @@ it lives, and a second one refuses to start, naming the lock file and the pid ho
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +114,75 @@ def test_without_the_claim_two_embedded_managers_produce_read_skew(tmp_path: Pat
     finally:
         new.close()
         old.close()
+
+
+# --- one claim per database file, whatever path reaches it (issue 30, item 12) ---------
+
+
+def test_a_second_oracle_reaching_the_database_through_a_symlink_fails_fast(
+    tmp_path: Path,
+) -> None:
+    """Fails before the fix: the claim's lock file was named from the path as given
+    (``abspath``), so an oracle opening ``link.db -> store.db`` locked
+    ``link.db.oracle.lock`` and held "its" claim too. The leader row said ``claimed``
+    and its claim was held, which the lease took as proof that the first oracle was
+    gone: it took over at once (0.01 s), moved the bound and served 1,000,001 while the
+    first, alive, still served 2, 3, ... from its window (S7: timestamps went backwards
+    in real time). Now the claim is a lock on the database file itself, and the second
+    oracle refuses before it touches the bound."""
+    os.symlink(tmp_path / "store.db", tmp_path / "link.db")
+    first = TimestampOracle(open_store(_url(tmp_path)))
+    served = [first.next_timestamp()]
+    for path in ("link.db", "dir-link/store.db"):
+        if path.startswith("dir-link"):
+            os.symlink(tmp_path, tmp_path / "dir-link")
+        other = open_store(f"sqlite:///{tmp_path}/{path}")
+        bound_before = other.get_system(TSO_TABLE, [BOUND_KEY])
+        with pytest.raises(OracleAlreadyRunningError, match="another timestamp oracle"):
+            TimestampOracle(other)
+        assert other.get_system(TSO_TABLE, [BOUND_KEY]) == bound_before  # not moved
+        other.close()
+        served.append(first.next_timestamp())  # the first is not fenced
+    assert served == sorted(served) and len(set(served)) == len(served)
+
+
+_HOLD_AN_ORACLE = """
+import sys
+from storage_adapters import open_store
+from tso import TimestampOracle
+oracle = TimestampOracle(open_store(sys.argv[1]))
+print(oracle.next_timestamp(), flush=True)
+sys.stdin.readline()
+print(oracle.next_timestamp(), flush=True)
+"""
+
+
+def test_a_second_oracle_reaching_the_database_through_a_hard_link_fails_fast(
+    tmp_path: Path,
+) -> None:
+    """Fails before the fix, as through a symlink: a hard link ``other/store.db`` in
+    another folder named a different lock file. It needs two processes: SQLite itself
+    cannot open one file by two names in one process. The first process holds an
+    embedded oracle and serves; this one, through the hard link, must refuse, and the
+    first one's next timestamp is above its earlier one (it was not fenced)."""
+    open_store(_url(tmp_path)).close()
+    (tmp_path / "other").mkdir()
+    os.link(tmp_path / "store.db", tmp_path / "other" / "store.db")
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLD_AN_ORACLE, _url(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdin is not None
+            first = int(holder.stdout.readline())
+            other = open_store(f"sqlite:///{tmp_path}/other/store.db")
+            with pytest.raises(OracleAlreadyRunningError, match="the database file"):
+                TimestampOracle(other)
+            other.close()
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            assert int(holder.stdout.readline()) == first + 1
+        finally:
+            holder.kill()
