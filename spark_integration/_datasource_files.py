@@ -2,8 +2,9 @@
 
 Writes go into a job folder (``<location>/_lh_job=<id>/``, see ``_hook.new_job``),
 Hive-partitioned by the table's partition columns exactly as Spark lays them out
-(``col=value/``, ``__HIVE_DEFAULT_PARTITION__`` for null, partition columns not stored
-in the files), so ``Lakehouse.read`` and this module read each other's files. Reads
+(``col=value/``, ``__HIVE_DEFAULT_PARTITION__`` for null and for the empty string,
+partition columns not stored in the files), so ``Lakehouse.read`` and this module read
+each other's files. Reads
 take a pinned list of files and never list a folder: files no version names (a
 running or failed job's) are never read.
 """
@@ -18,6 +19,7 @@ from itertools import chain
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -71,7 +73,13 @@ def write_batches(
         for batch in chain([first], batches):
             if batch.num_rows:
                 yield pa.RecordBatch.from_arrays(
-                    [batch.column(name) for name in columns], schema=schema
+                    [
+                        _default_partition(batch.column(name))
+                        if name in partition_by
+                        else batch.column(name)
+                        for name in columns
+                    ],
+                    schema=schema,
                 )
 
     partitioning = (
@@ -108,6 +116,20 @@ def write_batches(
         max_rows_per_group=MAX_ROWS_PER_GROUP,
     )
     return [f for f in written if f.record_count > 0]
+
+
+def _default_partition(values: Any) -> Any:
+    """A partition column with empty strings made null, as Spark and Delta store them.
+
+    Spark writes both to the default partition (``__HIVE_DEFAULT_PARTITION__``) and
+    reads them back as null; a ``col=`` folder, which pyarrow would write for ``''``,
+    fails every Spark read of the table (``EMPTY_PARTITION_COLUMN_VALUE``). So one
+    encoding serves both write paths (this one and the commit hook's Spark writer).
+    """
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        return values
+    empty = pc.equal(values, pa.scalar("", values.type))
+    return pc.if_else(empty, pa.scalar(None, values.type), values)
 
 
 def _constant(value: str | None, kind: Any, rows: int) -> Any:

@@ -24,6 +24,8 @@ DEFAULT_GATEWAY = "127.0.0.1:7070"
 _COMMON = {"path", "gateway"}
 _READ = {"versionasof", "timestampasof"}
 _WRITE = {"warehouse", "txnappid", "txnversion", "createifmissing", "partitioncolumns"}
+#: A batch write's only: Spark's DataFrameWriter option, checked against overwrites.
+_BATCH_WRITE = {*_WRITE, "partitionoverwritemode"}
 #: Spark passes a streaming query's checkpoint to its sink; it also names the query.
 _STREAM_WRITE = {*_WRITE, "checkpointlocation", "queryname"}
 _STREAM_READ = {"startingversion", "maxfilespertrigger", "skipchangecommits"}
@@ -41,6 +43,7 @@ _SPELLING = {
     "txnversion": "txnVersion",
     "createifmissing": "createIfMissing",
     "partitioncolumns": "partitionColumns",
+    "partitionoverwritemode": "partitionOverwriteMode",
     "checkpointlocation": "checkpointLocation",
     "queryname": "queryName",
     "startingversion": "startingVersion",
@@ -69,6 +72,9 @@ class WriteOptions:
     create_if_missing: bool
     #: ``None`` when the option is absent: the table's own partition columns apply.
     partition_by: tuple[str, ...] | None
+    #: ``partitionOverwriteMode`` (``static`` or ``dynamic``); ``None`` when absent: the
+    #: session's ``spark.sql.sources.partitionOverwriteMode`` applies.
+    partition_overwrite_mode: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +115,7 @@ def _check_known(options: Mapping[str, str], allowed: set[str], what: str) -> No
         "versionasof": "reads",
         "timestampasof": "reads",
         "txnversion": "batch writes",
+        "partitionoverwritemode": "batch writes",
         **dict.fromkeys(_WRITE - {"txnversion"}, "writes"),
         **dict.fromkeys(_STREAM_READ, "streaming reads"),
     }
@@ -237,9 +244,38 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
     return ReadOptions(table, gateway, version, timestamp_ms)
 
 
+#: The Spark setting (and, without the prefix, the write option) that asks an overwrite
+#: to replace only the partitions the DataFrame writes.
+PARTITION_OVERWRITE_CONF = "spark.sql.sources.partitionOverwriteMode"
+PARTITION_OVERWRITE_MODES = ("static", "dynamic")
+
+
+def _partition_overwrite_mode(options: Mapping[str, str]) -> str | None:
+    raw = options.get("partitionoverwritemode")
+    if raw is None:
+        return None
+    mode = raw.strip().lower()
+    if mode not in PARTITION_OVERWRITE_MODES:
+        raise ValueError(
+            f"percolake: option partitionOverwriteMode must be static or dynamic, got {raw!r}"
+        )
+    return mode
+
+
+def dynamic_overwrite_refused(where: str) -> ValueError:
+    """The error for an overwrite asked to be dynamic; ``where`` names who asked."""
+    return ValueError(
+        f"percolake: dynamic partition overwrite is not supported yet ({where}): it would "
+        "replace only the partitions this DataFrame writes, and the percolake data source "
+        "can only replace the whole table. Nothing was written or committed. To replace "
+        "the whole table say so with option partitionOverwriteMode=static; to add rows use "
+        'mode("append")'
+    )
+
+
 def write_options(options: Mapping[str, str]) -> WriteOptions:
     opts = _lower(options)
-    _check_known(opts, _COMMON | _WRITE, "write")
+    _check_known(opts, _COMMON | _BATCH_WRITE, "write")
     table, gateway, warehouse = _table(opts), _gateway(opts), _warehouse(opts)
     app_id, batch_id = _app_id(opts), _non_negative_int(opts, "txnversion")
     if (app_id is None) != (batch_id is None):
@@ -255,6 +291,7 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
         batch_id,
         _create(opts, warehouse),
         _partition_by(opts),
+        _partition_overwrite_mode(opts),
     )
 
 

@@ -86,9 +86,11 @@ from spark_integration._datasource_files import (
     write_batches,
 )
 from spark_integration._datasource_options import (
+    PARTITION_OVERWRITE_CONF,
     STREAM_READ_OPTIONS,
     ReadOptions,
     StreamReadOptions,
+    dynamic_overwrite_refused,
     query_id_of_checkpoint,
     read_options,
     stream_read_options,
@@ -185,6 +187,9 @@ class _WritePlan:
     batch_id: int | None
     #: The version an earlier write with the same (app_id, batch_id) committed.
     replayed_version: int | None
+    #: An overwrite without option partitionOverwriteMode: its tasks refuse to run when
+    #: the session asks for dynamic partition overwrite (see ``_session_overwrite_mode``).
+    check_session_overwrite_mode: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,6 +264,10 @@ class PercolakeBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         plan = self.plan
+        if plan.check_session_overwrite_mode and _session_overwrite_mode() == "dynamic":
+            # Before any file is written: the job fails, abort() removes the empty job
+            # folder and nothing is committed.
+            raise dynamic_overwrite_refused(f"the session sets {PARTITION_OVERWRITE_CONF}=dynamic")
         if plan.replayed_version is not None:
             return FilesWritten()
         files = write_batches(
@@ -341,6 +350,25 @@ class PercolakeBatchWriter(DataSourceArrowWriter):
             plan.job_id,
             plan.target.table,
         )
+
+
+def _session_overwrite_mode() -> str | None:
+    """The writing session's ``spark.sql.sources.partitionOverwriteMode``, in a task.
+
+    Spark hands a Python data source none of the session's settings, and its
+    ``mode("overwrite")`` on a Python source always replaces the whole table, whatever
+    that setting says. But Spark SQL propagates the session's explicitly set ``spark.*``
+    settings to every task of a query as local properties (``SQLExecution``
+    ``withSQLConfPropagated``), so a write task can read it: the first place where the
+    source can see what the user asked for.
+    """
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return None
+    value = ctx.getLocalProperty(PARTITION_OVERWRITE_CONF)
+    return None if value is None else value.strip().lower()
 
 
 def _job_outcome(plan: _WritePlan) -> str:
@@ -581,9 +609,17 @@ class _StreamFile:
 
 
 class _StreamSplit(InputPartition):
-    def __init__(self, files: tuple[_StreamFile, ...]) -> None:
+    """The files of one read task, with what a task needs to read them.
+
+    The table's partition columns travel with the split: Spark's read tasks run a
+    reader made afresh by ``streamReader`` (never the driver's, which learned them
+    from the gateway), so a value kept only on the driver's reader is lost there.
+    """
+
+    def __init__(self, files: tuple[_StreamFile, ...], partition_by: tuple[str, ...]) -> None:
         super().__init__(len(files))
         self.files = files
+        self.partition_by = partition_by
 
 
 class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -759,7 +795,10 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             len(picked),
             len(groups),
         )
-        return [_StreamSplit(tuple(by_path[f.path] for f in group)) for group in groups]
+        return [
+            _StreamSplit(tuple(by_path[f.path] for f in group), self.partition_by)
+            for group in groups
+        ]
 
     def commit(self, end: dict[str, Any]) -> None:
         # Versions before the committed offset are never read again: forget their files.
@@ -783,7 +822,7 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                     f"{self.opts.table!r} is gone (vacuumed?); the stream cannot read that "
                     "version"
                 )
-            yield from read_files([item.file], target, self.partition_by)
+            yield from read_files([item.file], target, partition.partition_by)
 
 
 def _to_read(location: str, entries: Sequence[FileEntry]) -> list[FileToRead]:
@@ -849,6 +888,9 @@ class PercolakeDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> PercolakeBatchWriter:
         opts = write_options(self.options)
+        if overwrite and opts.partition_overwrite_mode == "dynamic":
+            # Refused before the table is created or anything is written.
+            raise dynamic_overwrite_refused("option partitionOverwriteMode=dynamic")
         with _gateway(opts.gateway) as catalog:
             meta = _prepare_table(catalog, opts, schema)
             prepared = catalog.prepare(opts.table, opts.app_id, opts.batch_id)
@@ -863,6 +905,8 @@ class PercolakeDataSource(DataSource):
             app_id=opts.app_id,
             batch_id=opts.batch_id,
             replayed_version=prepared.replayed_version,
+            # The write option, when given, wins over the session's setting (as in Spark).
+            check_session_overwrite_mode=overwrite and opts.partition_overwrite_mode is None,
         )
         return PercolakeBatchWriter(plan)
 

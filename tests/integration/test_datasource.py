@@ -333,6 +333,82 @@ def test_statistics_skip_files_and_spark_still_filters_their_rows(
         ids_of(env.reader(ds).load(table).where("id < 100"))  # type: ignore[attr-defined]
 
 
+# --- partition values and partition overwrite modes (issue 30) -----------------------
+
+
+def _day_rows(spark: SparkSession, days: dict[int, str | None]) -> DataFrame:
+    return spark.createDataFrame(sorted(days.items()), SCHEMA)
+
+
+def test_empty_and_null_partition_values_are_the_default_partition_on_both_write_paths(
+    ds: SparkSession, env: Env
+) -> None:
+    """Issue 30 item 6. Fails before the fix: ``format("percolake")`` wrote ``''`` into a
+    ``day=`` folder and recorded it apart from NULL, and ``lh.read`` of the table then
+    failed with ``EMPTY_PARTITION_COLUMN_VALUE``. Both write paths (the data source's
+    pyarrow writer and ``lh.append``'s Spark writer) now store ``''`` and NULL as Spark
+    and Delta do: one default partition, read back as NULL."""
+    table = env.table(partition_by=("day",))
+    env.writer(_day_rows(ds, {0: "", 1: None, 2: "d2"})).save(table)  # type: ignore[attr-defined]
+    env.lh.append(table, _day_rows(ds, {3: "", 4: None, 5: "d2"}))
+    files = env.lh.files(table)
+    assert {f.partition["day"] for f in files} == {None, "d2"}
+    for f in files:
+        value = f.partition["day"]
+        folder = Path(f.path).parent.name
+        assert folder == f"day={'__HIVE_DEFAULT_PARTITION__' if value is None else value}"
+    expected = [(0, None), (1, None), (2, "d2"), (3, None), (4, None), (5, "d2")]
+    for got in (env.reader(ds).load(table), env.lh.read(ds, table)):  # type: ignore[attr-defined]
+        assert sorted((r["id"], r["day"]) for r in got.collect()) == expected
+    with filter_pushdown(ds, True):
+        nulls = env.reader(ds).load(table).where("day IS NULL")  # type: ignore[attr-defined]
+        assert ids_of(nulls) == [0, 1, 3, 4]
+
+
+OVERWRITE_MODE_CONF = "spark.sql.sources.partitionOverwriteMode"
+
+
+@contextmanager
+def session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        spark.conf.unset(key)
+
+
+def test_dynamic_partition_overwrite_is_refused_and_commits_nothing(
+    ds: SparkSession, env: Env
+) -> None:
+    """Issue 30 item 7. Fails before the fix: with the session's
+    ``spark.sql.sources.partitionOverwriteMode=dynamic`` an overwrite of the rows of
+    ``day=d1`` silently replaced the whole table (``d0`` and ``d2`` were gone), the
+    opposite of what dynamic overwrite means; the write option was refused as unknown.
+    Both ways of asking are now refused by name, before anything is committed, and an
+    explicit ``partitionOverwriteMode=static`` still replaces the table."""
+    table = env.table(partition_by=("day",))
+    env.writer(rows(ds, range(6))).save(table)  # type: ignore[attr-defined]
+    only_d1 = rows(ds, [100, 101]).where("day = 'd1'")
+    with session_conf(ds, OVERWRITE_MODE_CONF, "DYNAMIC"):
+        with pytest.raises(Exception, match=f"{OVERWRITE_MODE_CONF}=dynamic"):
+            env.writer(only_d1, "overwrite").save(table)  # type: ignore[attr-defined]
+        # Appends are not overwrites: the setting does not concern them.
+        env.writer(rows(ds, [6])).save(table)  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match="option partitionOverwriteMode=dynamic"):
+        env.writer(only_d1, "overwrite").option("partitionOverwriteMode", "dynamic").save(table)  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match="partitionOverwriteMode must be static or dynamic"):
+        env.writer(only_d1, "overwrite").option("partitionOverwriteMode", "some").save(table)  # type: ignore[attr-defined]
+    assert env.lh.version(table) == 2
+    assert ids_of(env.reader(ds).load(table)) == list(range(7))  # type: ignore[attr-defined]
+    # Every refused job's folder is gone: abort ran before any commit was sent.
+    assert len(job_folders(env, table)) == 2
+    # The write option wins over the session's setting, as in Spark.
+    with session_conf(ds, OVERWRITE_MODE_CONF, "dynamic"):
+        static = env.writer(rows(ds, [100]), "overwrite")
+        static.option("partitionOverwriteMode", "static").save(table)  # type: ignore[attr-defined]
+    assert ids_of(env.reader(ds).load(table)) == [100]  # type: ignore[attr-defined]
+
+
 # --- what is refused before any task runs ---------------------------------------------
 
 

@@ -38,9 +38,9 @@ class Env:
         self.workdir = workdir
         self.lh = lh
 
-    def table(self) -> str:
+    def table(self, partition_by: tuple[str, ...] = ()) -> str:
         name = f"s{next(_names)}"
-        self.lh.create_table(name, SCHEMA)
+        self.lh.create_table(name, SCHEMA, partition_by)
         return name
 
     def checkpoint(self) -> str:
@@ -130,6 +130,37 @@ def test_a_stream_starts_with_the_snapshot_then_follows_new_versions(
         assert query.exception() is None
     finally:
         query.stop()
+
+
+def test_a_partitioned_table_streams_its_snapshot_and_new_versions_with_partition_values(
+    ds: SparkSession, env: Env
+) -> None:
+    """Issue 30 item 5. Fails before the fix: every streaming read of a partitioned table
+    crashed in its read tasks (``KeyError: 'Field "day" does not exist in schema'``):
+    the reader learned the partition columns on the driver only, and Spark's read
+    tasks run a reader of their own. Both write paths feed it, with NULL and ``''``
+    partition values (one default partition, read back as NULL: item 6)."""
+    table = env.table(partition_by=("day",))
+    days: list[str | None] = ["d0", "", None]
+    env.lh.append(table, ds.createDataFrame([(i, days[i % 3]) for i in range(6)], SCHEMA))
+    sink = f"part_{table}"
+    query = (
+        stream(ds, env, table, maxFilesPerTrigger="2")
+        .writeStream.format("memory")
+        .queryName(sink)
+        .option("checkpointLocation", env.checkpoint())
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        later = ds.createDataFrame([(i, days[i % 3]) for i in range(6, 9)], SCHEMA)
+        later.write.format("percolake").mode("append").option("gateway", env.gateway).save(table)
+        query.processAllAvailable()
+        assert query.exception() is None
+        got = sorted((r["id"], r["day"]) for r in ds.sql(f"select id, day from {sink}").collect())
+    finally:
+        query.stop()
+    assert got == [(i, "d0" if i % 3 == 0 else None) for i in range(9)]
 
 
 def test_starting_version_reads_changes_from_that_version(ds: SparkSession, env: Env) -> None:
