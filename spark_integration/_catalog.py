@@ -27,6 +27,7 @@ one entry point the rest of the package uses; checkpoints live in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -66,7 +67,8 @@ from spark_integration._retention import (
     write_retention,
 )
 from spark_integration._vacuum_plan import VacuumPlan, fence_vacuum, plan_vacuum
-from txn import Manager, Transaction, TransactionStatus
+from storage_adapters import Cell, KVStore
+from txn import Manager, Transaction, TransactionManager, TransactionStatus
 from txn._retry import RetriesExhaustedError, RetryPolicy, run_transaction
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,8 @@ RETRY_CAP_S = 0.05
 #: or the gateway's follow-up thread is not held up long by a table's first expiry
 #: after years; what is left goes after the next checkpoint.
 FOLLOW_UP_EXPIRE_ROWS = 10 * STEP_ROWS
+#: Log records whose commit stamps history reads in one store call.
+STAMP_LOOKUP_CELLS = 1_000
 
 
 def now_ms() -> int:
@@ -209,7 +213,9 @@ class _GroupAttempt:
         """Write ``r`` as the version after ``head``; returns the head after it."""
         name, layout, tx = self.name, self.layout, self.tx
         version = head.version + 1
-        ms = max(now_ms(), head.last_ms)
+        # The log time: never below the head's, which a time-travel answer raised
+        # above the time it answered for (see ``Catalog.version_at``).
+        ms = max(self.catalog.clock_ms(), head.last_ms)
         if r.operation == OVERWRITE:
             gen, gen_start = head.gen + 1, version
             tx.put(
@@ -272,8 +278,12 @@ class Catalog:
         failpoints: fp.FailPoints | None = None,
         follow_ups: Callable[[Callable[[], None]], object] | None = None,
         commit_ts_of: Callable[[int], int | None] | None = None,
+        clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self._tm = tm
+        #: This process's wall clock in ms (tests inject skewed ones): log times,
+        #: creation times and the "not in the future" check of time travel.
+        self.clock_ms = clock_ms
         #: Runs a commit's follow-up work later (a gateway's background executor);
         #: ``None`` runs it before the commit returns.
         self._follow_ups = follow_ups
@@ -282,6 +292,16 @@ class Catalog:
         #: that has it records no commit timestamps: history looks each one up by
         #: its log record's ``txn_start_ts``.
         self._commit_ts_of = commit_ts_of
+        #: Where history finds commit timestamps that were not recorded: the
+        #: transactions table, then, once garbage collection deleted the entry, the
+        #: commit stamp of the log record's version (rule S9 stamps it first). Only a
+        #: manager with the store in this process has them (embedded, or a gateway's).
+        self._outcome_of: Callable[[int], int | None] | None = commit_ts_of
+        self._stamps: KVStore | None = None
+        if isinstance(tm, TransactionManager):
+            self._stamps = tm.store
+            if self._outcome_of is None:
+                self._outcome_of = tm.outcome_of
         self.layout = Layout(catalog)
         self._commit_timeout_s = commit_timeout_s
         self.failpoints = fp.FailPoints() if failpoints is None else failpoints
@@ -319,24 +339,25 @@ class Catalog:
         *,
         what: str,
         job_id: str | None = None,
+        settle_unknown: bool = False,
     ) -> tuple[T, int | None]:
         """Run ``fn(tx)`` and commit; retry on conflicts at the head until the deadline.
 
         ``fn`` raising (:class:`ConcurrentModificationError` included) aborts and
-        propagates. With a ``job_id``, an unknown commit outcome (S6) is settled by
-        asking the manager with ``settle=True``, which fences the attempt: "not
-        committed" stays true, so retrying cannot land it twice (reading the data
-        back could not promise that: a Commit still queued at a gateway could land
-        after the read). Anything failing while settling leaves the outcome unknown:
-        it is never reported as "not committed", which would let the caller delete
-        files a committed version names.
+        propagates. With a ``job_id`` (or ``settle_unknown``), an unknown commit outcome
+        (S6) is settled by asking the manager with ``settle=True``, which fences the
+        attempt: "not committed" stays true, so retrying cannot land it twice
+        (reading the data back could not promise that: a Commit still queued at a
+        gateway could land after the read). Anything failing while settling leaves
+        the outcome unknown: it is never reported as "not committed", which would
+        let the caller delete files a committed version names.
         """
         policy = RetryPolicy(
             max_attempts=None,
             deadline_s=self._commit_timeout_s,
             base_s=RETRY_BASE_S,
             cap_s=RETRY_CAP_S,
-            settle_unknown=job_id is not None,
+            settle_unknown=settle_unknown or job_id is not None,
             give_up_on=(ConcurrentModificationError,),
         )
 
@@ -439,41 +460,77 @@ class Catalog:
     def version_at(self, name: str, timestamp_ms: int) -> int:
         """The version that was the table's latest at ``timestamp_ms`` (time travel).
 
-        Versions carry their committer's wall-clock time, never decreasing from one
-        version to the next (``Head.last_ms``), so a binary search over the log
-        reads about log2(versions) records. Raises :class:`VersionNotFoundError` for
-        a time before the table was created or after now (later commits could still
-        land before it).
+        The answer is repeatable: once given for a time, it is the answer for that
+        time for ever (until the version expires or is vacuumed away). Log times
+        never decrease from one version to the next, since every commit writes the
+        head and takes its log time at or above the head's ``last_ms``; so a version
+        committed after this answer can only take a log time at or below
+        ``timestamp_ms`` if the head's ``last_ms`` still was at or below it. In that
+        case the answer is the latest version, and before giving it this raises the
+        head's ``last_ms`` above ``timestamp_ms`` in a transaction of its own: a
+        commit that took its log time earlier conflicts with it on the head and
+        retries above; one that comes later reads the raised head. Commits order
+        themselves on the head, not on anyone's clock, so clocks skewed between
+        gateways change log times, never an answer. Otherwise (some version's log
+        time is above ``timestamp_ms``) a binary search over the log reads about
+        log2(versions) records and writes nothing.
+
+        Raises :class:`VersionNotFoundError` for a time before the table was created
+        or after now by this process's clock.
         """
-        if timestamp_ms > now_ms():
+        if timestamp_ms > self.clock_ms():
             raise VersionNotFoundError(
                 f"timestamp {timestamp_ms} ms is in the future: table {name!r} has no "
                 "version as of then yet"
             )
         with self._tm.begin() as tx:
             head = self._read_head(tx, name)
+            if timestamp_ms < head.last_ms:
+                return self._search_log(tx, name, head, timestamp_ms)
 
-            def at(version: int) -> int:
-                raw = tx.get(self.layout.log, Layout.log_row(name, version), Layout.COL_RECORD)
-                if raw is None:
-                    raise VersionNotFoundError(f"table {name!r} has no log record of {version}")
-                return LogRecord.decode(raw).timestamp_ms
+        def fence(tx: Transaction) -> int:
+            head = self._read_head(tx, name)
+            if timestamp_ms < head.last_ms:  # a commit or another answer raised it
+                return self._search_log(tx, name, head, timestamp_ms)
+            raised = dataclasses.replace(head, last_ms=timestamp_ms + 1)
+            tx.put(self.layout.head, Layout.name_row(name), Layout.COL_HEAD, raised.encode())
+            return head.version
 
-            # Below the oldest readable version log records may have expired.
-            lo, hi = head.min_readable_version, head.version
-            if at(lo) > timestamp_ms:
-                if lo == 0:
-                    raise VersionNotFoundError(
-                        f"table {name!r} was created after {timestamp_ms} ms: no version as of then"
-                    )
-                self._check_readable(tx, name, head, lo - 1)  # raises: expired or vacuumed
-            while lo < hi:  # at(lo) <= timestamp_ms; the answer is in [lo, hi]
-                mid = (lo + hi + 1) // 2
-                if at(mid) <= timestamp_ms:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            return lo
+        # The answer is given only once the raised head committed; an attempt whose
+        # outcome is unknown is settled (fenced) and the question asked again.
+        with self._head_turn(name):
+            version, _ = self._transact(
+                fence,
+                what=f"time travel to {timestamp_ms} ms in table {name!r}",
+                settle_unknown=True,
+            )
+        return version
+
+    def _search_log(self, tx: Transaction, name: str, head: Head, timestamp_ms: int) -> int:
+        """The newest version whose log time is at or below ``timestamp_ms``, at ``tx``'s
+        snapshot (log times never decrease from one version to the next)."""
+
+        def at(version: int) -> int:
+            raw = tx.get(self.layout.log, Layout.log_row(name, version), Layout.COL_RECORD)
+            if raw is None:
+                raise VersionNotFoundError(f"table {name!r} has no log record of {version}")
+            return LogRecord.decode(raw).timestamp_ms
+
+        # Below the oldest readable version log records may have expired.
+        lo, hi = head.min_readable_version, head.version
+        if at(lo) > timestamp_ms:
+            if lo == 0:
+                raise VersionNotFoundError(
+                    f"table {name!r} was created after {timestamp_ms} ms: no version as of then"
+                )
+            self._check_readable(tx, name, head, lo - 1)  # raises: expired or vacuumed
+        while lo < hi:  # at(lo) <= timestamp_ms; the answer is in [lo, hi]
+            mid = (lo + hi + 1) // 2
+            if at(mid) <= timestamp_ms:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _check_readable(self, tx: Transaction, name: str, head: Head, version: int) -> None:
         if version > head.version:
@@ -531,16 +588,7 @@ class Catalog:
                 for version, record in records.items()
                 if record.operation == OVERWRITE
             }
-        if self._commit_ts_of is not None:
-            looked_up: dict[int, int | None] = {}
-            for version, record in records.items():
-                if version not in commit_tss:
-                    ts = record.txn_start_ts
-                    if ts not in looked_up:
-                        looked_up[ts] = self._commit_ts_of(ts)
-                    found = looked_up[ts]
-                    if found is not None and found >= 0:
-                        commit_tss[version] = found
+        self._find_commit_tss(name, records, commit_tss)
         return [
             HistoryEntry(
                 record,
@@ -551,14 +599,53 @@ class Catalog:
             for version, record in sorted(records.items())
         ]
 
+    def _find_commit_tss(
+        self, name: str, records: dict[int, LogRecord], commit_tss: dict[int, int]
+    ) -> None:
+        """Fill in the commit timestamps of ``records`` that none was recorded for.
+
+        A gateway's catalog records none, and a follow-up that failed left one out.
+        Every record was read at a snapshot, so its writer committed: its entry in
+        the transactions table has the commit timestamp, and once garbage
+        collection deleted the entry, the record's own version carries it as its
+        commit stamp (S9 stamps every version before the entry goes). Hence this
+        order: an entry missing now was deleted after the stamp was written. A
+        catalog over a remote manager has neither; its history keeps ``None``.
+        """
+        missing = {v: r for v, r in records.items() if v not in commit_tss}
+        if not missing or self._outcome_of is None:
+            return
+        looked_up: dict[int, int | None] = {}
+        for version, record in missing.items():
+            ts = record.txn_start_ts
+            if ts not in looked_up:
+                looked_up[ts] = self._outcome_of(ts)
+            found = looked_up[ts]
+            if found is not None and found >= 0:
+                commit_tss[version] = found
+        unstamped = sorted(v for v in missing if v not in commit_tss)
+        if self._stamps is None:
+            return
+        for at in range(0, len(unstamped), STAMP_LOOKUP_CELLS):
+            chunk = unstamped[at : at + STAMP_LOOKUP_CELLS]
+            cells = {Cell(Layout.log_row(name, v), Layout.COL_RECORD): v for v in chunk}
+            below = max(missing[v].txn_start_ts for v in chunk) + 1
+            found_versions = self._stamps.get_versions(self.layout.log, list(cells), below_ts=below)
+            for cell, versions in found_versions.items():
+                version = cells[Cell(*cell)]
+                for v in versions:
+                    if v.ts == missing[version].txn_start_ts and v.commit_ts is not None:
+                        commit_tss[version] = v.commit_ts
+
     # --- changes ----------------------------------------------------------------------
 
     def _record_commit_ts(self, name: str, versions: Sequence[int], commit_ts: int) -> None:
         """Record the commit timestamp, which the commit itself cannot know (history only).
 
         Follow-up work (see :meth:`_follow_up`): only history's commit_ts depends on
-        it, and history finds it without the record where the manager can look up
-        the log record's transaction (``commit_ts_of``).
+        it, and history finds it without the record where the catalog reaches the
+        store (:meth:`_find_commit_tss`); a remote manager's catalog keeps ``None``
+        for a version whose record failed.
         """
         with self._tm.begin() as tx:
             for version in versions:
@@ -599,8 +686,10 @@ class Catalog:
         )
         for staged in fresh:
             self._follow_up(fp.AFTER_COMMIT_POINT, staged.job_id, f"follow-up work of {where}")
-        # Unknown when an unknown outcome was settled. Not needed where history can
-        # look it up in the transactions table: one transaction less per commit.
+        # Unknown when an unknown outcome was settled. Not recorded by a gateway's
+        # catalog, one transaction less per commit: its history finds the timestamp
+        # in the transactions table or, once that entry is collected, in the log
+        # record's commit stamp (``_find_commit_tss``).
         if commit_ts is not None and self._commit_ts_of is None:
             self._follow_up(
                 fp.BEFORE_RECORD_COMMIT_TS,
@@ -634,7 +723,7 @@ class Catalog:
             )
 
     def _expire_quietly(self, name: str) -> None:
-        result = self.expire(name, now_ms(), max_rows=FOLLOW_UP_EXPIRE_ROWS)
+        result = self.expire(name, self.clock_ms(), max_rows=FOLLOW_UP_EXPIRE_ROWS)
         if result.deleted:
             log.info("expiry of %s: %s", name, result)
 
@@ -652,7 +741,7 @@ class Catalog:
             row = Layout.name_row(name)
             if tx.get(self.layout.tables, row, Layout.COL_META) is not None:
                 raise TableExistsError(f"table {name!r} already exists")
-            ms = now_ms()
+            ms = self.clock_ms()
             tx.put(self.layout.tables, row, Layout.COL_META, meta.encode())
             tx.put(self.layout.head, row, Layout.COL_HEAD, Head(0, 0, 0, ms).encode())
             tx.put(self.layout.gens, Layout.gen_row(name, 0), Layout.COL_GEN, _gen0(ms))
