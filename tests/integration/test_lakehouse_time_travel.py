@@ -23,9 +23,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_integration import DataFile, Lakehouse, VersionNotFoundError
+from spark_integration._catalog import Catalog, CommitRequest, _GroupAttempt
 from spark_integration._hook import new_job
+from spark_integration._model import APPEND, FileEntry
 from tests.servers import ServerProcess
 from txn import TransactionConfig, TransactionManager
+from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager
 
 pytestmark = pytest.mark.integration
@@ -112,3 +115,89 @@ def test_read_as_of_a_timestamp(spark: SparkSession, lh: Lakehouse) -> None:
     assert lh.read(spark, "t").count() == 10
     with pytest.raises(ValueError, match="not both"):
         lh.read(spark, "t", version=1, timestamp=between)
+
+
+# --- issue 30, item 3: an answer, once given, is the answer for ever --------------------
+
+
+@pytest.fixture
+def catalog_name() -> str:
+    return f"c{os.urandom(6).hex()}"
+
+
+def _request(n: int) -> CommitRequest:
+    return CommitRequest(APPEND, (FileEntry(f"part-{n}.parquet", 10, n),), f"job-{n}", 0)
+
+
+def test_an_answer_given_while_a_commit_was_in_flight_stays_the_answer(
+    gateway: ServerProcess, tmp_path: Path, catalog_name: str
+) -> None:
+    """Fails before the fix: ``version_at(T)`` answered 1, then 2 for the same T.
+
+    Interleaving, with a real ``percolake serve``: a commit attempt (a catalog driving
+    the gateway's transactions, as a second gateway or ``gateway_catalog=False``
+    would) reads the head and takes its log time ``L`` (``_GroupAttempt.run``); then
+    ``version_at(T)`` for a ``T`` after ``L`` is asked through the gateway's
+    ``GetTable``: the log shows versions 0 and 1 only, so it answers 1; then the
+    attempt reaches its commit point and version 2 lands with log time ``L <= T``.
+    Asked again, ``version_at(T)`` answered 2. Now the first answer raised the
+    head's ``last_ms`` above ``T`` in its own transaction, so the attempt conflicts
+    on the head, and its retry takes a log time above ``T``.
+    """
+    tm = TransactionManager.remote(gateway.address)
+    try:
+        lh = Lakehouse(cast(TransactionManager, tm), tmp_path / "warehouse", catalog=catalog_name)
+        lh.create_table("t", SCHEMA)
+        append(lh, 1)
+        writer = Catalog(tm, catalog_name)
+        tx = tm.begin()
+        (staged,) = _GroupAttempt(writer, "t", tx).run([_request(2)])
+        assert not isinstance(staged, BaseException) and staged.version == 2
+        at = tick()  # after the attempt's log time
+        assert lh.version_at("t", at) == 1
+        with pytest.raises(TransactionAbortedError):
+            tx.commit()  # before the fix it committed version 2 at a log time <= at
+        assert (
+            writer.commit_files(
+                "t", APPEND, _request(2).files, job_id="again", job_started_ms=0
+            ).version
+            == 2
+        )
+        assert lh.version_at("t", at) == 1
+        assert [c.timestamp_ms > at for c in lh.history("t")] == [False, False, True]
+    finally:
+        tm.close()
+
+
+def test_a_committer_whose_clock_is_behind_cannot_change_an_answer(
+    gateway: ServerProcess, tmp_path: Path, catalog_name: str
+) -> None:
+    """Fails before the fix: ``version_at(T)`` answered 1, then 2 for the same T.
+
+    Interleaving, with a real ``percolake serve``: ``version_at(T)`` through the
+    gateway, ``T`` now, answers 1 (the latest). Then a committer whose clock is a
+    minute behind (another gateway, or a client-driven catalog; here a catalog with
+    a skewed ``clock_ms`` over the gateway's transactions) appends version 2. Its log
+    time was ``max(its clock, the head's last_ms)``, the head's being version 1's,
+    at or below ``T``: asked again, ``version_at(T)`` answered 2. Now the answer
+    raised the head's ``last_ms`` above ``T``, and version 2's log time is above it.
+    """
+    tm = TransactionManager.remote(gateway.address)
+    try:
+        lh = Lakehouse(cast(TransactionManager, tm), tmp_path / "warehouse", catalog=catalog_name)
+        lh.create_table("t", SCHEMA)
+        append(lh, 1)
+        at = tick()
+        assert lh.version_at("t", at) == 1
+        behind = Catalog(tm, catalog_name, clock_ms=lambda: now_ms() - 60_000)
+        assert (
+            behind.commit_files(
+                "t", APPEND, _request(2).files, job_id="behind", job_started_ms=0
+            ).version
+            == 2
+        )
+        assert lh.version_at("t", at) == 1
+        times = [c.timestamp_ms for c in lh.history("t")]
+        assert times == sorted(times) and times[2] > at
+    finally:
+        tm.close()
