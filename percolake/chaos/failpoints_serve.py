@@ -27,7 +27,43 @@ validated or committed. The row names the fail point, the value is its argument:
 ``scan.lockstep``     ``1``: after each full batch, the next batch of a scan is computed
                       only once the client sent one ``scan.next`` (needs a batch size)
 ``scan.next``         one permission for one more batch of the transaction's newest scan
+``status.late``       ``1``: the next ``Status(settle=True)`` of this transaction comes
+                      late: the gateway first runs a ``gc.pass`` and forgets the
+                      transaction (``status.forget``), as if the settle reached another
+                      gateway after a garbage-collection pass
 ====================  ==================================================================
+
+Two controls act on the whole gateway, whatever transaction carries them (a test sends
+them in a throwaway transaction of its own):
+
+====================  ==================================================================
+``gc.pass``           the Write returns after one garbage-collection pass ran on the
+                      gateway's store (:class:`~txn.GarbageCollector`, retention 0, grace
+                      0, the gateway's oracle and locks). Its safe point stays at or below
+                      the oldest transaction open on this gateway (published as a manager
+                      registration: a long-running transaction's), so the test's open
+                      transactions keep their snapshots; everything that committed before
+                      them may lose its transactions-table entry (rule S9). Afterwards the
+                      gateway's readers forget every outcome they cached, as readers in
+                      another process would know none
+``status.forget``     value: a transaction id. The gateway forgets what it remembers of
+                      that finished transaction (the outcome its ``Status`` answers from
+                      memory) and every cached outcome, as a restarted gateway or another
+                      replica would: its next ``Status`` reads the store (an open
+                      transaction is never forgotten)
+====================  ==================================================================
+
+The first ``gc.pass`` of a gateway process waits the default grace once (5 s): readers
+may hold a lease on the safe point from before the first pass wrote grace 0.
+
+Deliberately broken builds for the tests that show the checks can fail: with
+``PERCOLAKE_UNSAFE_BROKEN_SETTLE`` set as well, the gateway settles as it did before
+issue 30 (:func:`steered_gateway_class`). ``safe-point``
+(:class:`SettleIgnoresSafePointServicer`): ``Status(settle=True)`` of a transaction it
+does not hold writes ABORTED whenever it finds no transactions-table entry, whether or
+not garbage collection may have collected it (item 1). ``read-only``
+(:class:`SettleIgnoresReadOnlyServicer`): the same, and it also ignores that the owner
+wrote nothing, so a read-only commit whose reply was lost is settled ABORTED (item 4).
 
 The same switch builds the gateway's ``LakehouseService`` from
 :class:`SteeredLakehouseServicer`, whose group committer (:class:`SteeredGroupCommitter`)
@@ -71,9 +107,15 @@ from typing import Any, Final
 import grpc
 
 from percolake.errors import CommitUnknownError
+from percolake.rpc import abort_with
 from percolake.v1 import transaction_pb2 as pb
 from spark_integration._catalog import Catalog, CommitRequest
 from spark_integration.server import GroupCommitter, LakehouseLimits, LakehouseServicer, _Queue
+from txn import GarbageCollector, TransactionStatus
+from txn._gc import GcReport
+from txn._lowering import state_to_pb
+from txn._safepoint import Registration
+from txn._status import ABORTED
 from txn.server import TransactionServicer
 
 log = logging.getLogger(__name__)
@@ -88,6 +130,13 @@ COMMIT_REPLY: Final = b"commit.reply"
 SCAN_BATCH_SIZE: Final = b"scan.batch_size"
 SCAN_LOCKSTEP: Final = b"scan.lockstep"
 SCAN_NEXT: Final = b"scan.next"
+STATUS_LATE: Final = b"status.late"
+#: Controls of the whole gateway (see the module docstring).
+GC_PASS: Final = b"gc.pass"
+STATUS_FORGET: Final = b"status.forget"
+#: With the fail points on, ``safe-point`` or ``read-only`` makes the gateway a broken
+#: settling build (see the module docstring).
+BROKEN_SETTLE_ENV: Final = "PERCOLAKE_UNSAFE_BROKEN_SETTLE"
 #: A lockstep scan whose client never sends the next permission stops waiting after
 #: this long (a safety valve: the stream then goes on as an unpaced one would).
 LOCKSTEP_MAX_WAIT_S: Final = 30.0
@@ -146,6 +195,25 @@ def serve_failpoints_requested(environ: Mapping[str, str] | None = None) -> bool
     return env.get(SERVE_FAILPOINTS_ENV) == "1"
 
 
+def steered_gateway_class(
+    environ: Mapping[str, str] | None = None,
+) -> type[SteeredTransactionServicer]:
+    """The gateway of the test build: by ``PERCOLAKE_UNSAFE_BROKEN_SETTLE``, unset or
+    empty: :class:`SteeredTransactionServicer`; ``safe-point``:
+    :class:`SettleIgnoresSafePointServicer`; ``read-only``:
+    :class:`SettleIgnoresReadOnlyServicer`."""
+    env = os.environ if environ is None else environ
+    broken = env.get(BROKEN_SETTLE_ENV, "")
+    builds: dict[str, type[SteeredTransactionServicer]] = {
+        "": SteeredTransactionServicer,
+        "safe-point": SettleIgnoresSafePointServicer,
+        "read-only": SettleIgnoresReadOnlyServicer,
+    }
+    if broken not in builds:
+        raise ValueError(f"{BROKEN_SETTLE_ENV} must be safe-point or read-only, got {broken!r}")
+    return builds[broken]
+
+
 class SteeredTransactionServicer(TransactionServicer):
     """TEST BUILD: the gateway with fail points steered through :data:`CONTROL_TABLE`.
 
@@ -161,18 +229,67 @@ class SteeredTransactionServicer(TransactionServicer):
             SERVE_FAILPOINTS_ENV,
             CONTROL_TABLE,
         )
+        self._gc_lock = threading.Lock()
+        self._collector: GarbageCollector | None = None
+        # A registration of its own (never the manager's, whose thread may overwrite
+        # it between the publication and the pass), published just before each pass.
+        self._gc_registration = Registration(
+            self._tm.store, self._tm._rt.active.oldest, interval_s=3600.0
+        )
+        self._late_lock = threading.Lock()
+        self._late: set[str] = set()
+        self.gc_passes = 0
+
+    # --- the whole gateway's controls ------------------------------------------------
+
+    def gc_pass(self) -> GcReport:
+        """One garbage-collection pass at retention 0, below every open transaction."""
+        with self._gc_lock:
+            rt = self._tm._rt
+            if self._collector is None:
+                self._collector = GarbageCollector(
+                    rt.store,
+                    timestamps=rt.timestamps,
+                    locks=rt.locks,
+                    retention_s=0.0,
+                    grace_ms=0,
+                    config=rt.config,
+                )
+            oldest, latest = rt.active.oldest()
+            self._gc_registration.publish(oldest, latest)
+            report = self._collector.run_once()
+            rt.resolver.clear_cache()
+            self.gc_passes += 1
+        log.warning("test gc.pass %d (open from %s): %s", self.gc_passes, oldest, report.summary())
+        return report
+
+    def forget(self, txn_id: str) -> None:
+        """Forget a finished transaction's outcome, and every cached one."""
+        with self._registry:
+            if txn_id not in self._open:
+                self._finished.pop(txn_id, None)
+        self._tm._rt.resolver.clear_cache()
 
     def Write(self, request: pb.WriteRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
         controls = [m for m in request.mutations if m.table == CONTROL_TABLE]
         if not controls:
             return super().Write(request, context)
-        steering = _registry.setdefault(request.txn_id)
         permits = 0
         for m in controls:
             if m.row == SCAN_NEXT:
                 permits += 1
+            elif m.row == GC_PASS:
+                try:
+                    self.gc_pass()
+                except Exception as exc:
+                    abort_with(context, exc)
+            elif m.row == STATUS_FORGET:
+                self.forget(m.put.decode())
+            elif m.row == STATUS_LATE:
+                with self._late_lock:
+                    self._late.add(request.txn_id)
             else:
-                _configure(steering, m.row, m.put)
+                _configure(_registry.setdefault(request.txn_id), m.row, m.put)
         rest = [m for m in request.mutations if m.table != CONTROL_TABLE]
         response = (
             super().Write(
@@ -183,6 +300,7 @@ class SteeredTransactionServicer(TransactionServicer):
             else pb.WriteResponse()
         )
         if permits:  # after the other writes are buffered: the next batch must see them
+            steering = _registry.setdefault(request.txn_id)
             with steering.changed:
                 steering.permits += permits
                 steering.changed.notify_all()
@@ -215,6 +333,25 @@ class SteeredTransactionServicer(TransactionServicer):
         finally:
             _registry.finish(request.txn_id)
 
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
+        late = False
+        if request.settle:
+            with self._late_lock:
+                late = request.txn_id in self._late
+                self._late.discard(request.txn_id)
+        if late:
+            try:
+                self.gc_pass()
+            except Exception as exc:
+                abort_with(context, exc)
+            self.forget(request.txn_id)
+        return self._status(request, context)
+
+    def _status(
+        self, request: pb.StatusRequest, context: grpc.ServicerContext
+    ) -> pb.StatusResponse:
+        return super().Status(request, context)
+
     def Scan(
         self, request: pb.ScanRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ScanResponse]:
@@ -238,6 +375,71 @@ class SteeredTransactionServicer(TransactionServicer):
             if paced and len(batch.cells) == request.batch_size:
                 _await_permit(steering, this_scan, context)
             batch = next(batches, None)
+
+
+class SettleIgnoresSafePointServicer(SteeredTransactionServicer):
+    """TEST BUILD, BROKEN ON PURPOSE: settles writers as the gateway did before issue 30.
+
+    ``Status(settle=True)`` of a transaction this gateway does not hold reads the
+    transactions table and, finding no entry, writes ABORTED: it ignores that garbage
+    collection may have collected a committed writer's entry (below the safe point, rule
+    S9) and the cells the owner says it wrote. An open transaction is fenced as before,
+    and an owner that wrote nothing is answered as the fixed gateway answers it (see
+    :class:`SettleIgnoresReadOnlyServicer` for that). It exists only to show that the
+    tests catch such a settle.
+    """
+
+    #: Whether an owner's "I wrote nothing" is ignored too (item 4 broken as well).
+    ignores_read_only = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        log.critical(
+            "%s: this gateway settles transactions it does not hold as ABORTED whenever "
+            "their entry is missing, even below the garbage-collection safe point%s; it "
+            "exists only to prove that tests catch that",
+            BROKEN_SETTLE_ENV,
+            ", and read-only ones too" if self.ignores_read_only else "",
+        )
+
+    def _status(
+        self, request: pb.StatusRequest, context: grpc.ServicerContext
+    ) -> pb.StatusResponse:
+        if not request.settle or not request.txn_id.isdigit():
+            return super()._status(request, context)
+        if request.read_only and not self.ignores_read_only:
+            return super()._status(request, context)
+        start_ts = int(request.txn_id)
+        try:
+            with self._registry:
+                entry = self._open.get(request.txn_id)
+                finished = self._finished.get(request.txn_id)
+            if entry is not None:
+                finished = self._fence(request.txn_id, entry)
+            if finished is not None and finished[0] is not TransactionStatus.UNKNOWN:
+                status, commit_ts = finished
+                return pb.StatusResponse(
+                    state=state_to_pb(status), start_ts=start_ts, commit_ts=commit_ts or 0
+                )
+            resolver = self._tm._rt.resolver
+            outcome = resolver.read([start_ts]).get(start_ts)
+            if outcome is None:
+                outcome = resolver.settle_aborted(start_ts)
+        except Exception as exc:
+            abort_with(context, exc)
+        if outcome == ABORTED:
+            return pb.StatusResponse(state=pb.TRANSACTION_STATE_ABORTED, start_ts=start_ts)
+        return pb.StatusResponse(
+            state=pb.TRANSACTION_STATE_COMMITTED, start_ts=start_ts, commit_ts=outcome
+        )
+
+
+class SettleIgnoresReadOnlyServicer(SettleIgnoresSafePointServicer):
+    """TEST BUILD, BROKEN ON PURPOSE: :class:`SettleIgnoresSafePointServicer` that also
+    settles an owner that wrote nothing by fencing or writing ABORTED, so a read-only
+    commit whose reply was lost is told it aborted (issue 30 item 4)."""
+
+    ignores_read_only = True
 
 
 def _configure(steering: _Steering, name: bytes, value: bytes) -> None:

@@ -5,8 +5,10 @@ test-only switches of :mod:`percolake.chaos.unsafe` (a broken commit protocol,
 oracles that do not claim their store, leaders that do not check their lease) and the
 gateway fail points that tests steer (:mod:`percolake.chaos.failpoints_serve`: the
 transaction service's, and the lakehouse service's group commits steered by a control
-file), and a store that answers late after a pause of the process
-(:mod:`percolake.chaos._reconnect`), which the installed command never looks at.
+file; with ``PERCOLAKE_UNSAFE_SETTLE_IGNORES_SAFE_POINT=1`` too, a gateway that settles
+as before issue 30, broken on purpose), and a store that answers late after a pause of
+the process (:mod:`percolake.chaos._reconnect`), which the installed command never
+looks at.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from collections.abc import Sequence
 from percolake.chaos._reconnect import reconnect_ms_from_env, store_opener
 from percolake.chaos.failpoints_serve import (
     SteeredLakehouseServicer,
-    SteeredTransactionServicer,
     serve_failpoints_requested,
+    steered_gateway_class,
 )
 from percolake.chaos.unsafe import unsafe_build_from_env
 from percolake.serve_args import add_serve_arguments
@@ -51,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         oracle_claims=build.oracle_claims,
         leader_checks_lease=build.leader_checks_lease,
         store_opener=store_opener(reconnect_ms_from_env()),
-        gateway_class=SteeredTransactionServicer if steered else TransactionServicer,
+        gateway_class=steered_gateway_class() if steered else TransactionServicer,
         lakehouse_class=SteeredLakehouseServicer if steered else LakehouseServicer,
     )
 

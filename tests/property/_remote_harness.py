@@ -4,7 +4,9 @@ The gateway is ``python -m percolake.chaos.serve`` (exactly ``percolake serve`` 
 the test switches) with ``PERCOLAKE_TEST_SERVE_FAILPOINTS=1``; a test steers the fail
 points of one transaction through an attached handle (see
 :mod:`percolake.chaos.failpoints_serve`), so the transaction's own client calls stay
-the public API, unchanged.
+the public API, unchanged. Controls of the whole gateway (a garbage-collection pass,
+forgetting a finished transaction) travel in a throwaway transaction
+(:func:`gateway_control`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from percolake.chaos.failpoints_serve import CONTROL_TABLE, SERVE_FAILPOINTS_ENV
+from percolake.chaos.failpoints_serve import (
+    BROKEN_SETTLE_ENV,
+    CONTROL_TABLE,
+    GC_PASS,
+    SERVE_FAILPOINTS_ENV,
+    STATUS_FORGET,
+)
 from tests.servers import TEST_BUILD_SERVE, ServerProcess
 from txn.remote import RemoteTransaction, RemoteTransactionManager
 
@@ -20,14 +28,21 @@ CONTROL_COLUMN = b"v"
 
 
 def failpoint_gateway(
-    workdir: Path, store_url: str = "memory://", extra_args: Sequence[str] = ()
+    workdir: Path,
+    store_url: str = "memory://",
+    extra_args: Sequence[str] = (),
+    *,
+    broken_settle: str = "",
 ) -> ServerProcess:
-    """A started gateway of the test build with its fail points on (all roles)."""
+    """A started gateway of the test build with its fail points on (all roles);
+    ``broken_settle``: ``safe-point`` or ``read-only``, a build that settles as before
+    issue 30 (broken on purpose, see :func:`~percolake.chaos.failpoints_serve.
+    steered_gateway_class`)."""
     return ServerProcess(
         "all",
         ["--store", store_url, *extra_args],
         workdir,
-        env={SERVE_FAILPOINTS_ENV: "1"},
+        env={SERVE_FAILPOINTS_ENV: "1", BROKEN_SETTLE_ENV: broken_settle},
         command=TEST_BUILD_SERVE,
     ).start()
 
@@ -43,3 +58,24 @@ def steer(handle: RemoteTransaction, points: Mapping[bytes, bytes]) -> None:
 def control_handle(manager: RemoteTransactionManager, txn_id: str) -> RemoteTransaction:
     """An attached handle that only ever carries fail point writes."""
     return manager.attach(txn_id)
+
+
+def gateway_control(manager: RemoteTransactionManager, points: Mapping[bytes, bytes]) -> None:
+    """Send controls of the whole gateway (``gc.pass``, ``status.forget``) in a
+    throwaway transaction; returns once the gateway carried them out."""
+    carrier = manager.begin()
+    try:
+        steer(manager.attach(carrier.id), points)
+    finally:
+        carrier.abort()
+
+
+def gc_pass(manager: RemoteTransactionManager) -> None:
+    """One garbage-collection pass at retention 0 in the gateway, below its open
+    transactions; its readers forget every cached outcome afterwards."""
+    gateway_control(manager, {GC_PASS: b"1"})
+
+
+def forget(manager: RemoteTransactionManager, txn_id: str) -> None:
+    """The gateway forgets the finished ``txn_id`` and every cached outcome."""
+    gateway_control(manager, {STATUS_FORGET: txn_id.encode()})

@@ -14,6 +14,17 @@ commit whose reply is lost after or before it ran, a commit whose client deadlin
 expires while it waits queued at the gateway, a commit queued at the gateway while
 another client settles its outcome, another client settling a transaction still open.
 
+Garbage collection and late settles (issue 30): passes at retention 0 run between any
+two steps (their safe point stays at or below the gateway's open transactions, which
+keep their snapshots; everything that committed before them may lose its
+transactions-table entry), after which the gateway's readers forget every cached
+outcome, as readers in another process know none. A lost Commit reply may be settled
+late: its owner's settle reaches a gateway that ran a pass and forgot the transaction
+(``status.late``), as a settle through another gateway after the first was killed
+would. Any finished transaction, read-only ones included, may be settled again later by
+another client (``outcome(txn_id, settle=True)``), after a pass, at a gateway that
+forgot it.
+
 What is checked:
 
 * after every scan pull: each row at most once, in order, inside the range; the
@@ -24,6 +35,16 @@ What is checked:
   transaction still open, and agrees with what the commit itself returned; a commit
   ends in a commit timestamp, ``TransactionAbortedError`` or ``CommitUnknownError``
   (after another client settled it ABORTED, "transaction closed" is accepted too);
+* settling after garbage collection (rules S6, S9): a late settle may answer "no longer
+  known" (``OutcomeForgottenError``, a ``CommitUnknownError``: recorded as unknown), but
+  never ABORTED for a transaction whose commit returned (a writer; a read-only one has
+  nothing an ABORTED entry could hide), never COMMITTED for one that definitely failed,
+  and never one answer and later the other. A late ABORTED turns an unknown outcome
+  into a failure, which the checks below then hold to it. A commit of a transaction
+  that wrote nothing never raises ``TransactionAbortedError`` unless another client
+  settled it first: its snapshot reads stand, reply lost or not;
+* at teardown, no append of a transaction recorded as failed (aborted, or settled
+  ABORTED) was read by another transaction: its client was told it did not commit;
 * at teardown, the recorded list-append history (a scan's rows recorded as reads,
   keys a consumed part of a scan showed absent as empty reads) with the history
   checker: snapshot isolation for the mixed machine, serializability for the one
@@ -52,7 +73,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -63,14 +84,22 @@ from hypothesis.stateful import (
 )
 
 from percolake.chaos.failpoints_serve import (
+    BROKEN_SETTLE_ENV,
     COMMIT_DELAY_MS,
     COMMIT_REPLY,
     SCAN_BATCH_SIZE,
     SCAN_LOCKSTEP,
     SCAN_NEXT,
+    STATUS_LATE,
 )
 from percolake.checker import check_history
-from tests.property._remote_harness import control_handle, failpoint_gateway, steer
+from tests.property._remote_harness import (
+    control_handle,
+    failpoint_gateway,
+    forget,
+    gc_pass,
+    steer,
+)
 from tests.servers import ServerProcess
 from txn import Isolation, TransactionStatus
 from txn.errors import CommitUnknownError, TransactionAbortedError
@@ -171,6 +200,24 @@ class Committed:
 
 
 @dataclass
+class Finished:
+    """A transaction of the example that ended, for later settles and the final checks."""
+
+    label: str
+    txn_id: str
+    process: int
+    #: How it was recorded: "ok" | "fail" | "info" (a late ABORTED turns info to fail).
+    kind: str
+    read_only: bool
+    #: Index of its completion in the history.
+    record: int
+    appended: dict[int, str]  # value -> key
+    #: What a late settle answered, once one did (settling is final: S6).
+    verdict: TransactionStatus | None = None
+    why: str = ""
+
+
+@dataclass
 class QueuedCommit:
     thread: threading.Thread
     outcome: list[Outcome]
@@ -202,18 +249,21 @@ class RemoteMachine(RuleBasedStateMachine):
     isolations: ClassVar[tuple[Isolation, ...]] = (Isolation.SNAPSHOT, Isolation.SERIALIZABLE)
     model: ClassVar[str] = "snapshot-isolation"
     #: How transactions end, drawn uniformly (repeats weigh): commit, abort, a commit
-    #: whose reply is lost after it ran (lose) or before (drop), or whose client
-    #: deadline expires while it waits queued at the gateway (timeout), a commit
-    #: queued at the gateway while another client settles it, and another client
-    #: settling a transaction still open.
+    #: whose reply is lost after it ran (lose) or before (drop), the same settled late
+    #: (after a garbage-collection pass, at a gateway that forgot it: lose-late,
+    #: drop-late), a commit whose client deadline expires while it waits queued at the
+    #: gateway (timeout), a commit queued at the gateway while another client settles
+    #: it, and another client settling a transaction still open.
     endings: ClassVar[tuple[str, ...]] = (
         "commit",
         "commit",
         "commit",
         "abort",
         "lose",
+        "lose-late",
         "timeout",
         "drop",
+        "drop-late",
         "queued",
         "settle",
     )
@@ -237,6 +287,8 @@ class RemoteMachine(RuleBasedStateMachine):
         self.committed: list[Committed] = []
         self.own_managers: list[RemoteTransactionManager] = []
         self.failed = False
+        #: every transaction that ended (the seed's too), in order
+        self.finished: list[Finished] = []
 
     # --- recording ---------------------------------------------------------------
 
@@ -286,6 +338,18 @@ class RemoteMachine(RuleBasedStateMachine):
             self._record("fail", o.process, ops)
         else:
             self._record("info", o.process, invoked)
+        if o.label != "final":
+            self.finished.append(
+                Finished(
+                    o.label,
+                    o.tx.id,
+                    o.process,
+                    kind,
+                    read_only=not o.own,
+                    record=len(self.history) - 1,
+                    appended={v: k for k, values in o.own.items() for _, v in values},
+                )
+            )
         self._say(f"{o.label} -> {kind}" + (f" at {commit_ts}" if commit_ts else ""))
         if o.own_manager:
             o.manager.close()
@@ -340,6 +404,10 @@ class RemoteMachine(RuleBasedStateMachine):
         self._record("ok", process, ops, start_ts=tx.start_ts, commit_ts=commit_ts)
         self.committed.append(
             Committed("seed", tx.isolation, tx.start_ts, commit_ts, frozenset(keys), frozenset())
+        )
+        appended = {v: k for _, k, v in ops}
+        self.finished.append(
+            Finished("seed", tx.id, process, "ok", False, len(self.history) - 1, appended)
         )
         self.seeded = set(keys)
         self._say(f"seed {sorted(keys)} at {commit_ts}")
@@ -579,11 +647,17 @@ class RemoteMachine(RuleBasedStateMachine):
 
     def _commit(self, o: Txn, reply: str) -> None:
         """Commit; ``lose``: its reply is lost after it ran, ``drop``: before it ran,
-        ``timeout``: the client's deadline expires while the Commit waits queued."""
+        ``timeout``: the client's deadline expires while the Commit waits queued;
+        ``-late``: the client's settle of the lost reply comes after a garbage-collection
+        pass, at a gateway that forgot the transaction."""
         if reply == "timeout" and not o.own_manager:
             reply = "lose"  # a short deadline would hit the other calls of a shared client
-        if reply in ("lose", "drop"):
-            self._steer(o, {COMMIT_REPLY: reply.encode()})
+        lost = reply.removesuffix("-late")
+        if lost in ("lose", "drop"):
+            points = {COMMIT_REPLY: lost.encode()}
+            if reply.endswith("-late"):
+                points[STATUS_LATE] = b"1"
+            self._steer(o, points)
         elif reply == "timeout":
             self._steer(o, {COMMIT_DELAY_MS: str(TIMEOUT_DELAY_MS).encode()})
             o.manager.timeout_s = SHORT_TIMEOUT_S
@@ -592,6 +666,13 @@ class RemoteMachine(RuleBasedStateMachine):
         o.manager.timeout_s = CLIENT_TIMEOUT_S
         if kind == "error":
             raise self._failure(f"contract: commit of {o.label} ({reply}) raised {why}")
+        if kind == "fail" and not o.own:
+            self._complete(o, "info")
+            raise self._failure(
+                f"read-only: the commit of {o.label} ({reply}), which wrote nothing and which "
+                f"no other client settled, raised {why}: its reads stand, it must commit"
+            )
+        self._say(f"{o.label} commit ({reply}) said {kind} {why}")
         self._complete(o, kind, commit_ts)
 
     def _queued_commit(self, o: Txn, settler: int) -> None:
@@ -671,6 +752,75 @@ class RemoteMachine(RuleBasedStateMachine):
             raise self._failure(f"contract: commit of {o.label} after it was settled raised {why}")
         self._complete(o, "fail")
 
+    # --- garbage collection and late settles ----------------------------------------
+
+    def _collect(self) -> None:
+        gc_pass(type(self).clients[0])
+        self._say("gc pass (retention 0, below the open transactions); caches forgotten")
+
+    @rule()
+    def collect_garbage(self) -> None:
+        """A garbage-collection pass at retention 0 in the gateway (rules S8, S9)."""
+        self._collect()
+
+    @precondition(lambda self: bool(self.finished))
+    @rule(data=st.data(), settler=st.integers(0, CLIENTS - 1), collect_first=st.booleans())
+    def late_settle(self, data: st.DataObject, settler: int, collect_first: bool) -> None:
+        """Another client settles a finished transaction late (``outcome(txn_id,
+        settle=True)``), after a garbage-collection pass (``collect_first``), at a
+        gateway that forgot the transaction, as a restarted gateway or another replica
+        would know nothing of it."""
+        f = data.draw(st.sampled_from(self.finished), label="finished transaction")
+        client = type(self).clients[settler]
+        if collect_first:
+            self._collect()
+        forget(client, f.txn_id)
+        try:
+            verdict = client.outcome(f.txn_id, settle=True)
+        except CommitUnknownError as exc:  # OutcomeForgottenError: no longer known
+            self._say(f"{f.label} ({f.kind}) settled late: unknown ({type(exc).__name__})")
+            return
+        except Exception as exc:
+            raise self._failure(
+                f"contract: a late outcome({f.txn_id}, settle=True) of {f.label} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        self._say(f"{f.label} ({f.kind}) settled late: {verdict}")
+        where = f"a late outcome({f.txn_id}, settle=True) of {f.label}"
+        if verdict not in (TransactionStatus.COMMITTED, TransactionStatus.ABORTED):
+            raise self._failure(f"settle: {where} answered {verdict!r}: not final")
+        if f.verdict is not None and verdict is not f.verdict:
+            raise self._failure(f"settle: {where} answered {verdict}, earlier {f.verdict}")
+        f.verdict = verdict
+        if verdict is TransactionStatus.ABORTED and f.kind == "ok" and not f.read_only:
+            raise self._failure(
+                f"settle: {where} answered ABORTED, but its commit succeeded (rule S9: a "
+                "writer whose entry garbage collection may have collected is never "
+                "settled ABORTED)"
+            )
+        if verdict is TransactionStatus.COMMITTED and f.kind == "fail":
+            raise self._failure(f"settle: {where} answered COMMITTED; it definitely failed")
+        if verdict is TransactionStatus.ABORTED and f.kind == "info":
+            # Its client may now be told "not committed": hold it to that.
+            self.history[f.record]["type"] = "fail"
+            f.kind, f.why = "fail", "settled ABORTED late"
+
+    def _check_failed_unseen(self) -> None:
+        """No append of a transaction recorded as failed was read by another one."""
+        failed = {v: f for f in self.finished if f.kind == "fail" for v in f.appended}
+        for op in self.history:
+            if op["type"] != "ok":
+                continue
+            for f_, key, values in op["value"]:
+                for v in values if f_ == "r" and values else []:
+                    writer = failed.get(v)
+                    if writer is not None and writer.process != op["process"]:
+                        raise self._failure(
+                            f"settle: {writer.label} was told it did not commit "
+                            f"({writer.why or 'its commit failed'}), yet process "
+                            f"{op['process']} read its append {v} to {key}: {values}"
+                        )
+
     # --- the verdict ---------------------------------------------------------------
 
     def teardown(self) -> None:
@@ -689,6 +839,7 @@ class RemoteMachine(RuleBasedStateMachine):
                     self._complete(o, "info")
             if len(self.history) > 0 and not self.failed:
                 self._final_read()
+                self._check_failed_unseen()
                 report = check_history(self.history, type(self).model)
                 if not report.valid:
                     raise self._failure(report.render_text())
@@ -765,7 +916,11 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
         server.stop()
 
 
-def _run(machine: type[RemoteMachine], gateway: ServerProcess) -> None:
+def _run(
+    machine: type[RemoteMachine],
+    gateway: ServerProcess,
+    machine_settings: settings = MACHINE_SETTINGS,
+) -> None:
     clients = [
         RemoteTransactionManager(gateway.address, timeout_s=CLIENT_TIMEOUT_S)
         for _ in range(CLIENTS)
@@ -773,7 +928,7 @@ def _run(machine: type[RemoteMachine], gateway: ServerProcess) -> None:
     machine.address = gateway.address
     machine.clients = clients
     try:
-        run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
+        run_state_machine_as_test(machine, settings=machine_settings)
     finally:
         for client in clients:
             client.close()
@@ -786,3 +941,60 @@ def test_remote_protocol_mixed_isolation_is_snapshot_isolated(gateway: ServerPro
 
 def test_remote_protocol_serializable_is_serializable(gateway: ServerProcess) -> None:
     _run(SerializableRemoteMachine, gateway)
+
+
+@pytest.fixture(scope="module", params=["safe-point", "read-only"])
+def broken_settle_gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    workdir = tmp_path_factory.mktemp(f"remote-machine-broken-{request.param}")
+    server = failpoint_gateway(
+        workdir,
+        "memory://",
+        ["--lock-wait-ms", "2000", "--resolve-wait-ms", "1000"],
+        broken_settle=request.param,
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+#: What the machine must say about each broken settling build (issue 30 items 1, 4).
+BROKEN_SETTLE_FINDINGS = {
+    # A writer whose commit returned, answered ABORTED by a late settle after a pass
+    # collected its entry; or told ABORTED by its own late settle, its appends read.
+    "safe-point": r"settle: .*(answered ABORTED, but its commit succeeded|was told it did not "
+    r"commit)|INVALID under",
+    # A read-only commit whose reply was lost, told it aborted.
+    "read-only": r"read-only: the commit of .* raised TransactionAbortedError",
+}
+
+
+def test_a_settle_that_ignores_the_safe_point_or_read_only_is_caught(
+    broken_settle_gateway: ServerProcess,
+) -> None:
+    """Gateway builds that settle as before issue 30: fails on the code before 94be154.
+
+    ``safe-point`` (item 1): a settle of a transaction the gateway does not hold writes
+    ABORTED whenever the entry is missing, below the garbage-collection safe point too:
+    T commits, its reply is lost (or it is acknowledged), a pass stamps its versions and
+    deletes its entry, a settle at a gateway that forgot T answers ABORTED while readers
+    see T's writes. ``read-only`` (item 4): that, and an owner that wrote nothing is
+    fenced or settled ABORTED: a read-only commit whose reply was lost is told it
+    aborted. The machine must find each without being told where.
+    """
+    finding = BROKEN_SETTLE_FINDINGS[broken_settle_gateway.env[BROKEN_SETTLE_ENV]]
+    with pytest.raises(AssertionError, match=finding):
+        _run(
+            RemoteMachine,
+            broken_settle_gateway,
+            settings(
+                MACHINE_SETTINGS,
+                max_examples=100,
+                phases=[Phase.generate],  # finding it is the point; shrinking is slow
+                report_multiple_bugs=False,
+                derandomize=True,  # the same exploration on every run: no flaky verdicts
+                database=None,
+            ),
+        )
