@@ -31,6 +31,7 @@ SUITES = [
     "bench.bench_lakehouse",
     "bench.bench_lakehouse_deployed",
     "bench.bench_ha",
+    "bench.bench_restart",
     "bench.bench_gc",
     "bench.bench_datasource",
     "bench.bench_checker",

@@ -8,6 +8,9 @@ and clock rates within the drift margin. A variant without the margin is caught.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -370,3 +373,203 @@ def test_a_replica_that_cannot_take_the_bound_steps_down_instead_of_holding_the_
     assert other.valid() and other.epoch == 2
     assert TimestampOracle(store, lease=other).next_timestamp() >= 5
     plane.close()
+
+
+# --- the rule with claims: processes reaching one SQLite file by different paths, ------
+# --- embedded oracles beside replicas, pauses, deaths and restarts -------------------
+
+#: How a process names the database: the file, a symlink to it, a path through a
+#: symlinked folder. (Hard links need separate processes, SQLite refuses two names of
+#: one file in one process; ``test_oracle_claim.py`` covers them.)
+_PATHS = ("dir/store.db", "link.db", "dir-link/store.db")
+
+
+class _Process:
+    """One process of the model: a replica of ``percolake serve`` (a claim per term, an
+    oracle per term, as :class:`percolake.replica.ControlPlane` builds them) or an
+    embedded oracle (a claim for life, its own lease, :class:`_Embedded`)."""
+
+    def __init__(self, root: Path, path: str, world: World, rate: float, embedded: bool) -> None:
+        self.store = open_store(f"sqlite:///{root / path}")
+        self.embedded: _Embedded | None = None
+        self.term_oracle: TimestampOracle | None = None
+        clock = world.clock(rate)
+        if embedded:
+            try:
+                self.embedded = _Embedded(self.store, clock)
+            except OracleAlreadyRunningError:
+                self.store.close()
+                raise
+            self.lease = self.embedded.lease
+        else:
+            self.lease = LeaderLease(
+                self.store,
+                "tso",
+                address=f"{path}@{rate:.3f}",
+                lease_ms=LEASE_MS,
+                clock=clock,
+                claim_role=ORACLE_ROLE,
+                on_change=self._on_change,
+            )
+
+    def _on_change(self, epoch: int | None) -> None:
+        if self.term_oracle is not None:
+            self.term_oracle.close()
+            self.term_oracle = None
+        if epoch is not None:
+            self.term_oracle = TimestampOracle(self.store, lease=self.lease)
+
+    def timestamp(self) -> int:
+        oracle = self.embedded or self.term_oracle
+        if oracle is None:
+            raise OracleFencedError("no term")
+        return oracle.next_timestamp()
+
+    def kill(self) -> None:
+        self.store.close()  # the OS drops its locks; nothing else happens
+
+
+_process_events = st.lists(
+    st.tuples(
+        st.integers(0, 2),  # which process slot (a tick starts its rounds from it)
+        st.sampled_from(
+            ["tick", "tick", "tick", "pause", "kill", "start-replica", "start-embedded"]
+        ),
+        st.sampled_from(_PATHS),
+        st.floats(min_value=0.0, max_value=1.5),  # real time passing before it
+    ),
+    min_size=5,
+    max_size=40,
+)
+
+
+def _claims_and_terms_hold(
+    rates: list[float], events: list[tuple[int, str, str, float]], root: Path
+) -> None:
+    """``tick``: time passes, then every live process that is not paused runs a round
+    (from ``slot`` on, in turn); ``pause``: ``slot`` runs no round for twice the time
+    given; ``kill``: it dies; ``start-*``: a new process in an empty slot."""
+    (root / "dir").mkdir()
+    os.symlink(root / "dir" / "store.db", root / "link.db")
+    os.symlink(root / "dir", root / "dir-link")
+    world = World()
+    slots: list[_Process | None] = [None, None, None]
+    paused_until = [0.0, 0.0, 0.0]
+    handed_out: list[int] = []
+
+    def check(when: str) -> None:
+        live = [p for p in slots if p is not None]
+        leading = [p for p in live if p.lease.valid()]
+        assert len(leading) <= 1, f"two leaders {when} at {world.now:.3f}"
+        for process in live:
+            try:
+                ts = process.timestamp()
+            except OracleFencedError:
+                # Only a process that does not lead may refuse: a leader that cannot
+                # serve its term squats on the row (issue 30, item 13).
+                assert not process.lease.valid(), f"a leader refused {when} at {world.now:.3f}"
+                continue
+            # S7: every hand-out above every earlier one, whoever handed it out.
+            assert not handed_out or ts > handed_out[-1], f"{ts} after {handed_out[-1]} {when}"
+            handed_out.append(ts)
+
+    try:
+        for slot, action, path, dt in events:
+            if action == "tick":
+                world.now += dt
+                check("after a pause")
+                for i in (slot, (slot + 1) % 3, (slot + 2) % 3):
+                    process = slots[i]
+                    if process is not None and world.now >= paused_until[i]:
+                        process.lease.step()
+                        check(f"after a round of {i}")
+            elif action == "pause":
+                paused_until[slot] = world.now + 2 * dt
+            elif action == "kill" and (process := slots[slot]) is not None:
+                process.kill()
+                slots[slot] = None
+                check(f"after the death of {slot}")
+            elif action.startswith("start") and slots[slot] is None:
+                embedded = action == "start-embedded"
+                # Refused when a replica leads, or another embedded oracle holds the claim.
+                with contextlib.suppress(OracleAlreadyRunningError):
+                    slots[slot] = _Process(root, path, world, rates[slot], embedded)
+                paused_until[slot] = 0.0
+                check(f"after {action} of {slot}")
+    finally:
+        for process in slots:
+            if process is not None:
+                process.kill()
+
+
+@settings(max_examples=100, deadline=None)
+@given(rates=st.lists(_rates, min_size=3, max_size=3), events=_process_events)
+def test_claims_prove_holders_gone_and_leaders_serve_their_terms(
+    rates: list[float], events: list[tuple[int, str, str, float]]
+) -> None:
+    """Processes reach one SQLite file by different paths; each is a replica or an
+    embedded oracle; they step, pause (real time passes without their rounds), die
+    (their OS locks go) and start again in any order, clock rates within the margin.
+    At no instant do two lead, every timestamp handed out is above every earlier one,
+    and a process that leads serves (it does not hold the row while refusing).
+    Before the fixes of issue 30 this finds a second oracle through a symlink taking
+    over at once beside a live one (item 12), and an embedded oracle that took the row
+    again and refused every call (item 13)."""
+    with tempfile.TemporaryDirectory(prefix="lease-paths-") as tmp:
+        _claims_and_terms_hold(rates, events, Path(tmp))
+
+
+def test_the_path_model_catches_a_claim_named_from_the_path_as_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The same check on the broken claim (item 12): a lock file per path, nothing on
+    the database file. An embedded oracle through ``link.db`` takes the claim beside a
+    live one on ``dir/store.db``, reads its row as proof that the first is gone and
+    leads beside it."""
+    from storage_adapters import sqlite
+
+    monkeypatch.setattr(sqlite.SQLiteStore, "_lock_database_byte", lambda self, role: None)
+    monkeypatch.setattr(
+        sqlite.SQLiteStore,
+        "claim_file",
+        lambda self, role: f"{os.path.abspath(self.path)}.{role}.lock",
+    )
+    with pytest.raises(AssertionError, match="two leaders"):
+        _claims_and_terms_hold(
+            [1.0, 1.0, 1.0],
+            [
+                (0, "start-embedded", "dir/store.db", 0.0),
+                (1, "start-embedded", "link.db", 0.0),
+            ],
+            tmp_path,
+        )
+
+
+def test_the_path_model_catches_an_embedded_oracle_that_squats_on_its_next_term(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The same check on the broken embedded oracle (item 13): it takes the bound in its
+    first term only. Paused, it loses the row to a replica; the replica dies; the
+    embedded oracle takes the row again and refuses every call while it leads."""
+
+    def first_term_only(self: TimestampOracle, epoch: int | None) -> None:
+        if epoch is not None and self._term is None:
+            self._next, self._bound = self._take_over()
+            self._term = epoch
+
+    monkeypatch.setattr(TimestampOracle, "_on_term", first_term_only)
+    with pytest.raises(AssertionError, match="a leader refused"):
+        _claims_and_terms_hold(
+            [1.0, 1.0, 1.0],
+            [
+                (0, "start-embedded", "dir/store.db", 0.0),
+                (1, "start-replica", "link.db", 0.0),
+                (0, "pause", "link.db", 1.5),  # the embedded one: until t = 3
+                (1, "tick", "link.db", 0.5),  # the replica sees the row
+                (1, "tick", "link.db", 1.2),  # and takes over from the paused one
+                (1, "tick", "link.db", 1.4),  # the embedded one wakes: its term ended
+                (1, "kill", "link.db", 0.0),
+                (0, "tick", "link.db", 1.2),  # it takes the row again: epoch 3
+            ],
+            tmp_path,
+        )
