@@ -165,6 +165,7 @@ def run(
 ) -> list[Result]:
     reps = repetitions or (QUICK_REPETITIONS if quick else REPETITIONS)
     values: dict[str, list[float]] = {COLD: [], KILL: [], TERM: []}
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="percolake-restart-") as tmp:
         for rep in range(reps):
             progress(f"restart {rep + 1}/{reps}")
@@ -175,7 +176,9 @@ def run(
             log.info("repetition %d: %s", rep, {k: round(v[-1], 3) for k, v in values.items()})
     how = (
         "one `percolake serve` on SQLite, default 2 s lease; a probe commits through a "
-        "fresh TransactionManager.remote per attempt once the port accepts connections"
+        "fresh TransactionManager.remote per attempt once the port accepts connections; "
+        f"{os.cpu_count()} CPUs, load average {load_before:.1f} before and "
+        f"{os.getloadavg()[0]:.1f} after the run (a loaded machine starts Python slower)"
     )
     return [
         summarize(
