@@ -102,10 +102,12 @@ class TimestampOracle:
         window: int = DEFAULT_WINDOW,
         claim_store: bool = True,
         lease: LeaderLease | None = None,
+        leader_lease_ms: int | None = None,
     ) -> None:
-        """``claim_store=False`` without a lease exists only for test builds that show
-        the checks catch two oracles serving together; it removes the protection of
-        rule S7."""
+        """``leader_lease_ms``: the lease of an oracle of its own (no ``lease`` given;
+        default :data:`tso._lease.DEFAULT_LEASE_MS`). ``claim_store=False`` without a
+        lease exists only for test builds that show the checks catch two oracles
+        serving together; it removes the protection of rule S7."""
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive int, got {window!r}")
         self._store = store
@@ -134,7 +136,9 @@ class TimestampOracle:
         try:
             if lease is None and claim_store:
                 # Takes the bound in its first term (_on_term), before serving.
-                self._lease = self._own_lease = self._lead_alone(store, self._claim)
+                self._lease = self._own_lease = self._lead_alone(
+                    store, self._claim, leader_lease_ms
+                )
             else:
                 self._next, self._bound = self._take_over()
         except BaseException:
@@ -157,12 +161,18 @@ class TimestampOracle:
                 holder=exc.holder,
             ) from exc
 
-    def _lead_alone(self, store: KVStore, claim: Claim) -> LeaderLease:
+    def _lead_alone(self, store: KVStore, claim: Claim, lease_ms: int | None = None) -> LeaderLease:
         """An oracle of its own (embedded) still takes the leader lease, so that it never
         serves beside ``percolake serve`` replicas of the same store."""
-        from tso._lease import DRIFT_MARGIN, LeaderLease
+        from tso._lease import DEFAULT_LEASE_MS, DRIFT_MARGIN, LeaderLease
 
-        lease = LeaderLease(store, "tso", claim=claim, on_change=self._on_term)
+        lease = LeaderLease(
+            store,
+            "tso",
+            claim=claim,
+            on_change=self._on_term,
+            lease_ms=DEFAULT_LEASE_MS if lease_ms is None else lease_ms,
+        )
         # A holder that stopped renewing (it crashed) is waited out once, unless the
         # claim, which we hold, proves it gone.
         if not lease.acquire(timeout_s=lease.lease_ms / 1000 * (1 + DRIFT_MARGIN) + 1.0):

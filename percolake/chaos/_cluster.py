@@ -44,6 +44,9 @@ GID_GATEWAY_BASE: Final = 61_000
 GID_CLIENT_BASE: Final = 62_000
 GID_CASSANDRA_BASE: Final = 63_000
 GID_REPLICA_BASE: Final = 64_000
+GID_EMBEDDED: Final = 65_000
+#: How the report names the embedded oracle (``--embedded``); its leader row has no address.
+EMBEDDED_NAME: Final = "embedded"
 
 #: Cassandra node settings for a loaded machine: a two-core box running three nodes
 #: and a dozen Python processes stalls for longer than the default 2 s timeouts.
@@ -106,6 +109,8 @@ class Cluster:
         self.locks: Service | None = None
         #: The replicated control plane (``--replicas``), instead of ``tso`` and ``locks``.
         self.replicas: list[Service] = []
+        #: The embedded oracle beside the replicas (``--embedded``).
+        self.embedded: Service | None = None
         self.leader_watch: LeaderWatch | None = None
         self.gateways: list[Service] = []
         #: Second oracles started next to the first (oracle-overlap faults).
@@ -263,6 +268,18 @@ class Cluster:
             gid=self._gid(GID_REPLICA_BASE + index),
         )
 
+    def _embedded(self) -> Service:
+        """The embedded oracle on the replicas' store, not started."""
+        return Service(
+            EMBEDDED_NAME,
+            "percolake.chaos.embedded",
+            ["--store", self.store_url, "--leader-lease-ms", str(self.config.leader_lease_ms)],
+            self.work,
+            self.registry,
+            env=self._oracle_env(),
+            gid=self._gid(GID_EMBEDDED),
+        )
+
     @property
     def tso_address(self) -> str:
         """Where clients and gateways ask for timestamps: the oracle, or every replica."""
@@ -280,7 +297,10 @@ class Cluster:
         return self.locks.address
 
     def replica_at(self, address: str) -> Service | None:
-        """The replica serving on ``address`` (as the leader row names it)."""
+        """The replica serving on ``address`` (as the leader row names it); the embedded
+        oracle for a row without an address (it advertises none)."""
+        if address == "" and self.embedded is not None:
+            return self.embedded
         return next((r for r in self.replicas if r.port and r.address == address), None)
 
     def leader(self, wait_s: float) -> tuple[Service, LeaseRecord]:
@@ -300,8 +320,12 @@ class Cluster:
             time.sleep(0.05)
 
     def replica_names(self) -> dict[str, str]:
-        """Replica name by address, for the report."""
-        return {r.address: r.name for r in self.replicas if r.port}
+        """Replica name by address, for the report (the embedded oracle by its address,
+        and by the empty address its leader row carries)."""
+        names = {r.address: r.name for r in self.replicas if r.port}
+        if self.embedded is not None and self.embedded.port:
+            names[self.embedded.address] = names[""] = EMBEDDED_NAME
+        return names
 
     def second_oracle(self) -> Service:
         """A second oracle on the oracle's store, not started yet (on a port of its own)."""
@@ -312,6 +336,10 @@ class Cluster:
     def start_services(self) -> None:
         c = self.config
         if c.replicas:
+            if c.embedded:
+                # First, on the fresh store: it leads, as an embedded manager started
+                # before the replicas does; they follow.
+                self.embedded = self._embedded().start()
             # One by one: the first leads at once on a fresh store, the others follow.
             for index in range(c.replicas):
                 self.replicas.append(self._replica(index).start())
@@ -354,6 +382,8 @@ class Cluster:
 
     def services(self) -> dict[str, Service]:
         named: dict[str, Service] = {r.name: r for r in self.replicas}
+        if self.embedded is not None:
+            named[self.embedded.name] = self.embedded
         if self.tso is not None:
             named["tso"] = self.tso
         if self.locks is not None:
@@ -390,7 +420,8 @@ class Cluster:
         that a replica waking from a pause is asked directly); odd slots ask them all."""
         if self.config.uses_transactions or not self.replicas or slot % 2 == 1:
             return None
-        return self.replicas[(slot // 2) % len(self.replicas)].address
+        pinned = [*([self.embedded] if self.embedded is not None else []), *self.replicas]
+        return pinned[(slot // 2) % len(pinned)].address
 
     @property
     def start_file(self) -> Path:
@@ -513,7 +544,9 @@ class Cluster:
             if service.paused:
                 service.resume()
                 healed.append(f"resumed {name}")
-            if not service.alive:
+            if not service.alive and service is not self.embedded:
+                # (A killed embedded oracle stays down: it refuses to start while a
+                # replica leads, as an embedded manager does.)
                 restart(service)
                 healed.append(f"restarted {name}")
         for client in self.clients:
@@ -588,6 +621,8 @@ class Cluster:
                 service.stop()
         for replica in self.replicas:
             replica.stop()
+        if self.embedded is not None:
+            self.embedded.stop()
         if self.cassandra is not None:
             self.cassandra.stop()
 

@@ -65,6 +65,10 @@ class RunConfig:
     #: oracle and one lock server, no replicas). Clients and gateways get every
     #: replica's address and fail over by themselves.
     replicas: int = 0
+    #: timestamps with replicas: an embedded oracle (``python -m percolake.chaos.embedded``,
+    #: the oracle an embedded manager builds) starts first and leads; the replicas follow,
+    #: and the leader faults hit whichever of them leads.
+    embedded: bool = False
     #: The replicas' leader lease (``--leader-lease-ms``); also the oracle's when
     #: ``replicas`` is 0.
     leader_lease_ms: int = 2_000
@@ -147,6 +151,11 @@ class RunConfig:
             raise ValueError(
                 f"{','.join(sorted(on_replicas))} needs a replicated control plane: "
                 "--replicas 2 or more"
+            )
+        if self.embedded and (self.workload != "timestamps" or self.replicas < 1):
+            raise ValueError(
+                "--embedded runs an embedded oracle beside replicas under the timestamps "
+                "workload: it needs --workload timestamps and --replicas 1 or more"
             )
         if not 0 <= self.replicas <= 7:
             raise ValueError(f"--replicas must be 0-7, got {self.replicas}")

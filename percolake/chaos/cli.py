@@ -68,6 +68,12 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         "one lock server; clients and gateways get every replica's address (0)",
     )
     run.add_argument(
+        "--embedded",
+        action="store_true",
+        help="timestamps with replicas: an embedded oracle (as TransactionManager.embedded "
+        "builds it) starts first and leads beside the replicas; leader faults hit it too",
+    )
+    run.add_argument(
         "--leader-lease-ms",
         type=int,
         default=2000,
@@ -193,6 +199,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         gateways=args.gateways,
         clients=args.clients,
         replicas=args.replicas,
+        embedded=args.embedded,
         leader_lease_ms=args.leader_lease_ms,
         ts_call_timeout_s=args.ts_call_timeout_s,
         store_reconnect_ms=args.store_reconnect_ms,

@@ -568,3 +568,38 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
             timeout=60,
         )
         assert result.returncode == 2, (args, result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("seed", "first_fault"), [("1", "leader-pause"), ("3", "leader-kill")], ids=["pause", "kill"]
+)
+def test_an_embedded_oracle_beside_replicas_keeps_timestamps_unique_and_in_order(
+    tmp_path: Path, seed: str, first_fault: str
+) -> None:
+    """Issue 30 (items 12, 13): an embedded oracle (as ``TransactionManager.embedded``
+    builds it: the store's claim for life and a lease of its own) starts first and
+    leads; three replicas follow. The leader faults hit whoever leads: first the
+    embedded oracle, paused (a replica waits out its lease, takes over; the embedded one
+    wakes up to a term that ended and must refuse, then may lead again later) or killed
+    (its claim goes with it, which proves it gone: a replica takes over at once, and the
+    embedded one, restarted, refuses while a replica leads), then the replicas. Pinned
+    clients ask the embedded oracle directly. Every timestamp of every node stays unique
+    and in real-time order."""
+    out = tmp_path / f"embedded-{first_fault}"
+    at = TIMESTAMPS.index("--seed") + 1
+    args = (*TIMESTAMPS[:at], seed, *TIMESTAMPS[at + 1 :])
+    report = chaos_run(out, *args, "--embedded", duration_s=15)
+    assert report["seed"] == int(seed)
+    assert_clean(report, min_ok=1000, min_faults=3)
+    check = report["checks"]["timestamps"]
+    assert check["distinct_timestamps"] == check["calls_ok"], check
+    assert check_timestamp_file(out / "timestamps.jsonl").valid
+    names = report["cluster"]["replica_addresses"]
+    embedded = [address for address, name in names.items() if name == "embedded" and address]
+    assert len(embedded) == 1 and check["calls_by_node"].get(embedded[0], 0) > 0, check
+    first = report["faults"][0]
+    assert (first["kind"], first["replica"]) == (first_fault, "embedded"), first
+    assert first["healed"]["leader_after"]["name"].startswith("replica-"), first
+    if first_fault == "leader-kill":
+        assert first["healed"].get("restart_refused") == "embedded", first
+    assert_leader_changed(report, at_least=2)

@@ -300,7 +300,7 @@ class _Embedded(TimestampOracle):
         self._test_clock = clock
         super().__init__(store)
 
-    def _lead_alone(self, store: KVStore, claim: Claim) -> LeaderLease:
+    def _lead_alone(self, store: KVStore, claim: Claim, lease_ms: int | None = None) -> LeaderLease:
         lease = LeaderLease(
             store,
             "tso",
