@@ -104,6 +104,7 @@ from spark_integration._pruning import Candidate, prune
 from spark_integration._remote import RemoteCatalog
 from spark_integration._retention import describe_s
 from spark_integration._schema import check_dataframe_schema
+from spark_integration._session import reach_every_session, workers_run_this_python
 from txn import TransactionManager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager
@@ -924,9 +925,22 @@ class PercolakeDataSource(DataSource):
 
 
 def register(spark: SparkSession | ConnectSession) -> None:
-    """Register ``format("percolake")`` with ``spark``, a classic or a Spark Connect
-    session (not needed once the package is installed: Spark then finds it by itself,
-    through ``pyspark_percolake``, also in a Connect server)."""
+    """Register ``format("percolake")`` with ``spark``, a classic or a Spark Connect session.
+
+    An installed percolake is found by name without it (Spark's lookup of
+    ``pyspark_*`` modules finds ``pyspark_percolake``, also in a Connect server) when
+    the JVM started with ``$PYSPARK_PYTHON`` naming this environment's Python
+    (``local_session`` sets it). For a classic session ``register`` also covers what
+    that lookup cannot (see ``_session``): it makes the workers run this interpreter
+    when the user chose none, and makes the source reach the sessions
+    ``spark.newSession()`` makes and writes from other threads.
+    """
+    from pyspark.sql import SparkSession as ClassicSession
+
+    if isinstance(spark, ClassicSession):
+        # Before registering: the registration takes its workers' Python from the context.
+        workers_run_this_python(spark)
+        reach_every_session(PercolakeDataSource)
     spark.dataSource.register(PercolakeDataSource)
 
 

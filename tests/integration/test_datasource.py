@@ -95,7 +95,9 @@ def job_folders(env: Env, table: str) -> list[str]:
 def test_spark_finds_the_source_by_name_without_registration(spark: SparkSession, env: Env) -> None:
     # A new session has none of the parent's registrations: only the installed
     # pyspark_percolake module (Spark's lookup of pyspark_* modules) can supply it.
-    fresh = spark.newSession()
+    # Made in the JVM: register() (another module's fixture may have run it) makes
+    # Python's newSession register the source when that lookup did not find it.
+    fresh = SparkSession(spark.sparkContext, spark._jsparkSession.newSession())
     table = env.table()
     got = fresh.read.format("percolake").option("gateway", env.gateway).load(table)
     assert got.schema == SCHEMA

@@ -129,3 +129,18 @@ def test_stream_read_options_default_to_the_snapshot_and_refuse_batch_options() 
         stream_read_options({"path": "t", "maxFilesPerTrigger": "0"})
     with pytest.raises(ValueError, match="startingVersion is for streaming reads"):
         read_options({"path": "t", "startingVersion": "1"})
+
+
+def test_partition_overwrite_mode_is_a_batch_write_option() -> None:
+    """Issue 30 item 7: the write option is parsed (any case) and checked, never ignored.
+    Fails before the fix: it was refused as an unknown option."""
+    assert write_options({"path": "t"}).partition_overwrite_mode is None
+    for raw, mode in (("STATIC", "static"), (" dynamic ", "dynamic")):
+        opts = write_options({"path": "t", "partitionOverwriteMode": raw})
+        assert opts.partition_overwrite_mode == mode
+    with pytest.raises(ValueError, match="partitionOverwriteMode must be static or dynamic"):
+        write_options({"path": "t", "partitionOverwriteMode": "replace"})
+    with pytest.raises(ValueError, match="partitionOverwriteMode is for batch writes"):
+        read_options({"path": "t", "partitionOverwriteMode": "static"})
+    with pytest.raises(ValueError, match="unknown option"):
+        stream_write_options({"path": "t", "txnAppId": "a", "partitionOverwriteMode": "static"})
