@@ -1,4 +1,10 @@
-"""A hypothesis state machine that drives a backend and a plain dict model in lockstep."""
+"""A hypothesis state machine that drives a backend and a plain dict model in lockstep.
+
+The strategies reach both ends of every range on purpose: stored timestamps include 0, 1
+and MAX_TIMESTAMP, and bounds run from far below the range to far above it (issue 30
+item 11: Cassandra dropped the version at MAX_TIMESTAMP for below_ts=2**63, SQLite raised
+OverflowError there, and the old strategy, 0..30, reached neither).
+"""
 
 from __future__ import annotations
 
@@ -15,18 +21,41 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from storage_adapters import KVStore, ScanEntry, Version, VersionWrite, open_store
+from storage_adapters import (
+    MAX_TIMESTAMP,
+    Cell,
+    KVStore,
+    ScanEntry,
+    Version,
+    VersionStamp,
+    VersionWrite,
+    open_store,
+)
 
 pytestmark = [pytest.mark.contract, pytest.mark.property]
 
 TABLES = st.sampled_from(["a", "b"])
 ROWS = st.sampled_from([b"r0", b"r1", b"r2", b"r10", b"r\x00", b"s"])
 COLS = st.sampled_from([b"c0", b"c1", b"d"])
-TSS = st.integers(min_value=0, max_value=30)
+#: The ends of the timestamp range, where a bound's conversion can go wrong.
+EDGES = (0, 1, MAX_TIMESTAMP - 1, MAX_TIMESTAMP)
+#: Stored timestamps: a small range (versions meet) plus both ends of the valid range.
+TSS = st.one_of(st.sampled_from(EDGES), st.integers(min_value=0, max_value=30))
+#: ``below_ts`` of reads that take a timestamp (valid: 0..MAX_TIMESTAMP).
+BELOW = st.one_of(TSS, st.integers(min_value=0, max_value=MAX_TIMESTAMP))
+#: Bounds of get_version_timestamps: any int. Both ends of the range, just inside and
+#: just outside, and anything (hypothesis draws small ints far more often than big ones).
+BOUNDS = st.one_of(
+    st.sampled_from(
+        [-(2**64), -2, -1, 0, 1, 2, MAX_TIMESTAMP - 1, MAX_TIMESTAMP, 2**63, 2**63 + 1, 2**64]
+    ),
+    st.integers(min_value=-(2**70), max_value=2**70),
+)
 VALUES = st.one_of(st.none(), st.binary(max_size=4))
 KEYS = st.sampled_from([b"k0", b"k1", b"k2"])
 
 Model = dict[tuple[str, bytes, bytes], dict[int, bytes | None]]
+VersionKey = tuple[str, bytes, bytes, int]
 
 
 class StoreAgreesWithDict(RuleBasedStateMachine):
@@ -38,6 +67,11 @@ class StoreAgreesWithDict(RuleBasedStateMachine):
         super().__init__()
         self.store: KVStore = open_store(type(self).store_url())
         self.model: Model = {}
+        self.stamps: dict[VersionKey, int] = {}  # the stamps stored versions carry
+        self.commit_of: dict[VersionKey, int] = {}  # a version's one commit timestamp
+        #: Every version ever written, deleted ones too: the contract lets a caller
+        #: rewrite a version only with its own value, and never after a delete.
+        self.written: dict[VersionKey, bytes | None] = {}
         self.system: dict[tuple[str, bytes], bytes] = {}
 
     def teardown(self) -> None:
@@ -50,27 +84,66 @@ class StoreAgreesWithDict(RuleBasedStateMachine):
     def put_versions(
         self, table: str, writes: list[tuple[bytes, bytes, int, bytes | None]]
     ) -> None:
-        self.store.put_versions(table, [VersionWrite(r, c, ts, v) for r, c, ts, v in writes])
+        batch = []
         for r, c, ts, v in writes:
-            self.model.setdefault((table, r, c), {})[ts] = v
+            key = (table, r, c, ts)
+            if key in self.written and ts not in self.model.get((table, r, c), {}):
+                continue  # deleted: never written again
+            value = self.written.setdefault(key, v)  # a rewrite carries the same value
+            batch.append(VersionWrite(r, c, ts, value))
+        self.store.put_versions(table, batch)
+        for w in batch:
+            self.model.setdefault((table, w.row, w.column), {})[w.ts] = w.value
 
-    @rule(table=TABLES, cells=st.lists(st.tuples(ROWS, COLS), max_size=4), below=TSS)
-    def get_latest(self, table: str, cells: list[tuple[bytes, bytes]], below: int) -> None:
+    def _version(self, table: str, r: bytes, c: bytes, ts: int) -> Version:
+        value = self.model[(table, r, c)][ts]
+        return Version(ts, value, self.stamps.get((table, r, c, ts)))
+
+    def _bound(self, data: st.DataObject, table: str, base: st.SearchStrategy[int]) -> int:
+        """A bound from ``base``, or one next to a stored timestamp (ts - 1, ts, ts + 1):
+        where an off-by-one or a conversion of the bound changes the answer."""
+        near = sorted(
+            {
+                ts + d
+                for (t, _, _), vs in self.model.items()
+                if t == table
+                for ts in vs
+                for d in (-1, 0, 1)
+            }
+        )
+        if base is BELOW:
+            near = [b for b in near if 0 <= b <= MAX_TIMESTAMP]
+        bound: int = data.draw(st.one_of(base, st.sampled_from(near)) if near else base)
+        return bound
+
+    def _cells(self, data: st.DataObject, table: str) -> list[tuple[bytes, bytes]]:
+        """Cells to read: any few, one that holds versions, or every one that does (a
+        batch): reads of stored cells are where a bound's edge shows."""
+        stored = sorted((r, c) for t, r, c in self.model if t == table)
+        choices = [st.lists(st.tuples(ROWS, COLS), max_size=4)]
+        if stored:
+            choices += [st.sampled_from(stored).map(lambda cell: [cell]), st.just(stored)]
+        cells: list[tuple[bytes, bytes]] = data.draw(st.one_of(choices))
+        return cells
+
+    @rule(table=TABLES, data=st.data())
+    def get_latest(self, table: str, data: st.DataObject) -> None:
+        cells = self._cells(data, table)
+        below = self._bound(data, table, BELOW)
         got = self.store.get_latest(table, cells, below)
         expected = {}
         for r, c in cells:
             versions = self.model.get((table, r, c), {})
             older = [ts for ts in versions if ts < below]
             if older:
-                ts = max(older)
-                expected[(r, c)] = Version(ts, versions[ts])
+                expected[(r, c)] = self._version(table, r, c, max(older))
         assert {tuple(k): v for k, v in got.items()} == expected
 
     @rule(
         table=TABLES,
         start=st.sampled_from([b"", b"r1", b"r10", b"s"]),
         end=st.sampled_from([None, b"r1", b"r2", b"zz"]),
-        below=TSS,
+        below=BELOW,
         page=st.integers(1, 4),
     )
     def scan(self, table: str, start: bytes, end: bytes | None, below: int, page: int) -> None:
@@ -81,20 +154,120 @@ class StoreAgreesWithDict(RuleBasedStateMachine):
                 continue
             older = [ts for ts in versions if ts < below]
             if older:
-                ts = max(older)
-                expected.append(ScanEntry(r, c, ts, versions[ts]))
+                v = self._version(table, r, c, max(older))
+                expected.append(ScanEntry(r, c, v.ts, v.value, v.commit_ts))
         assert got == expected
 
-    @rule(table=TABLES, row=ROWS, col=COLS, above=TSS, below=TSS)
-    def version_timestamps(
-        self, table: str, row: bytes, col: bytes, above: int, below: int
-    ) -> None:
-        got = self.store.get_version_timestamps(table, [(row, col)], above_ts=above, below_ts=below)
-        tss = sorted(
-            (ts for ts in self.model.get((table, row, col), {}) if above < ts < below),
-            reverse=True,
+    @rule(table=TABLES, data=st.data(), limit=st.one_of(st.none(), st.integers(1, 3)))
+    def version_timestamps(self, table: str, data: st.DataObject, limit: int | None) -> None:
+        cells = self._cells(data, table)
+        above, below = self._bound(data, table, BOUNDS), self._bound(data, table, BOUNDS)
+        got = self.store.get_version_timestamps(
+            table, cells, above_ts=above, below_ts=below, limit=limit
         )
-        assert got == ({(row, col): tss} if tss else {})
+        expected = {}
+        for r, c in cells:
+            versions = self.model.get((table, r, c), {})
+            tss = sorted((ts for ts in versions if above < ts < below), reverse=True)[:limit]
+            if tss:
+                expected[(r, c)] = tss
+        assert {tuple(k): v for k, v in got.items()} == expected
+
+    @rule(table=TABLES, data=st.data(), limit=st.one_of(st.none(), st.integers(1, 3)))
+    def get_versions(self, table: str, data: st.DataObject, limit: int | None) -> None:
+        cells = self._cells(data, table)
+        below = self._bound(data, table, BELOW)
+        got = self.store.get_versions(table, cells, below_ts=below, limit=limit)
+        expected = {}
+        for r, c in cells:
+            versions = self.model.get((table, r, c), {})
+            newest = sorted((ts for ts in versions if ts < below), reverse=True)[:limit]
+            if newest:
+                expected[(r, c)] = [self._version(table, r, c, ts) for ts in newest]
+        assert {tuple(k): v for k, v in got.items()} == expected
+
+    @rule(table=TABLES, data=st.data())
+    def stamp_versions(self, table: str, data: st.DataObject) -> None:
+        """Stamps on versions that exist (most) or never did or were deleted (ignored),
+        each with the one commit timestamp its version ever gets."""
+        stamps = []
+        for _ in range(data.draw(st.integers(1, 3))):
+            r, c, ts = data.draw(st.tuples(ROWS, COLS, TSS).filter(lambda t: t[2] < MAX_TIMESTAMP))
+            stored = sorted(self.model.get((table, r, c), {}))
+            if stored and data.draw(st.booleans()):
+                ts = data.draw(st.sampled_from(stored))
+                if ts == MAX_TIMESTAMP:
+                    continue  # a stamp is above its version: none fits
+            key = (table, r, c, ts)
+            if key not in self.commit_of:
+                top = min(ts + 3, MAX_TIMESTAMP)
+                self.commit_of[key] = data.draw(
+                    st.one_of(st.integers(ts + 1, top), st.just(MAX_TIMESTAMP))
+                )
+            stamps.append(VersionStamp(r, c, ts, self.commit_of[key]))
+        self.store.stamp_versions(table, stamps)
+        for s in stamps:  # a stamp never creates (nor revives) a version
+            if s.ts in self.model.get((table, s.row, s.column), {}):
+                self.stamps[(table, s.row, s.column, s.ts)] = s.commit_ts
+
+    @rule(
+        table=TABLES,
+        below=BELOW,
+        stamped_below=BELOW,
+        start=st.sampled_from([(b"", b""), (b"r1", b""), (b"r1", b"c1"), (b"s", b"d")]),
+        page=st.integers(1, 4),
+    )
+    def sweep_candidates(
+        self,
+        table: str,
+        below: int,
+        stamped_below: int,
+        start: tuple[bytes, bytes],
+        page: int,
+    ) -> None:
+        got = list(
+            self.store.sweep_candidates(
+                table,
+                below,
+                stamped_below,
+                start_row=start[0],
+                start_column=start[1],
+                page_size=page,
+            )
+        )
+        allowed, required = [], []
+        for (t, r, c), versions in sorted(self.model.items()):
+            older = [ts for ts in versions if ts < below]
+            if t != table or (r, c) < start or not older:
+                continue
+            allowed.append(Cell(r, c))
+            if len(older) == 1:  # settled: one stamped version with a value, stamped below
+                v = self._version(table, r, c, older[0])
+                if v.value is not None and v.commit_ts is not None and v.commit_ts < stamped_below:
+                    continue
+            required.append(Cell(r, c))
+        assert got == sorted(set(got)), "in (row, column) order, each cell once"
+        assert set(required) <= set(got) <= set(allowed)
+
+    @precondition(lambda self: bool(self.model))
+    @rule(table=TABLES)
+    def every_version_in_its_window(self, table: str) -> None:
+        """Each stored version, read alone between its neighbours ``(ts - 1, ts + 1)``,
+        and by every read below ``ts + 1`` the range allows: the tightest bounds, at
+        each stored timestamp, the ends of the range included, find exactly it."""
+        by_ts: dict[int, list[tuple[bytes, bytes]]] = {}
+        for (t, r, c), versions in sorted(self.model.items()):
+            for ts in versions if t == table else ():
+                by_ts.setdefault(ts, []).append((r, c))
+        for ts, cells in sorted(by_ts.items()):
+            got = self.store.get_version_timestamps(table, cells, above_ts=ts - 1, below_ts=ts + 1)
+            assert {tuple(k): v for k, v in got.items()} == {cell: [ts] for cell in cells}, ts
+            if ts + 1 > MAX_TIMESTAMP:
+                continue  # no read below a timestamp reaches the top one (below_ts <= MAX)
+            versions = self.store.get_versions(table, cells, below_ts=ts + 1, limit=1)
+            assert {tuple(k): [v.ts for v in vs] for k, vs in versions.items()} == {
+                cell: [ts] for cell in cells
+            }, ts
 
     @precondition(lambda self: bool(self.model))
     @rule(data=st.data())
@@ -107,6 +280,7 @@ class StoreAgreesWithDict(RuleBasedStateMachine):
         table, r, c = key
         self.store.delete_versions(table, [(r, c, ts)])
         del versions[ts]
+        self.stamps.pop((table, r, c, ts), None)  # a delete takes the stamp with it
 
     @rule(table=TABLES, key=KEYS, value=st.binary(min_size=0, max_size=3))
     def put_unless_exists(self, table: str, key: bytes, value: bytes) -> None:
