@@ -517,7 +517,10 @@ class KVStore(abc.ABC):
         """For each cell, the timestamps ``above_ts < ts < below_ts`` of its versions.
 
         Newest first, at most ``limit`` per cell. Cells without such versions are
-        left out. Used by write-write conflict checks.
+        left out. Used by write-write conflict checks. The bounds may be any ``int``
+        (not ``bool``), inside the stored range ``[0, MAX_TIMESTAMP]`` or not, and the
+        interval is exact on every backend: ``below_ts=MAX_TIMESTAMP + 1`` finds a
+        version at ``MAX_TIMESTAMP``, which no read below a timestamp reaches.
         """
 
     @abc.abstractmethod
