@@ -20,7 +20,10 @@ plain values; each driver-side step opens its own connection to the gateway.
   it; ``commit`` makes the files one version with one call to the gateway's
   lakehouse service. ``abort`` removes the folder only when no commit was ever
   sent for the job (a commit whose outcome is unknown may have named its files:
-  those stay, for ``vacuum`` to remove if no version names them).
+  those stay, for ``vacuum`` to remove if no version names them). Partition values are
+  written as Spark writes them (NULL and ``''`` both the default partition). An
+  overwrite replaces the whole table; one asked to be dynamic (the session's
+  ``spark.sql.sources.partitionOverwriteMode`` or the write option) is refused.
 - **Reads.** The version is pinned when the DataFrame is defined (``load``): the
   latest, ``versionAsOf``, or the latest committed at or before ``timestampAsOf``.
   Planning lists that version's files once and spreads them over tasks.
