@@ -26,6 +26,7 @@ from percolake.chaos._config import (
     BROKEN_PROTOCOL_ENV,
     LEADER_IGNORES_LEASE_ENV,
     NO_ORACLE_CLAIM_ENV,
+    TEST_GC_GRACE_ENV,
     RunConfig,
 )
 from percolake.chaos._ops import Phase
@@ -200,7 +201,12 @@ class Cluster:
         return gid if self.isolated else None
 
     def _broken_env(self) -> dict[str, str]:
-        return {BROKEN_PROTOCOL_ENV: "1" if self.config.unsafe_broken_protocol else ""}
+        """The test build's switches, for gateways, replicas and clients."""
+        grace_ms = self.config.gc_grace_ms
+        return {
+            BROKEN_PROTOCOL_ENV: "1" if self.config.unsafe_broken_protocol else "",
+            TEST_GC_GRACE_ENV: "" if grace_ms is None else str(grace_ms),
+        }
 
     def _oracle_env(self) -> dict[str, str]:
         c = self.config

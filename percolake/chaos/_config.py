@@ -43,6 +43,8 @@ BROKEN_PROTOCOL_ENV: Final = "PERCOLAKE_UNSAFE_BROKEN_PROTOCOL"
 NO_ORACLE_CLAIM_ENV: Final = "PERCOLAKE_UNSAFE_NO_ORACLE_CLAIM"
 #: Environment variable that makes a leading replica serve without checking its lease.
 LEADER_IGNORES_LEASE_ENV: Final = "PERCOLAKE_UNSAFE_LEADER_IGNORES_LEASE"
+#: Environment variable that gives gateways of the test build a short collection grace.
+TEST_GC_GRACE_ENV: Final = "PERCOLAKE_TEST_GC_GRACE_MS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,14 @@ class RunConfig:
     #: keeping what transactions younger than the retention read (rules S8, S9).
     gc_interval_s: float | None = None
     gc_retention_s: float = 1.0
+    #: With ``gc_interval_s``: the gateways' collection waits this long after raising
+    #: the safe point (``None``: the default, 5 s). Set, gateways are the test build's
+    #: collector (``PERCOLAKE_TEST_GC_GRACE_MS``): ``percolake serve`` has no such option.
+    gc_grace_ms: int | None = None
+    #: list-append through gateways: a commit with an unknown outcome is settled again
+    #: this long after, through another gateway; a sample of the others too (see
+    #: ``percolake.chaos._late``). ``None``: off.
+    late_settle_s: float | None = None
     cassandra_heap_mb: int = 1024
     #: Scratch folder (stores, Cassandra data, client logs); default ``out_dir/work``.
     work_dir: Path | None = None
@@ -180,6 +190,19 @@ class RunConfig:
             raise ValueError(f"--gc-interval-s must be 0.5-3600, got {self.gc_interval_s}")
         if self.gc_retention_s < 0:
             raise ValueError(f"--gc-retention-s must be >= 0, got {self.gc_retention_s}")
+        if self.gc_grace_ms is not None and (
+            self.gc_interval_s is None or not 0 <= self.gc_grace_ms <= 60_000
+        ):
+            raise ValueError(
+                f"--gc-grace-ms must be 0-60000 and needs --gc-interval-s, got {self.gc_grace_ms}"
+            )
+        if self.late_settle_s is not None and (
+            self.workload != "list-append" or not 0 <= self.late_settle_s <= 600
+        ):
+            raise ValueError(
+                "--late-settle-s must be 0-600 s and applies to --workload list-append, "
+                f"got {self.late_settle_s} ({self.workload})"
+            )
         if not 1 <= self.gateways <= 8:
             raise ValueError(f"--gateways must be 1-8, got {self.gateways}")
         if not 1 <= self.clients <= 64:

@@ -31,6 +31,7 @@ from percolake.chaos._checks import check_timestamps
 from percolake.chaos._cluster import Cluster
 from percolake.chaos._config import RunConfig
 from percolake.chaos._history import EventTail, merge, nemesis_events, number, write_history
+from percolake.chaos._late import check_late_settles, gc_passes
 from percolake.chaos._nemesis import Nemesis, plan
 from percolake.chaos._plot import latencies, plot_run
 from percolake.chaos._procs import PidRegistry
@@ -349,6 +350,8 @@ def _finish(
         timestamps = check_timestamps(checked)
         if timestamps.stats["transactions_with_timestamps"]:  # lakehouse ops carry none
             checks.append(timestamps)
+        if config.late_settle_s is not None:
+            checks.append(check_late_settles(config.work / "clients"))
     anomalies = [a for c in checks for a in c.anomalies]
     completions = [op for op in client_ops if op["type"] != "invoke"]
     by_type = Counter(op["type"] for op in completions)
@@ -378,6 +381,7 @@ def _finish(
         "checks": {c.name: c.to_json() for c in checks},
         "errors": dict(errors.most_common(15)),
         "crashed_processes": len(cluster.crashed),
+        "gc": gc_passes(config.work) if config.gc_interval_s is not None else None,
         "healed_at_end": healed,
         "harness_error": harness_error,
         "cluster": {
@@ -495,6 +499,10 @@ def replay_command(config: RunConfig) -> str:
         parts.append(
             f"--gc-interval-s {config.gc_interval_s:g} --gc-retention-s {config.gc_retention_s:g}"
         )
+    if config.gc_grace_ms is not None:
+        parts.append(f"--gc-grace-ms {config.gc_grace_ms}")
+    if config.late_settle_s is not None:
+        parts.append(f"--late-settle-s {config.late_settle_s:g}")
     if config.lakehouse_log_retention_s is not None:
         parts.append(f"--lakehouse-log-retention-s {config.lakehouse_log_retention_s:g}")
     if config.unsafe_broken_protocol:

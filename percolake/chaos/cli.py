@@ -122,6 +122,21 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         help="with --gc-interval-s: keep what transactions younger than this read (1)",
     )
     run.add_argument(
+        "--gc-grace-ms",
+        type=int,
+        default=None,
+        help="with --gc-interval-s: the gateways' collection waits this long after raising "
+        "the safe point (default 5000; set, gateways run the test build's collector)",
+    )
+    run.add_argument(
+        "--late-settle-s",
+        type=float,
+        default=None,
+        help="list-append: clients settle a commit whose outcome is unknown again this "
+        "many seconds later through another gateway, and a sample of the others "
+        "(default: off)",
+    )
+    run.add_argument(
         "--lakehouse-log-retention-s",
         type=float,
         default=None,
@@ -214,6 +229,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         gzip_history=args.gzip_history,
         gc_interval_s=args.gc_interval_s,
         gc_retention_s=args.gc_retention_s,
+        gc_grace_ms=args.gc_grace_ms,
+        late_settle_s=args.late_settle_s,
         lakehouse_log_retention_s=args.lakehouse_log_retention_s,
     )
 

@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from percolake.chaos._config import RunConfig
+from percolake.chaos._late import LateSettler
 from percolake.chaos._ops import Completion, Phase
 from percolake.chaos._workload import ClientContext, make_workload
 from percolake.chaos.unsafe import unsafe_build_from_env
@@ -230,6 +231,15 @@ def run_client(args: argparse.Namespace) -> int:
     else:
         raise SystemExit("give --start-file, or --t0-ns and --until-ns")
     events = EventWriter(args.events, args.process, t0_ns)
+    late: LateSettler | None = None
+    if config.late_settle_s is not None and isinstance(manager, FailoverManager):
+        settle_from = manager
+        late = LateSettler(
+            lambda: settle_from.remote_managers,
+            config.late_settle_s,
+            random.Random(f"{config.seed}-late-{args.process}"),
+            args.events,
+        )
     done = 0
     # Start together with the other clients: the fault schedule counts from t0.
     time.sleep(max(0.0, (t0_ns - time.monotonic_ns()) / 1e9))
@@ -245,12 +255,19 @@ def run_client(args: argparse.Namespace) -> int:
             except Exception as exc:  # a workload bug must not look like a clean run
                 log.exception("operation %s %r raised", f, value)
                 completion = Completion("info", value, error=f"client error: {exc!r}")
+            if late is not None:  # list-append: appends are what a transaction writes
+                wrote = any(m[0] == "append" for m in value)
+                completion = late.after(completion, wrote=wrote)
             events.write(_completion_event(f, completion))
+            if late is not None:
+                late.run_due()
             done += 1
             if completion.type != "ok":
                 time.sleep(rng.uniform(*BACKOFF_S))
     finally:
         events.close()
+        if late is not None:
+            late.close()
         phase.close()
         workload.close_client(ctx)
         if manager is not None:

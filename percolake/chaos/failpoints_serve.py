@@ -106,12 +106,13 @@ from typing import Any, Final
 
 import grpc
 
+from percolake.chaos._config import TEST_GC_GRACE_ENV
 from percolake.errors import CommitUnknownError
 from percolake.rpc import abort_with
 from percolake.v1 import transaction_pb2 as pb
 from spark_integration._catalog import Catalog, CommitRequest
 from spark_integration.server import GroupCommitter, LakehouseLimits, LakehouseServicer, _Queue
-from txn import GarbageCollector, TransactionStatus
+from txn import GarbageCollector, GcLoop, TransactionStatus
 from txn._gc import GcReport
 from txn._lowering import state_to_pb
 from txn._safepoint import Registration
@@ -440,6 +441,63 @@ class SettleIgnoresReadOnlyServicer(SettleIgnoresSafePointServicer):
     commit whose reply was lost is told it aborted (issue 30 item 4)."""
 
     ignores_read_only = True
+
+
+def gc_grace_ms_from_env(environ: Mapping[str, str] | None = None) -> int | None:
+    """``PERCOLAKE_TEST_GC_GRACE_MS`` as an int; ``None`` when unset or empty."""
+    env = os.environ if environ is None else environ
+    raw = env.get(TEST_GC_GRACE_ENV, "")
+    if not raw:
+        return None
+    grace_ms = int(raw)
+    if grace_ms < 0:
+        raise ValueError(f"{TEST_GC_GRACE_ENV} must be >= 0, got {raw!r}")
+    return grace_ms
+
+
+def collecting(
+    gateway_class: type[TransactionServicer], interval_s: float, retention_s: float, grace_ms: int
+) -> type[TransactionServicer]:
+    """TEST BUILD: ``gateway_class`` that runs garbage collection as ``percolake serve
+    --gc-interval-s`` does (a :class:`~txn.GcLoop` on the gateway's store, oracle and
+    locks), with a grace of ``grace_ms`` instead of the default 5 s.
+
+    For chaos runs (``--gc-grace-ms``): with a short grace, passes follow each other
+    closely, so transactions-table entries are collected within about a second of the
+    commit, while a client whose reply was lost is still settling. The installed command
+    has no such option: a short grace costs every reader a read of the safe point per
+    ``grace / 2``.
+    """
+
+    class Collecting(gateway_class):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            rt = self._tm._rt
+            collector = GarbageCollector(
+                rt.store,
+                timestamps=rt.timestamps,
+                locks=rt.locks,
+                retention_s=retention_s,
+                grace_ms=grace_ms,
+                config=rt.config,
+            )
+            self._gc_loop = GcLoop(collector, interval_s)
+            log.critical(
+                "%s=%d: this gateway collects garbage every %g s with a grace of %d ms "
+                "(retention %g s); a test build",
+                TEST_GC_GRACE_ENV,
+                grace_ms,
+                interval_s,
+                grace_ms,
+                retention_s,
+            )
+
+        def shutdown(self) -> None:
+            self._gc_loop.close()
+            super().shutdown()
+
+    Collecting.__name__ = Collecting.__qualname__ = f"Collecting{gateway_class.__name__}"
+    return Collecting
 
 
 def _configure(steering: _Steering, name: bytes, value: bytes) -> None:

@@ -5,8 +5,10 @@ test-only switches of :mod:`percolake.chaos.unsafe` (a broken commit protocol,
 oracles that do not claim their store, leaders that do not check their lease) and the
 gateway fail points that tests steer (:mod:`percolake.chaos.failpoints_serve`: the
 transaction service's, and the lakehouse service's group commits steered by a control
-file; with ``PERCOLAKE_UNSAFE_SETTLE_IGNORES_SAFE_POINT=1`` too, a gateway that settles
-as before issue 30, broken on purpose), and a store that answers late after a pause of
+file; with ``PERCOLAKE_UNSAFE_BROKEN_SETTLE`` too, a gateway that settles as before
+issue 30, broken on purpose), garbage collection with a short grace
+(``PERCOLAKE_TEST_GC_GRACE_MS`` with ``--gc-interval-s``), and a store that answers late
+after a pause of
 the process (:mod:`percolake.chaos._reconnect`), which the installed command never
 looks at.
 """
@@ -21,6 +23,8 @@ from collections.abc import Sequence
 from percolake.chaos._reconnect import reconnect_ms_from_env, store_opener
 from percolake.chaos.failpoints_serve import (
     SteeredLakehouseServicer,
+    collecting,
+    gc_grace_ms_from_env,
     serve_failpoints_requested,
     steered_gateway_class,
 )
@@ -46,6 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_serve_arguments(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     steered = serve_failpoints_requested()
+    gateway_class: type[TransactionServicer] = (
+        steered_gateway_class() if steered else TransactionServicer
+    )
+    grace_ms = gc_grace_ms_from_env()
+    if grace_ms is not None and args.gc_interval_s is not None:
+        # The test build's collector instead of the installed one (same loop, short grace).
+        gateway_class = collecting(gateway_class, args.gc_interval_s, args.gc_retention_s, grace_ms)
+        args.gc_interval_s = None
     return serve_from_args(
         args,
         parser,
@@ -53,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         oracle_claims=build.oracle_claims,
         leader_checks_lease=build.leader_checks_lease,
         store_opener=store_opener(reconnect_ms_from_env()),
-        gateway_class=steered_gateway_class() if steered else TransactionServicer,
+        gateway_class=gateway_class,
         lakehouse_class=SteeredLakehouseServicer if steered else LakehouseServicer,
     )
 
