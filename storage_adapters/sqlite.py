@@ -595,6 +595,10 @@ class SQLiteStore(KVStore):
     def _lock_database_byte(self, role: str) -> None:
         """Lock ``role``'s byte of the database file; the caller holds ``self._lock`` and
         the role's lock file, so no other claim of this handle holds the byte."""
+        if not hasattr(fcntl, "F_OFD_SETLK"):
+            # Not Linux: the lock file next to the resolved path is the claim (it sees
+            # through symlinks, not through hard links).
+            return
         if self._claim_fd is None:
             try:
                 self._claim_fd = os.open(self._real_path, os.O_RDWR | os.O_CLOEXEC)
