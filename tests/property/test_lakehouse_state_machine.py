@@ -18,6 +18,17 @@ After every step, the model's invariants hold (issue 12, hole 1):
 * a call that raised a definite abort, or any error but ``CommitUnknownError``,
   added nothing (after the commit point nothing may be reported as failed).
 
+Between them go garbage collection passes at retention 0 (issue 30), time travel by
+timestamp, and readers that forget what they knew (the resolver's cache of outcomes
+cleared, a fresh ``Lakehouse``), checked after every step too:
+
+* once ``version_at(T)`` answered, it gives the same answer for ever (or says the
+  version is no longer readable), and log times never decrease from one version to
+  the next;
+* a commit timestamp history showed never changes or goes, GC or not; an embedded
+  catalog shows one for every version (a follow-up that failed to record it is made
+  good from the transactions table or, once collected, the commit stamp).
+
 Runs on embedded managers over memory and SQLite, and through a real
 ``percolake serve`` process. Faults inside the gateway cannot be armed from
 here, so the remote variant injects them on the client side: the lakehouse's
@@ -60,13 +71,15 @@ from pyspark.sql.types import LongType, StructField, StructType
 import spark_integration._checkpoints as checkpoints_module
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse, VersionNotFoundError
 from spark_integration import failpoints as fp
+from spark_integration._catalog import Catalog
 from spark_integration._hook import Job, new_job
 from spark_integration._model import APPEND, OVERWRITE
-from storage_adapters import StoreTimeoutError
+from storage_adapters import KVStore, StoreTimeoutError, open_store
 from tests.integration.test_lakehouse_post_commit import ERRORS, ClientFaults
 from tests.servers import ServerProcess
-from txn import TransactionConfig, TransactionManager
+from txn import GarbageCollector, TransactionConfig, TransactionManager
 from txn import failpoints as txn_fp
+from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError, TransactionAbortedError
 from txn.remote import RemoteTransactionManager
 
@@ -76,6 +89,8 @@ TABLE = "t"
 SCHEMA = StructType([StructField("id", LongType())])
 CONFIG = TransactionConfig(resolve_wait_ms=300, lock_wait_ms=2000, settle_backoff_ms=0)
 ERROR_NAMES = sorted(ERRORS)
+#: The gateway store's grace: what a pass beside the gateway waits before deleting.
+GATEWAY_GRACE_MS = 100
 #: Where a follow-up step of the next commit fails: a catalog fail point, or the
 #: k-th transaction begun after the commit (commit_ts record, then checkpoint)
 #: failing at ``begin`` or in its scans, from the client side.
@@ -114,21 +129,25 @@ class LakehouseMachine(RuleBasedStateMachine):
     #: Set by each test: the folder for this run, and how to make a manager.
     workdir: ClassVar[Path]
     make_manager: ClassVar[Callable[[Path], Manager]]
+    #: The gateway's store, which garbage collection opens beside it (remote only).
+    gateway_store: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(dir=type(self).workdir))
         self.tm = type(self).make_manager(self.dir)
-        self.lh = Lakehouse(
-            cast(TransactionManager, self.tm),  # a remote one is welcome too
-            self.dir / "warehouse",
-            catalog=f"c{uuid.uuid4().hex[:12]}",
-            commit_timeout_s=30,
-            # The faults are injected into the catalog's own transactions, so it runs
-            # here (over a gateway's transactions when the manager is remote).
-            gateway_catalog=False,
-        )
+        if isinstance(self.tm, TransactionManager):
+            # A grace of 0 before any reader leases the state row: passes need not wait.
+            self.tm.store.put_unless_exists(GC_TABLE, STATE_KEY, GcState(grace_ms=0).encode())
+        self.catalog = f"c{uuid.uuid4().hex[:12]}"
+        self.lh = self._lakehouse()
         self.faults = ClientFaults(self.tm, self.lh.catalog)
+        #: T -> the version ``version_at(T)`` answered (-1: the table was younger).
+        self.answers: dict[int, int] = {}
+        #: version -> the commit timestamp history showed for it.
+        self.commit_tss: dict[int, int] = {}
+        #: How far this process's clock is off: a committer behind the others.
+        self.skew_ms = 0
         #: Files of every version, by absolute path; index = version.
         self.versions: list[frozenset[str]] = []
         #: (app_id, batch_id) -> the version its first commit made.
@@ -138,6 +157,21 @@ class LakehouseMachine(RuleBasedStateMachine):
         self.row_ids = itertools.count()
         self.armed: Callable[[], None] | None = None  # arms the next commit's fault
         self.unreadable_below = 0
+
+    def _lakehouse(self) -> Lakehouse:
+        house = Lakehouse(
+            cast(TransactionManager, self.tm),  # a remote one is welcome too
+            self.dir / "warehouse",
+            catalog=self.catalog,
+            commit_timeout_s=30,
+            # The faults are injected into the catalog's own transactions, so it runs
+            # here (over a gateway's transactions when the manager is remote).
+            gateway_catalog=False,
+        )
+        catalog = house._catalog
+        assert isinstance(catalog, Catalog)
+        catalog.clock_ms = lambda: time.time_ns() // 1_000_000 + self.skew_ms
+        return house
 
     def teardown(self) -> None:
         self.tm.close()
@@ -324,7 +358,90 @@ class LakehouseMachine(RuleBasedStateMachine):
     def vacuum(self, retain_seconds: int) -> None:
         self.lh.vacuum(TABLE, retain_seconds)
 
+    # --- garbage collection, time travel, forgetting (issue 30) ----------------------
+
+    @rule()
+    def collect_garbage(self) -> None:
+        """A pass at retention 0: every entry below its safe point is stamped and goes."""
+        store: KVStore
+        if isinstance(self.tm, TransactionManager):
+            store = self.tm.store
+            collector = GarbageCollector(
+                store,
+                timestamps=self.tm._rt.timestamps,
+                locks=self.tm.locks,
+                retention_s=0,
+                grace_ms=0,
+                config=CONFIG,
+            )
+            collector.run_once()
+            return
+        # Beside the gateway, as ``percolake gc`` runs: its safe point comes from the
+        # gateway's registration.
+        assert self.gateway_store is not None
+        store = open_store(self.gateway_store)
+        try:
+            GarbageCollector(
+                store, retention_s=0, grace_ms=GATEWAY_GRACE_MS, config=CONFIG
+            ).run_once()
+        finally:
+            store.close()
+
+    @rule(skew_ms=st.sampled_from([0, -20, -2_000, 2_000]))
+    def skew_the_clock(self, skew_ms: int) -> None:
+        """The next commits and answers come from a process whose clock is off."""
+        self.skew_ms = skew_ms
+
+    @rule()
+    def forget(self) -> None:
+        """A reader in another process: no remembered outcomes, no cached metadata."""
+        if isinstance(self.tm, TransactionManager):
+            self.tm._rt.resolver.clear_cache()
+        self.lh = self._lakehouse()
+
+    @rule(again=st.booleans(), pick=st.integers(0, 63), back_ms=st.integers(0, 30))
+    def travel(self, again: bool, pick: int, back_ms: int) -> None:
+        """``version_at`` a time just past, or one asked before: the same answer.
+
+        Everything is drawn up front: what happens next depends on the clock, and
+        Hypothesis needs the same draws whatever the clock said.
+        """
+        asked = sorted(self.answers)
+        at = asked[pick % len(asked)] if again and asked else time.time_ns() // 1_000_000 - back_ms
+        try:
+            got = self.lh.version_at(TABLE, at)
+        except VersionNotFoundError as exc:
+            if "future" in str(exc):  # by this process's clock, when it is behind
+                assert self.skew_ms < 0, exc
+                return
+            if "created after" not in str(exc):
+                # Vacuum took the version as of then: no answer, never another one.
+                assert self.answers.get(at, -1) < len(self.versions) - 1, exc
+                return
+            got = -1
+        first = self.answers.setdefault(at, got)
+        assert got == first, f"version_at({at}) answered {first}, now {got}"
+
     # --- invariants ----------------------------------------------------------------
+
+    @precondition(lambda self: bool(self.versions))
+    @invariant()
+    def time_travel_and_commit_timestamps_hold(self) -> None:
+        history = self.lh.history(TABLE)
+        times = [c.timestamp_ms for c in history]
+        assert times == sorted(times), f"log times go backwards: {times}"
+        for at, answer in self.answers.items():
+            newest = max((c.version for c in history if c.timestamp_ms <= at), default=-1)
+            assert newest == answer, f"version_at({at}) answered {answer}, the log says {newest}"
+        for c in history:
+            if c.commit_ts is None:
+                assert not isinstance(self.tm, TransactionManager), (
+                    f"version {c.version} has no commit timestamp in an embedded catalog"
+                )
+                assert c.version not in self.commit_tss, f"version {c.version} lost its commit_ts"
+            else:
+                known = self.commit_tss.setdefault(c.version, c.commit_ts)
+                assert c.commit_ts == known, f"version {c.version}'s commit_ts changed"
 
     @precondition(lambda self: bool(self.versions))
     @invariant()
@@ -361,23 +478,34 @@ def frequent_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checkpoints_module, "CHUNK_FILES", 2)
 
 
-def _run(workdir: Path, make: Callable[[Path], Manager], run_settings: settings) -> None:
+def _run(
+    workdir: Path,
+    make: Callable[[Path], Manager],
+    run_settings: settings,
+    gateway_store: str | None = None,
+) -> None:
     class Machine(LakehouseMachine):
         pass
 
     Machine.workdir = workdir
     Machine.make_manager = staticmethod(make)
+    Machine.gateway_store = gateway_store
     run_state_machine_as_test(Machine, settings=run_settings)
 
 
 @pytest.mark.integration
 def test_lakehouse_through_a_gateway(tmp_path: Path) -> None:
-    server = ServerProcess("all", ["--store", f"sqlite:///{tmp_path}/gw.db"], tmp_path).start()
+    url = f"sqlite:///{tmp_path}/gw.db"
+    store = open_store(url)  # a short grace before the gateway leases the state row
+    store.put_unless_exists(GC_TABLE, STATE_KEY, GcState(grace_ms=GATEWAY_GRACE_MS).encode())
+    store.close()
+    server = ServerProcess("all", ["--store", url], tmp_path).start()
     try:
         _run(
             tmp_path,
             lambda _: TransactionManager.remote(server.address),
             settings(SETTINGS, max_examples=15, stateful_step_count=20),
+            gateway_store=url,
         )
     finally:
         server.stop()
