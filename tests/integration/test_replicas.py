@@ -232,3 +232,32 @@ def test_percolake_status_names_the_leader_its_epoch_and_the_replicas_it_cannot_
         check=False,
     )
     assert bad.returncode == 2 and "invalid address 'no-port'" in bad.stderr
+
+
+def test_the_only_serve_restarted_after_kill_9_takes_over_at_once_on_sqlite(
+    tmp_path: Path, servers: list[ServerProcess]
+) -> None:
+    """Fails before the fix (issue 30, item 10): a ``percolake serve`` restarted after
+    ``kill -9`` of the only one waited out the dead leader's lease, although the SQLite
+    claim proves the holder dead. With a 60 s lease that is 66 s, longer than a call
+    waits for a leader (15 s): the first commit failed as unavailable. Now the leader
+    holds the store's oracle claim for its term and marks its row ``claimed``; the
+    restarted process gets the claim, takes over at once (epoch 2) and commits, above
+    every timestamp served before the kill."""
+    store = ["--store", _url(tmp_path), "--leader-lease-ms", "60000"]
+    first = ServerProcess("all", store, tmp_path).start()
+    servers.append(first)
+    served: list[int] = []
+    with TransactionManager.remote(first.address) as client:
+        _commit(client, b"before", served)
+    assert _leader(_url(tmp_path)).claimed
+    first.kill()
+    restarted = ServerProcess("all", store, tmp_path).start(port=first.port)
+    servers.append(restarted)
+    with TransactionManager.remote(restarted.address, timeout_s=30) as client:
+        _commit(client, b"after", served)
+        with client.begin() as tx:
+            assert tx.get("t", b"r", b"c") == b"after"
+    row = _leader(_url(tmp_path))
+    assert row.epoch == 2 and row.claimed and not row.released
+    assert served == sorted(served) and len(set(served)) == len(served)
