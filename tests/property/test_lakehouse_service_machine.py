@@ -15,10 +15,16 @@ the test build (its group committer obeys a control file, see
   ``CommitUnknownError``, and sending the same job id again once the gateway is back
   settles it (the version committed before the kill, or one committed now).
 
+Between them go garbage collection passes at retention 0 beside the gateway (as
+``percolake gc`` runs), so the restarts above leave a gateway that never saw the
+collected entries, and ``version_at`` questions through the gateway (issue 30).
+
 After every step the table matches the model: versions dense, each version lists
 exactly the files the model expects, each call that returned a version made exactly
 that version, replays returned their first version and added nothing, and no file
-of a definitely refused commit is named by any version.
+of a definitely refused commit is named by any version. Every version's commit
+timestamp in history stays what it first was (GC and restarts notwithstanding), log
+times never decrease, and a ``version_at`` answer never changes.
 """
 
 from __future__ import annotations
@@ -53,12 +59,20 @@ from percolake.chaos.failpoints_serve import (
     read_lakehouse_control,
     write_lakehouse_control,
 )
-from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
+from spark_integration import (
+    ConcurrentModificationError,
+    DataFile,
+    Lakehouse,
+    VersionNotFoundError,
+)
 from spark_integration._hook import STAGING_PREFIX
 from spark_integration._model import APPEND, FileEntry
 from spark_integration._remote import RemoteCatalog
+from storage_adapters import open_store
 from tests.servers import steered_server
-from txn import TransactionManager
+from tso.server import RemoteTimestampSource
+from txn import GarbageCollector, TransactionManager
+from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError
 from txn.remote import RemoteTransactionManager
 
@@ -73,6 +87,8 @@ COMMIT_TIMEOUT_S = 60.0
 IMPATIENT_TIMEOUT_S = 1.5
 FIRED_WAIT_S = 30.0
 MAX_RESTARTS_PER_EXAMPLE = 2
+#: The store's grace: what a pass beside the gateway waits before deleting.
+GRACE_MS = 100
 _ids = itertools.count()
 
 
@@ -82,8 +98,12 @@ class Gateway:
     def __init__(self, workdir: Path) -> None:
         self.control = workdir / "control.json"
         write_lakehouse_control(str(self.control), {})
+        self.store_url = f"sqlite:///{workdir}/store.db"
+        store = open_store(self.store_url)  # a short grace before the gateway leases it
+        store.put_unless_exists(GC_TABLE, STATE_KEY, GcState(grace_ms=GRACE_MS).encode())
+        store.close()
         self.server = steered_server(
-            "all", ["--store", f"sqlite:///{workdir}/store.db"], workdir, self.control
+            "all", ["--store", self.store_url], workdir, self.control
         ).start()
 
     @property
@@ -138,6 +158,10 @@ class ServiceMachine(RuleBasedStateMachine):
         self.refused: set[str] = set()
         self.fenced = False
         self.restarts = 0
+        #: T -> the version ``version_at(T)`` answered (-1: the table was younger).
+        self.answers: dict[int, int] = {}
+        #: version -> its commit timestamp, as history first showed it.
+        self.commit_tss: dict[int, int] = {}
 
     @initialize()
     def create(self) -> None:
@@ -294,6 +318,36 @@ class ServiceMachine(RuleBasedStateMachine):
             lh.append_files(self.table, [data], written_since_ms=1)
         self.refused.add(data.path)
 
+    @rule()
+    def collect_garbage(self) -> None:
+        """A pass at retention 0 beside the gateway: entries below it are stamped and go."""
+        store = open_store(self.gateway.store_url)
+        try:
+            GarbageCollector(
+                store,
+                timestamps=RemoteTimestampSource(self.managers[0].connection),
+                retention_s=0,
+                grace_ms=GRACE_MS,
+            ).run_once()
+        finally:
+            store.close()
+
+    @rule(client=st.integers(0, CLIENTS - 1), again=st.booleans(), pick=st.integers(0, 63))
+    def travel(self, client: int, again: bool, pick: int) -> None:
+        """``version_at`` now, or at a time asked before: the first answer, always."""
+        asked = sorted(self.answers)
+        at = asked[pick % len(asked)] if again and asked else _now_ms()
+        try:
+            got = self.houses[client].version_at(self.table, at)
+        except VersionNotFoundError as exc:
+            if "created after" not in str(exc):
+                # Vacuum took the version as of then: no answer, never another one.
+                assert self.answers.get(at, -1) < len(self.versions) - 1, exc
+                return
+            got = -1
+        first = self.answers.setdefault(at, got)
+        assert got == first, f"version_at({at}) answered {first}, now {got}"
+
     # --- invariants -------------------------------------------------------------------
 
     @invariant()
@@ -311,6 +365,15 @@ class ServiceMachine(RuleBasedStateMachine):
             assert (history[version].app_id, history[version].batch_id) == batch
         for version, files in enumerate(self.versions):
             assert {f.path for f in lh.files(self.table, version)} == files
+        times = [c.timestamp_ms for c in history]
+        assert times == sorted(times), f"log times go backwards: {times}"
+        for at, answer in self.answers.items():
+            newest = max((c.version for c in history if c.timestamp_ms <= at), default=-1)
+            assert newest == answer, f"version_at({at}) answered {answer}, the log says {newest}"
+        for c in history:
+            assert c.commit_ts is not None, f"version {c.version} has no commit timestamp"
+            first = self.commit_tss.setdefault(c.version, c.commit_ts)
+            assert c.commit_ts == first, f"version {c.version}'s commit timestamp changed"
 
 
 def _entry(path: str) -> FileEntry:

@@ -77,6 +77,7 @@ from spark_integration._model import APPEND, OVERWRITE
 from storage_adapters import KVStore, StoreTimeoutError, open_store
 from tests.integration.test_lakehouse_post_commit import ERRORS, ClientFaults
 from tests.servers import ServerProcess
+from tso.server import RemoteTimestampSource
 from txn import GarbageCollector, TransactionConfig, TransactionManager
 from txn import failpoints as txn_fp
 from txn._safepoint import GC_TABLE, STATE_KEY, GcState
@@ -376,13 +377,16 @@ class LakehouseMachine(RuleBasedStateMachine):
             )
             collector.run_once()
             return
-        # Beside the gateway, as ``percolake gc`` runs: its safe point comes from the
-        # gateway's registration.
+        # Beside the gateway, on its store, with timestamps from its oracle.
         assert self.gateway_store is not None
         store = open_store(self.gateway_store)
         try:
             GarbageCollector(
-                store, retention_s=0, grace_ms=GATEWAY_GRACE_MS, config=CONFIG
+                store,
+                timestamps=RemoteTimestampSource(self.tm.connection),
+                retention_s=0,
+                grace_ms=GATEWAY_GRACE_MS,
+                config=CONFIG,
             ).run_once()
         finally:
             store.close()
