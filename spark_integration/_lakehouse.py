@@ -420,7 +420,9 @@ class Lakehouse:
 
         ``timestamp``: a ``datetime`` (naive means UTC), an ISO-8601 string (likewise),
         or milliseconds since the epoch. Raises :class:`VersionNotFoundError` for a
-        time before the table was created or in the future.
+        time before the table was created or in the future. Once answered for a
+        time, the answer never changes (see ``Catalog.version_at``: answering with
+        the latest version raises the head's ``last_ms``, a small write).
         """
         return self._catalog.version_at(_check_name(name), _timestamp_ms(timestamp))
 

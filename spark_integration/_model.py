@@ -125,10 +125,14 @@ class Commit:
     """One entry of a table's history: what a version added and removed.
 
     ``commit_ts`` is the percolake commit timestamp of the transaction that made
-    the version. It is recorded right after that transaction commits, so it is
-    ``None`` only if the committing process died in between and the manager
-    cannot look it up. ``timestamp_ms`` is the committer's wall clock, which
-    ``vacuum`` retention is measured against.
+    the version: recorded after that transaction commits, or found in the
+    transactions table or, once garbage collection deleted the entry, in the log
+    record's commit stamp. It is ``None`` only for a catalog over a remote manager
+    whose record failed (``Lakehouse(..., gateway_catalog=False)``).
+    ``timestamp_ms`` is the version's log time: the committer's wall clock, raised
+    where needed so that it never decreases from one version to the next and lies
+    above every time a ``version_at`` answered before the version committed
+    (``Catalog.version_at``); retention is measured against it.
     """
 
     version: int
@@ -185,8 +189,10 @@ class Head:
     started before it may have been removed, so such a job must not commit.
     ``min_readable_version``: versions below it are no longer readable: vacuum
     removed their files, or retention expired them (see ``_retention``).
-    ``last_ms``: wall clock of the latest commit; commit times never go backwards
-    even when a committer's clock does, which vacuum's retention relies on.
+    ``last_ms``: the lowest log time the next commit may take: the latest commit's,
+    or above a time that ``version_at`` answered for since (it raises it, so the
+    answer stays true). Log times never go backwards even when a committer's
+    clock does, which retention and time travel rely on.
     """
 
     version: int
@@ -216,7 +222,12 @@ class Head:
 
 @dataclass(frozen=True, slots=True)
 class LogRecord:
-    """The commit record of one version (``Commit`` without the file lists)."""
+    """The commit record of one version (``Commit`` without the file lists).
+
+    ``timestamp_ms`` is the version's log time (see :class:`Commit`); it is taken
+    when the commit attempt reads the head, before its commit point, and the head
+    conflict orders it: an attempt whose head went stale retries with a new one.
+    """
 
     version: int
     operation: str

@@ -19,9 +19,11 @@ gateways on one store stay correct: grouping happens inside one gateway, and
 between gateways the head row's conflict still decides (first committer wins, the
 loser retries).
 
-The commit's follow-up work (recording the commit timestamp, checkpoints) runs on a
-background thread after the reply. History does not wait for it: a log record
-without its recorded commit timestamp gets it from the transactions table.
+The commit's follow-up work (checkpoints, expiry) runs on a background thread after
+the reply. The gateway records no commit timestamps: history finds each one in the
+transactions table, or in the commit stamp of the log record's version once garbage
+collection deleted the entry (``Catalog._find_commit_tss``), so a restarted gateway
+after a collection pass shows the same history.
 """
 
 from __future__ import annotations
