@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from bench import bench_restart
-from bench._results import Figure
 from bench.__main__ import SUITES
+from bench._results import Figure
 from bench.report import CONTRACT_FIGURES
 
 pytestmark = pytest.mark.unit
