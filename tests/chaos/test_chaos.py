@@ -650,7 +650,10 @@ def test_an_embedded_oracle_beside_replicas_keeps_timestamps_unique_and_in_order
     assert len(embedded) == 1 and check["calls_by_node"].get(embedded[0], 0) > 0, check
     first = report["faults"][0]
     assert (first["kind"], first["replica"]) == (first_fault, "embedded"), first
-    assert first["healed"]["leader_after"]["name"].startswith("replica-"), first
     if first_fault == "leader-kill":
+        # (After a pause a replica has usually taken over too, but not always on SQLite:
+        # paused inside a write, the embedded oracle keeps the file's write lock, see
+        # design.md's known limits.)
+        assert first["healed"]["leader_after"]["name"].startswith("replica-"), first
         assert first["healed"].get("restart_refused") == "embedded", first
     assert_leader_changed(report, at_least=2)
