@@ -93,6 +93,11 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _wall_clock_ms() -> int:
+    """A catalog's default clock: ``now_ms`` looked up at each call (tests patch it)."""
+    return now_ms()
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """What a job reads before it writes any file."""
@@ -278,12 +283,12 @@ class Catalog:
         failpoints: fp.FailPoints | None = None,
         follow_ups: Callable[[Callable[[], None]], object] | None = None,
         commit_ts_of: Callable[[int], int | None] | None = None,
-        clock_ms: Callable[[], int] = now_ms,
+        clock_ms: Callable[[], int] | None = None,
     ) -> None:
         self._tm = tm
         #: This process's wall clock in ms (tests inject skewed ones): log times,
         #: creation times and the "not in the future" check of time travel.
-        self.clock_ms = clock_ms
+        self.clock_ms: Callable[[], int] = clock_ms or _wall_clock_ms
         #: Runs a commit's follow-up work later (a gateway's background executor);
         #: ``None`` runs it before the commit returns.
         self._follow_ups = follow_ups
