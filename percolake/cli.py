@@ -155,6 +155,10 @@ def _build_parser() -> argparse.ArgumentParser:
     status.add_argument("--token-file", help="bearer token file (default: $PERCOLAKE_TOKEN)")
     status.add_argument("--tls-ca", help="CA to trust: connect with TLS")
     status.add_argument(
+        "--tls-cert", help="client certificate (PEM), for servers that require one (mutual TLS)"
+    )
+    status.add_argument("--tls-key", help="the client certificate's private key (PEM)")
+    status.add_argument(
         "--timeout-s", type=float, default=5.0, help="how long each address may take to answer"
     )
 
@@ -222,7 +226,10 @@ def _gc(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        with tqdm(unit="table", desc="gc", file=sys.stderr, disable=args.json) as bar:
+        # A bar only for a person watching: redirected to a file or a log collector, its
+        # carriage-return redraws are noise in every line.
+        quiet = args.json or not sys.stderr.isatty()
+        with tqdm(unit="table", desc="gc", file=sys.stderr, disable=quiet) as bar:
 
             def progress(table: str) -> None:
                 bar.set_postfix_str(table)
@@ -242,9 +249,12 @@ def _status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         parse_addresses(args.gateway)
         token = resolve_token(token_file=args.token_file)
-        tls = TlsConfig(ca_file=args.tls_ca) if args.tls_ca else None
-        if tls is not None:
-            tls.channel_credentials()  # reads the file now: a clear error, not a hang
+        if bool(args.tls_cert) != bool(args.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together: give both or neither")
+        tls = None
+        if args.tls_ca or args.tls_cert:
+            tls = TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
+            tls.channel_credentials()  # reads the files now: a clear error, not a hang
         if not args.timeout_s > 0:
             raise ValueError(f"--timeout-s must be positive, got {args.timeout_s}")
     except ValueError as exc:

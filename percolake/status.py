@@ -2,7 +2,8 @@
 
 Every ``percolake serve`` process answers ``ControlService.GetStatus``
 (:class:`ControlServicer`); the command asks each address it is given and prints one
-line per process, or JSON.
+line per process, or JSON. An address that did not answer is told apart by why
+(:func:`classify`): its token was refused, TLS failed, or it could not be reached.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import grpc
 from percolake import __version__
 from percolake.errors import PercolakeError
 from percolake.replica import ControlPlane
-from percolake.rpc import Connection, TlsConfig, abort_with, call, parse_addresses
+from percolake.rpc import (
+    Connection,
+    TlsConfig,
+    UnauthenticatedError,
+    abort_with,
+    call,
+    parse_addresses,
+)
 from percolake.v1 import control_pb2 as pb
 from percolake.v1 import control_pb2_grpc as pb_grpc
 
@@ -79,12 +87,20 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
 # --- the command ----------------------------------------------------------------------
 
 
+#: Why an address gave no status (:attr:`ProcessStatus.state`); ``ok`` when it did.
+OK = "ok"
+UNAUTHENTICATED = "unauthenticated"  # it answered and refused the bearer token
+TLS_FAILED = "tls-failed"  # the TLS handshake failed, or the server closed it at set-up
+UNREACHABLE = "unreachable"  # no connection, or no answer within --timeout-s
+
+
 @dataclass
 class ProcessStatus:
     """One address's answer, or why there was none."""
 
     address: str
     error: str | None = None
+    state: str = OK
     role: str = ""
     store: str = ""
     open_transactions: int = 0
@@ -102,7 +118,9 @@ def ask(address: str, token: str | None, tls: TlsConfig | None, timeout_s: float
             timeout_s,
         )
     except PercolakeError as exc:
-        return ProcessStatus(address, error=f"{type(exc).__name__}: {exc}")
+        state, hint = classify(exc, tls)
+        error = f"{type(exc).__name__}: {exc}" + (f" ({hint})" if hint else "")
+        return ProcessStatus(address, error=error, state=state)
     finally:
         conn.close()
     return ProcessStatus(
@@ -126,6 +144,32 @@ def ask(address: str, token: str | None, tls: TlsConfig | None, timeout_s: float
     )
 
 
+def classify(exc: PercolakeError, tls: TlsConfig | None) -> tuple[str, str]:
+    """Why a call failed, as a state of :data:`ProcessStatus.state`, and a hint naming
+    the flag that may be missing.
+
+    A refused token is an answer (UNAUTHENTICATED). A TLS failure reaches us only as the
+    text of an UNAVAILABLE status: gRPC names a failed handshake, and a server that
+    requires TLS or a client certificate, met without one, just closes the socket at
+    set-up ("Socket closed"), which a reachable server does for no other reason.
+    """
+    if isinstance(exc, UnauthenticatedError):
+        return UNAUTHENTICATED, "give the server's token: --token-file or $PERCOLAKE_TOKEN"
+    text = str(exc)
+    if "handshake" in text.lower():
+        return TLS_FAILED, "check --tls-ca (the CA that signed the server's certificate)"
+    if "Socket closed" in text:
+        if tls is None:
+            return TLS_FAILED, "the server may require TLS: --tls-ca"
+        if tls.cert_file is None:
+            return TLS_FAILED, "the server may require a client certificate: --tls-cert, --tls-key"
+        return (
+            TLS_FAILED,
+            "the server refused the connection: is this client certificate signed by its CA?",
+        )
+    return UNREACHABLE, ""
+
+
 def consistent(statuses: Sequence[ProcessStatus]) -> bool:
     """Every address answered and, per election role, exactly one leads."""
     if any(s.error for s in statuses):
@@ -143,7 +187,7 @@ def render(statuses: Sequence[ProcessStatus], out: TextIO) -> None:
     rows: list[tuple[str, ...]] = []
     for s in statuses:
         if s.error:
-            rows.append((s.address, "-", "-", "-", "-", "unreachable", "-", "-"))
+            rows.append((s.address, "-", "-", "-", "-", s.state, "-", "-"))
             continue
         for lease in s.leases or [{}]:
             rows.append(
@@ -164,7 +208,7 @@ def render(statuses: Sequence[ProcessStatus], out: TextIO) -> None:
         out.write("\n")
     for s in statuses:
         if s.error:
-            out.write(f"{s.address}: unreachable: {s.error}\n")
+            out.write(f"{s.address}: {s.state}: {s.error}\n")
         else:
             out.write(
                 f"{s.address}: store {s.store or '-'}, {s.open_transactions} open "
