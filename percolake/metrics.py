@@ -86,6 +86,18 @@ COMMIT_SECONDS = Histogram(
     "Latency of a whole commit (its steps together), for commits that committed",
     buckets=LATENCY_BUCKETS,
 )
+#: How a commit that did not commit ended: ``aborted`` (definitely not committed) or
+#: ``unknown`` (CommitUnknownError: its outcome could not be settled).
+FAILED_COMMIT_OUTCOMES = ("aborted", "unknown")
+COMMIT_FAILED_SECONDS = Histogram(
+    "percolake_commit_failed_seconds",
+    "Latency of a whole commit that did not commit, until it failed, by outcome",
+    labelnames=["outcome"],
+    buckets=LATENCY_BUCKETS,
+)
+COMMIT_FAILED_SECONDS_BY_OUTCOME = {
+    outcome: COMMIT_FAILED_SECONDS.labels(outcome=outcome) for outcome in FAILED_COMMIT_OUTCOMES
+}
 STORE_ERRORS = Counter(
     "percolake_store_errors_total",
     "Store errors seen by the transaction layer, by operation (a commit step, read, scan)",

@@ -120,6 +120,8 @@ class Commit:
         self.outcome: int | None = None
         #: Each step's latency, recorded in the metrics once the commit committed.
         self._seconds: list[tuple[str, float]] = []
+        #: When the step running now began (perf_counter): a failure's latency ends it.
+        self._step_began = 0.0
 
     @property
     def next_step(self) -> str | None:
@@ -138,7 +140,7 @@ class Commit:
         if name is None:
             return False
         start_ts = self.start_ts
-        began = time.perf_counter()
+        began = self._step_began = time.perf_counter()
         try:
             getattr(self, "_" + name)()
         except TransactionAbortedError as exc:
@@ -194,6 +196,11 @@ class Commit:
             _abandon(self._rt, self.start_ts, self._writes, entry_written=self.outcome == ABORTED)
         _release(self._rt, self._token)
         self._next = len(self._steps)
+        # A failed commit's latency: the steps that ran, the one that failed and the
+        # clean-up above, what its client waited before it learned the outcome.
+        seconds = sum(s for _, s in self._seconds) + time.perf_counter() - self._step_began
+        outcome = "unknown" if status is TransactionStatus.UNKNOWN else "aborted"
+        metrics.COMMIT_FAILED_SECONDS_BY_OUTCOME[outcome].observe(seconds)
 
     def _lock(self) -> None:
         self._token = _lock(self._rt, self.start_ts, self._writes)

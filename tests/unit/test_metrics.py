@@ -58,6 +58,11 @@ def _samples() -> list[tuple[str, dict[str, str]]]:
     out += [("percolake_aborts_total", {"reason": r}) for r in metrics.ABORT_REASONS]
     out += [("percolake_commit_step_seconds_count", {"step": s}) for s in STEPS]
     out += [("percolake_store_errors_total", {"op": op}) for op in ("write", "commit_point")]
+    for outcome in metrics.FAILED_COMMIT_OUTCOMES:
+        out += [
+            ("percolake_commit_failed_seconds_count", {"outcome": outcome}),
+            ("percolake_commit_failed_seconds_sum", {"outcome": outcome}),
+        ]
     return out
 
 
@@ -161,6 +166,34 @@ def test_each_abort_reason_comes_from_what_the_commit_raised(tm: TransactionMana
     assert deltas("percolake_commit_unknown_total") == 1
     assert deltas("percolake_commits_total") == 2  # the holder, and tm.run's writer
     assert deltas("percolake_aborts_total", reason="conflict") == 0
+
+
+def test_failed_commits_have_their_latency_by_outcome(tm: TransactionManager) -> None:
+    """A commit that aborted or whose outcome is unknown is timed too, in
+    percolake_commit_failed_seconds{outcome}; percolake_commit_seconds still times only
+    commits that committed. Fails before issue 31: no failed commit was timed at all."""
+    deltas = Deltas(*_samples())
+    first, second = tm.begin(), tm.begin()
+    first.put(T, b"hot", b"c", b"first")
+    second.put(T, b"hot", b"c", b"second")
+    first.commit()
+    with pytest.raises(TransactionConflictError):
+        second.commit()  # lock, write, then the check finds the first: aborted
+    tm.failpoints.enable(
+        fp.BEFORE_COMMIT_POINT, fp.raise_error(lambda: StoreTimeoutError("lost")), times=1
+    )
+    tm.failpoints.enable(fp.SETTLE_COMMIT, fp.raise_error(lambda: StoreTimeoutError("lost")))
+    unknown = tm.begin()
+    unknown.put(T, b"u", b"c", b"v")
+    with pytest.raises(CommitUnknownError):
+        unknown.commit()
+    tm.failpoints.disable()
+
+    assert deltas("percolake_commit_failed_seconds_count", outcome="aborted") == 1
+    assert deltas("percolake_commit_failed_seconds_count", outcome="unknown") == 1
+    for outcome in metrics.FAILED_COMMIT_OUTCOMES:  # time passed in each: steps ran
+        assert deltas("percolake_commit_failed_seconds_sum", outcome=outcome) > 0, outcome
+    assert deltas("percolake_commit_seconds_count") == 1  # the first writer only
 
 
 def test_a_lock_that_waited_and_got_the_lock_is_counted() -> None:
