@@ -85,6 +85,8 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
         self._limits = limits or GatewayLimits()
         self._open: dict[str, _Open] = {}
         self._finished: OrderedDict[str, tuple[TransactionStatus, int | None]] = OrderedDict()
+        #: The finished ones the reaper aborted as idle (a subset of ``_finished``).
+        self._reaped: set[str] = set()
         self._registry = threading.Lock()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="percolake-reaper", daemon=True)
@@ -103,6 +105,8 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
             if entry is not None:
                 entry.last_used = time.monotonic()
                 return entry
+            if txn_id in self._reaped:
+                raise self._aborted_as_idle(txn_id)
             if txn_id in self._finished:
                 status, _ = self._finished[txn_id]
                 raise TransactionClosedError(f"transaction {txn_id} is {status.value}")
@@ -110,12 +114,24 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
             f"no open transaction {txn_id!r} on this gateway (never begun, or aborted as idle)"
         )
 
-    def _finish(self, txn_id: str, entry: _Open) -> None:
+    def _finish(self, txn_id: str, entry: _Open, *, idle: bool = False) -> None:
         with self._registry:
             self._open.pop(txn_id, None)
             self._finished[txn_id] = (entry.tx.status, entry.tx.commit_ts)
+            if idle:
+                self._reaped.add(txn_id)
             while len(self._finished) > _FINISHED_REMEMBERED:
-                self._finished.popitem(last=False)
+                forgotten, _ = self._finished.popitem(last=False)
+                self._reaped.discard(forgotten)
+
+    def _aborted_as_idle(self, txn_id: str) -> TransactionAbortedError:
+        # Aborted, not "closed": its client's next call (a Write flushed by commit, or
+        # the Commit) must learn that nothing of it committed, and why.
+        return TransactionAbortedError(
+            f"transaction {txn_id} was aborted by the gateway: idle for over "
+            f"{self._limits.idle_timeout_s:g} s (--idle-timeout-s) without a call; "
+            "nothing of it was committed, begin a new one"
+        )
 
     def _reap(self) -> None:
         period = min(self._limits.idle_timeout_s / 4, 5.0)
@@ -127,14 +143,15 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                 if not entry.lock.acquire(blocking=False):
                     continue  # in use right now: not idle
                 try:
-                    if entry.tx.status is TransactionStatus.ACTIVE:
+                    reaped = entry.tx.status is TransactionStatus.ACTIVE
+                    if reaped:
                         entry.tx.abort(reason="idle")
                         log.info(
                             "aborted transaction %s: idle for over %.0f s",
                             txn_id,
                             self._limits.idle_timeout_s,
                         )
-                    self._finish(txn_id, entry)
+                    self._finish(txn_id, entry, idle=reaped)
                 finally:
                     entry.lock.release()
 
@@ -303,6 +320,8 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
             _check_owner(entry, request.commit_secret, request.txn_id, "commit")
             with entry.lock:
                 if entry.tx.status is TransactionStatus.ABORTED:  # fenced while queued
+                    if request.txn_id in self._reaped:
+                        raise self._aborted_as_idle(request.txn_id)
                     raise _aborted_before_commit(request.txn_id)
                 for progress in request.scans:
                     last = progress.last if progress.HasField("last") else None

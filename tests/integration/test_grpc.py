@@ -21,7 +21,7 @@ from percolake.rpc import ServiceUnavailableError, TlsConfig, UnauthenticatedErr
 from percolake.v1 import transaction_pb2 as pb
 from percolake.v1 import transaction_pb2_grpc as pb_grpc
 from tests.servers import ServerProcess
-from txn import Isolation, TransactionManager
+from txn import Isolation, TransactionManager, TransactionStatus
 from txn.errors import (
     CommitUnknownError,
     NotTransactionOwnerError,
@@ -416,14 +416,29 @@ def test_idle_transactions_are_aborted(tmp_path: Path) -> None:
     server = ServerProcess(
         "all", ["--store", "memory://", "--idle-timeout-s", "0.3"], tmp_path
     ).start()
+    """Every later call of a transaction the gateway aborted as idle says so, as
+    TransactionAbortedError (nothing committed). Fails before issue 31: a read, and a
+    commit whose buffered writes were flushed first, raised TransactionClosedError
+    ("transaction ... is aborted"), and a bare Commit a generic "settled by another
+    client, or idle too long"."""
     tm = TransactionManager.remote(server.address)
     try:
         tx = tm.begin()
         tx.put("t", b"r", b"c", b"v")
         tx.flush()  # type: ignore[attr-defined]
+        flushed = tm.begin()
+        flushed.put("t", b"f", b"c", b"v")
+        flushed.flush()  # type: ignore[attr-defined]
+        buffered = tm.begin()
+        buffered.put("t", b"b", b"c", b"v")  # sent only by commit's flush
         time.sleep(2.5)
-        with pytest.raises(TransactionClosedError):
+        with pytest.raises(TransactionAbortedError, match="aborted by the gateway: idle"):
             tx.get("t", b"r", b"c")
+        for late in (flushed, buffered):
+            with pytest.raises(TransactionAbortedError, match="aborted by the gateway: idle"):
+                late.commit()
+            assert late.status is TransactionStatus.ABORTED
+        assert tm.begin().get("t", b"f", b"c") is None
         assert "idle" in server.output()
     finally:
         tm.close()
