@@ -14,8 +14,9 @@ from pathlib import Path
 from types import FrameType
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, text_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from lockserver import LockTable
 from lockserver.server import LockServicer, RemoteLockService
@@ -175,7 +176,7 @@ class RunningServer:
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-        reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], self.server)
+        _enable_reflection(self.server, names)
         if config.tls is not None:
             self.port = self.server.add_secure_port(config.listen, config.tls.server_credentials())
         else:
@@ -355,6 +356,39 @@ def serve(config: ServeConfig) -> int:
 
 #: ``percolake serve`` could not start: another oracle already serves the store (S7).
 EXIT_STORE_IN_USE = 3
+
+
+#: Server reflection as grpcurl and newer clients ask for it first. grpcio-reflection
+#: serves only ``grpc.reflection.v1alpha``; the ``v1`` protocol is the same proto under
+#: another package (every message and field number alike), so the same servicer answers
+#: both, and v1's file is v1alpha's with its name and package changed.
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+_REFLECTION_V1_FILE = "grpc/reflection/v1/reflection.proto"
+
+
+def _enable_reflection(server: grpc.Server, names: list[str]) -> None:
+    pool = descriptor_pool.Default()
+    try:
+        pool.FindFileByName(_REFLECTION_V1_FILE)  # registered already (a newer library)
+    except KeyError:
+        alpha = descriptor_pb2.FileDescriptorProto()
+        reflection_pb2.DESCRIPTOR.CopyToProto(alpha)
+        # The package, every type reference to it and the language options.
+        text = text_format.MessageToString(alpha).replace("v1alpha", "v1")
+        v1 = text_format.Parse(text, descriptor_pb2.FileDescriptorProto())
+        v1.name = _REFLECTION_V1_FILE
+        v1.options.ClearField("deprecated")
+        pool.Add(v1)
+    servicer = reflection.ReflectionServicer([*names, reflection.SERVICE_NAME, REFLECTION_V1])
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    for service in (reflection.SERVICE_NAME, REFLECTION_V1):
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, {"ServerReflectionInfo": handler}),)
+        )
 
 
 def serve_from_args(
