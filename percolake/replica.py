@@ -31,10 +31,10 @@ from lockserver import LockTable, LockTableClosedError, LockToken
 from lockserver.server import RemoteLockService
 from percolake import metrics
 from percolake.errors import OracleFencedError, ServiceUnavailableError, StaleTokenError
-from percolake.rpc import FORWARDED_KEY, Connection, TlsConfig
+from percolake.rpc import FORWARDED_KEY, Connection, NoLeaderError, TlsConfig
 from storage_adapters import KVStore, StoreError
 from tso import TimestampBatcher, TimestampOracle, TimestampRange
-from tso._lease import DEFAULT_LEASE_MS, LeaderLease, LeaseRecord, LeaseView
+from tso._lease import DEFAULT_LEASE_MS, LeaderLease, LeaseRecord, LeaseView, RateLimitedWarning
 from tso._oracle import ORACLE_ROLE
 from tso.server import RemoteTimestampSource
 
@@ -138,6 +138,7 @@ class ControlPlane:
             claim_role=ORACLE_ROLE if role == "tso" else f"leader-{role}",
         )
         self._term_changed = threading.Condition(self._lock)
+        self._no_leader_warning = RateLimitedWarning(log)
 
     def start(self, address: str) -> None:
         """Begin electing, advertising ``address`` (where this replica serves).
@@ -227,9 +228,12 @@ class ControlPlane:
             if term is not None:
                 self._unreachable_since = None
                 try:
-                    return local(term)
+                    result = local(term)
                 except (OracleFencedError, LockTableClosedError) as exc:
                     last = exc  # the lease ran out, or the term ended, mid-call
+                else:
+                    self._served()
+                    return result
             elif not forwarded and (forward := self._leader()) is not None:
                 try:
                     result = remote(forward)
@@ -245,6 +249,7 @@ class ControlPlane:
                     last = exc
                 else:
                     self._unreachable_since = None
+                    self._served()
                     return result
             elif forwarded:
                 raise NotLeaderError(f"replica {self.lease.address} does not lead ({what})")
@@ -252,9 +257,42 @@ class ControlPlane:
                 break
             with self._lock:
                 self._term_changed.wait(min(0.05, self.lease.lease_ms / 8000))
-        raise ServiceUnavailableError(
-            f"no leader served {what} within {self.failover_s:.0f} s"
-            + (f" (last error: {last})" if last else "")
+        error = NoLeaderError(
+            f"no leader for {self.lease.role} within {self.failover_s:g} s: {self._cause(last)}"
+        )
+        self._no_leader_warning.warning("%s: %s (asked for %s)", self.lease.name, error, what)
+        raise error
+
+    def _served(self) -> None:
+        if self._no_leader_warning.active:
+            self._no_leader_warning.ended("%s: %s served again", self.lease.name, self.lease.role)
+
+    def _cause(self, last: Exception | None) -> str:
+        """Why no leader served: what an operator must fix."""
+        if self._closed:
+            return f"replica {self.lease.name} is shutting down"
+        if self.lease.store_error is not None:
+            return f"store unreachable: {self.lease.store_error}"
+        record = self.lease.leader()
+        if record is None:
+            return "no replica has taken the leader row yet"
+        if record.holder == self.lease.id:
+            return (
+                f"this replica ({self.lease.name}) holds epoch {record.epoch} but its lease "
+                "is not valid (its renewals do not reach the store in time)"
+            )
+        if not record.live:
+            state = "released" if record.released else "deposed"
+            return f"the leader of epoch {record.epoch} was {state}; no replica took over yet" + (
+                f" (last error: {last})" if last else ""
+            )
+        if not record.address:
+            return (
+                f"epoch {record.epoch} is held by an embedded oracle "
+                f"({record.holder[:8]}), which serves only its own process"
+            )
+        return f"leader {record.address} (epoch {record.epoch}) did not serve" + (
+            f": {last}" if last else ""
         )
 
     def _leader_unreachable(self, forward: _Forward, exc: Exception) -> None:

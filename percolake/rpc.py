@@ -56,6 +56,11 @@ STALE_TOKEN = "stale-token"
 ORACLE_FENCED = "oracle-fenced"
 UNAUTHENTICATED = "unauthenticated"
 UNAVAILABLE = "unavailable"
+#: No replica led within the wait for a leader: the replica already waited the
+#: documented bound, so the call is not repeated (see :data:`PUSHBACK_KEY`).
+NO_LEADER = "no-leader"
+#: The gateway is shutting down and admits no new transaction: go to another replica.
+DRAINING = "draining"
 INTERNAL = "internal"
 # Reasons of the lakehouse service (see proto/percolake/v1/lakehouse.proto).
 TABLE_NOT_FOUND = "table-not-found"
@@ -81,9 +86,47 @@ class ServiceUnavailableError(RpcError, root.ServiceUnavailableError):
     """The service could not be reached; the call was not known to be applied."""
 
 
+class NoLeaderError(ServiceUnavailableError):
+    """No replica led the role within the wait for a leader; the message names why
+    (``no leader for tso within 15 s: store unreachable: ...``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+        reason: str = NO_LEADER,
+    ) -> None:
+        super().__init__(message, code=code, reason=reason)
+
+
+class GatewayDrainingError(ServiceUnavailableError):
+    """The gateway is draining (shutting down): it admits no new transaction, and the
+    client begins it on another replica."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+        reason: str = DRAINING,
+    ) -> None:
+        super().__init__(message, code=code, reason=reason)
+
+
+#: gRPC's server push-back: a negative value tells the client's channel not to send
+#: the call again (its retry policy would otherwise repeat an UNAVAILABLE answer).
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
+#: Answers that repeating on the same server cannot change: a replica that found no
+#: leader already waited the whole bound, and a draining one refuses every Begin.
+_NOT_REPEATED = (NO_LEADER, DRAINING)
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and reason that carry ``exc`` over the wire."""
     table: list[tuple[type[BaseException], grpc.StatusCode, str]] = [
+        (NoLeaderError, grpc.StatusCode.UNAVAILABLE, NO_LEADER),
+        (GatewayDrainingError, grpc.StatusCode.UNAVAILABLE, DRAINING),
         (root.ConcurrentModificationError, grpc.StatusCode.ABORTED, CONCURRENT_MODIFICATION),
         (root.TableNotFoundError, grpc.StatusCode.NOT_FOUND, TABLE_NOT_FOUND),
         (root.TableExistsError, grpc.StatusCode.ALREADY_EXISTS, TABLE_EXISTS),
@@ -115,7 +158,10 @@ def abort_with(context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
     code, reason = status_for(exc)
     if code is grpc.StatusCode.INTERNAL:
         log.exception("internal error serving a call", exc_info=exc)
-    context.set_trailing_metadata(((REASON_KEY, reason),))
+    trailer: tuple[tuple[str, str], ...] = ((REASON_KEY, reason),)
+    if reason in _NOT_REPEATED:
+        trailer += ((PUSHBACK_KEY, "-1"),)
+    context.set_trailing_metadata(trailer)
     context.abort(code, str(exc) or type(exc).__name__)
     raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
@@ -150,6 +196,10 @@ def error_from(err: grpc.RpcError) -> Exception:
     }
     if reason in by_reason:
         return by_reason[reason](message)
+    if reason == NO_LEADER:
+        return NoLeaderError(message, code=code)
+    if reason == DRAINING:
+        return GatewayDrainingError(message, code=code)
     if code is grpc.StatusCode.UNAUTHENTICATED:
         return UnauthenticatedError(message, code=code, reason=UNAUTHENTICATED)
     if code is grpc.StatusCode.INVALID_ARGUMENT:
@@ -607,6 +657,10 @@ class _FailoverUnary:
                 code = err.code() if isinstance(err, grpc.Call) else None
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     raise
+                if _reason_of(err) == NO_LEADER:
+                    # That replica waited the whole bound for a leader; asking the
+                    # others would make the caller wait a multiple of the bound.
+                    raise
                 moved = self._parent.fail_over(generation)
                 left = None if deadline is None else deadline - time.monotonic()
                 if not self._safe or (left is not None and left <= pause):
@@ -614,6 +668,16 @@ class _FailoverUnary:
                 if not moved:
                     time.sleep(pause)
                     pause = min(1.0, pause * 2)
+
+
+def _reason_of(err: grpc.RpcError) -> str:
+    """The ``percolake-reason`` trailer of a failed call ("" when it has none)."""
+    if not isinstance(err, grpc.Call):
+        return ""
+    for key, value in err.trailing_metadata() or ():
+        if key == REASON_KEY:
+            return str(value)
+    return ""
 
 
 class _FailoverStream:

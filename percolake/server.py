@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
+import ssl
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -58,6 +61,15 @@ log = logging.getLogger("percolake.server")
 ROLES = ("all", "tso", "locks", "txn")
 DEFAULT_STORE = "sqlite:///.percolake/store.db"
 DEFAULT_LISTEN = "127.0.0.1:7070"
+
+#: How often a drain looks whether the open transactions have ended.
+_DRAIN_POLL_S = 0.05
+
+
+class StartupError(ValueError):
+    """``percolake serve`` cannot start as configured; the message begins with the flag
+    to fix. Raised before the leader lease is touched."""
+
 
 _SERVICE_NAMES = {
     "tso": timestamp_pb2.DESCRIPTOR.services_by_name["TimestampService"].full_name,
@@ -141,7 +153,14 @@ class RunningServer:
         self.control: ControlPlane | None = None
         self._lakehouse: LakehouseServicer | None = None
         self.stopped = threading.Event()
+        #: Set by a second signal: end the drain now, aborting what is still open.
+        self.hurry = threading.Event()
         self.metrics_port: int | None = None  # the metrics endpoint's, once serving
+        # What can fail for a flag's sake is checked before the store is opened and the
+        # leader lease touched: a replica that cannot serve must not take (and bump) it.
+        _check_listen(config.listen)
+        if config.metrics_listen is not None:
+            self.metrics_port = self._serve_metrics(config.metrics_listen)
         options = [
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -157,9 +176,10 @@ class RunningServer:
         )
         try:
             names = self._add_services()
+            self.port = self._add_port()
         except BaseException:
-            # Fail before listening (a second oracle on the store, say) without
-            # leaving the store open behind us.
+            # Fail before serving (a second oracle on the store, a port taken since
+            # the check) without leaving the store or the metrics port open behind us.
             self._close_all()
             raise
         control_pb2_grpc.add_ControlServiceServicer_to_server(
@@ -177,12 +197,6 @@ class RunningServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         _enable_reflection(self.server, names)
-        if config.tls is not None:
-            self.port = self.server.add_secure_port(config.listen, config.tls.server_credentials())
-        else:
-            self.port = self.server.add_insecure_port(config.listen)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {config.listen}")
         self.server.start()
         for name in names:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -200,19 +214,30 @@ class RunningServer:
             "on" if config.tls else "off",
             "required" if config.token else "off",
         )
-        if config.metrics_listen is not None:
-            self.metrics_port = self._serve_metrics(config.metrics_listen)
         if config.ready_file:
             Path(config.ready_file).write_text(f"{self.port}\n")
+
+    def _add_port(self) -> int:
+        listen, tls = self.config.listen, self.config.tls
+        try:
+            if tls is not None:
+                port = self.server.add_secure_port(listen, tls.server_credentials())
+            else:
+                port = self.server.add_insecure_port(listen)
+        except RuntimeError as exc:  # gRPC says only "Failed to bind"
+            raise StartupError(f"--listen {listen}: cannot listen there ({exc})") from None
+        if port == 0:
+            raise StartupError(f"--listen {listen}: cannot listen there")
+        return port
 
     def _serve_metrics(self, listen: str) -> int:
         host, port = parse_address(listen)
         try:
             metrics = MetricsServer(host, port)
         except OSError as exc:
-            self.server.stop(0)
-            self._close_all()
-            raise OSError(f"cannot serve metrics on {listen}: {exc}") from exc
+            raise StartupError(
+                f"--metrics-listen {listen}: cannot listen there: {exc.strerror or exc}"
+            ) from None
         self._closers.append(metrics.close)
         log.info(
             "percolake %s metrics on http://%s:%d/metrics", self.config.role, host, metrics.port
@@ -313,11 +338,16 @@ class RunningServer:
         self._closers.clear()
 
     def stop(self) -> None:
-        """Drain in-flight calls (commits finish), abort open transactions, close the store."""
+        """Drain, then stop: admit no new transaction (Begin answers "draining": go to
+        another replica), give open transactions up to ``grace_s`` to commit or abort
+        (in-flight calls finish within what is left of it), abort what is still open,
+        close the store and release the leader lease. Idempotent."""
         if self.stopped.is_set():
             return
+        deadline = time.monotonic() + self.config.grace_s
+        self._drain(deadline)
         self.health.enter_graceful_shutdown()
-        self.server.stop(self.config.grace_s).wait()
+        self.server.stop(max(0.0, deadline - time.monotonic())).wait()
         if self._gateway is not None:
             self._gateway.shutdown()
         if self._lakehouse is not None:
@@ -325,6 +355,34 @@ class RunningServer:
         self._close_all()
         log.info("percolake %s on %s stopped", self.config.role, self.address)
         self.stopped.set()
+
+    def _drain(self, deadline: float) -> None:
+        """Refuse new transactions and wait (bounded by ``deadline``) for the open ones."""
+        # DRAINING HOOK (issue 31 item 1): health turns NOT_SERVING here, so that load
+        # balancers and clients of several replicas move away; wired by the health work.
+        if self._gateway is None:
+            return
+        self._gateway.drain(
+            f"gateway {self.address} is shutting down and begins no new transaction: "
+            "begin it on another replica"
+        )
+        open_now = self._gateway.open_transactions()
+        if open_now:
+            log.info(
+                "draining: %d open transactions have up to %.1f s to commit or abort",
+                open_now,
+                max(0.0, deadline - time.monotonic()),
+            )
+        while self._gateway.open_transactions() and not self.hurry.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.hurry.wait(min(_DRAIN_POLL_S, left))
+        still_open = self._gateway.open_transactions()
+        if still_open:
+            log.info("drain over: aborting %d transactions still open", still_open)
+        elif open_now:
+            log.info("drained: every open transaction ended")
 
 
 def _check_metrics_listen(metrics_listen: str, listen: str) -> None:
@@ -336,17 +394,81 @@ def _check_metrics_listen(metrics_listen: str, listen: str) -> None:
         raise ValueError(f"--metrics-listen {metrics_listen} is the gRPC address (--listen)")
 
 
+def _check_listen(listen: str) -> None:
+    """``--listen`` names a port this process can bind now: the cause in one line
+    (gRPC reports any failure as "Failed to bind"). Port 0 always can."""
+    host, port = parse_address(listen)
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise StartupError(f"--listen {listen}: cannot resolve {host!r}: {exc}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        # As gRPC binds: a port in TIME_WAIT is fine, one something listens on is not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            raise StartupError(f"--listen {listen}: {exc.strerror or exc}") from None
+
+
+def check_tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsConfig:
+    """The server's TLS material, read and checked now (the key matches the
+    certificate, the CA parses); :class:`StartupError` naming the flag otherwise."""
+    if not (cert and key):
+        missing = "--tls-key" if cert else "--tls-cert"
+        raise StartupError(f"{missing}: TLS needs both --tls-cert and --tls-key")
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-client-ca", client_ca)):
+        if path is None:
+            continue
+        try:
+            Path(path).read_bytes()
+        except OSError as exc:
+            raise StartupError(f"{flag} {path}: cannot read it: {exc.strerror}") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc):
+            raise StartupError(
+                f"--tls-key {key}: does not match the certificate --tls-cert {cert}"
+            ) from None
+        raise StartupError(
+            f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its key "
+            f"({exc.reason or exc})"
+        ) from None
+    if client_ca is not None:
+        try:
+            context.load_verify_locations(cafile=client_ca)
+        except ssl.SSLError as exc:
+            raise StartupError(
+                f"--tls-client-ca {client_ca}: not a PEM CA certificate ({exc.reason or exc})"
+            ) from None
+    tls = TlsConfig(cert, key, client_ca)
+    tls.server_credentials()  # what gRPC will read
+    return tls
+
+
 def serve(config: ServeConfig) -> int:
-    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    """Run until SIGTERM, SIGINT or SIGHUP, then drain (:meth:`RunningServer.stop`) and
+    exit 0. SIGHUP drains too: a hang-up should not leave the lease to run out. A
+    second signal during the drain ends it at once."""
     running = RunningServer(config)
     stop_requested = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s; shutting down", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop_requested.is_set():
+            log.info("received %s again; ending the drain now", name)
+            running.hurry.set()
+            return
+        log.info("received %s; draining for up to %.1f s, then stopping", name, config.grace_s)
         stop_requested.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     stop_requested.wait()
     running.stop()
     return 0
@@ -356,6 +478,8 @@ def serve(config: ServeConfig) -> int:
 
 #: ``percolake serve`` could not start: another oracle already serves the store (S7).
 EXIT_STORE_IN_USE = 3
+#: ``percolake serve`` could not start as configured (a flag's TLS files, ports).
+EXIT_BAD_FLAG = 2
 
 
 #: Server reflection as grpcurl and newer clients ask for it first. grpcio-reflection
@@ -411,8 +535,7 @@ def serve_from_args(
     try:
         tls = None
         if args.tls_cert or args.tls_key or args.tls_client_ca:
-            tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
-            tls.server_credentials()  # reads the files now: fail before listening
+            tls = check_tls_files(args.tls_cert, args.tls_key, args.tls_client_ca)
         config = ServeConfig(
             role=args.role,
             store_url=args.store or DEFAULT_STORE,
@@ -452,10 +575,16 @@ def serve_from_args(
             gateway_class=gateway_class,
             lakehouse_class=lakehouse_class,
         )
+    except StartupError as exc:
+        sys.stderr.write(f"percolake serve: {exc}\n")
+        return EXIT_BAD_FLAG
     except ValueError as exc:
         parser.error(str(exc))
     try:
         return serve(config)
+    except StartupError as exc:
+        sys.stderr.write(f"percolake serve: {exc}\n")
+        return EXIT_BAD_FLAG
     except OracleAlreadyRunningError as exc:
         sys.stderr.write(f"percolake serve: {exc}\n")
         return EXIT_STORE_IN_USE

@@ -71,6 +71,55 @@ DEFAULT_LEASE_MS = 2000
 DRIFT_MARGIN = 0.1
 MIN_LEASE_MS = 100
 MAX_LEASE_MS = 600_000
+#: A warning that repeats every round (the store is down: twice a second) is logged
+#: once, then at most once per this many seconds, with the count of repeats between.
+WARNING_INTERVAL_S = 30.0
+
+
+class RateLimitedWarning:
+    """One kind of warning, logged when it starts and then at most every ``interval_s``
+    (the repeats in between are counted in the next line), and one INFO line when the
+    condition ends. Thread-safe."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = WARNING_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = logger
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._since: float | None = None  # when the condition started
+        self._last: float = float("-inf")  # when it was last logged
+        self._repeats = 0
+
+    @property
+    def active(self) -> bool:
+        return self._since is not None
+
+    def warning(self, message: str, *args: object) -> None:
+        now = self._clock()
+        with self._lock:
+            if self._since is None:
+                self._since = now
+            if now - self._last < self._interval_s:
+                self._repeats += 1
+                return
+            repeats, self._repeats, self._last = self._repeats, 0, now
+        if repeats:
+            message += " (%d more times since the last such line)"
+            args = (*args, repeats)
+        self._log.warning(message, *args)
+
+    def ended(self, message: str, *args: object) -> None:
+        """The condition is over: say so (with how long it lasted) if it was logged."""
+        with self._lock:
+            since, self._since = self._since, None
+            self._last, self._repeats = float("-inf"), 0
+        if since is not None:
+            self._log.info(message + " (after %.1f s)", *args, self._clock() - since)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +268,18 @@ class LeaderLease:
         self._stepped_down: Exception | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: The last store error of a round, cleared by a round that reached the store:
+        #: why no leader can be had, for the calls that wait for one.
+        self.store_error: StoreError | None = None
+        #: A write of this round that could not reach the store (the round went on).
+        self._write_error: StoreError | None = None
+        self._store_warning = RateLimitedWarning(log)
+
+    @property
+    def name(self) -> str:
+        """This replica in logs: the address it serves on (an embedded oracle, which
+        serves no address, by its id)."""
+        return self.address or f"embedded-{self.id[:8]}"
 
     # --- what servers ask ------------------------------------------------------------
 
@@ -293,10 +354,31 @@ class LeaderLease:
         record = (
             self._seen_record if not changed else None if raw is None else LeaseRecord.decode(raw)
         )
+        if changed:
+            self._log_leader(self._seen_record if self._read_once else None, record)
         self._seen, self._seen_record, self._seen_at, self._read_once = raw, record, at, True
         if changed and self._on_row is not None:
             # Our own takeover too: calls we forwarded to the old leader are cancelled.
             self._on_row(record)
+
+    def _log_leader(self, old: LeaseRecord | None, new: LeaseRecord | None) -> None:
+        """Every replica logs each change of who leads (not the renewals), by address."""
+        if new is None or (
+            old is not None
+            and (old.epoch, old.holder, old.live) == (new.epoch, new.holder, new.live)
+        ):
+            return
+        who = new.address or f"an embedded oracle ({new.holder[:8]}, serving its own process)"
+        if new.holder == self.id:
+            who += " (this replica)"
+        if new.released:
+            log.info("%s: %s leader %s released epoch %d", self.name, self.role, who, new.epoch)
+        elif new.deposed_by:
+            log.info(
+                "%s: %s leader %s of epoch %d was deposed", self.name, self.role, who, new.epoch
+            )
+        else:
+            log.info("%s: %s leader is now %s, epoch %d", self.name, self.role, who, new.epoch)
 
     def _renew(self, current: bytes) -> None:
         record = LeaseRecord.decode(current)
@@ -369,7 +451,10 @@ class LeaderLease:
         except StoreError as exc:
             # It may have applied: settled on the next read. Until then a lease we
             # held runs out by itself.
-            log.warning("leader row write for %s failed: %s", self.role, exc)
+            self._write_error = exc
+            self._store_warning.warning(
+                "%s: leader row write for %s failed: %s", self.name, self.role, exc
+            )
             self._in_doubt = (new, sent_at)
             return
         if result.applied:
@@ -385,7 +470,7 @@ class LeaderLease:
         self._mine = mine
         if starting:
             epoch = self._mine_epoch = LeaseRecord.decode(mine).epoch
-            log.info("replica %s leads %s from epoch %d", self.id[:8], self.role, epoch)
+            log.info("%s leads %s from epoch %d", self.name, self.role, epoch)
             if self._on_change is not None:
                 try:
                     self._on_change(epoch)
@@ -399,7 +484,7 @@ class LeaderLease:
         """Give up a term that could not start: it served nothing, so the row is
         released for whoever can serve, and this replica sits out one takeover (alone,
         it tries again after that)."""
-        log.error("replica %s steps down from %s: %s", self.id[:8], self.role, why)
+        log.error("%s steps down from %s: %s", self.name, self.role, why)
         self._valid_until = float("-inf")
         self._mine = self._mine_epoch = None
         self._sit_out_until = self._clock() + self.lease_ms / 1000 * (1 + DRIFT_MARGIN)
@@ -420,8 +505,14 @@ class LeaderLease:
         epoch = LeaseRecord.decode(self._mine).epoch
         self._valid_until = float("-inf")
         self._mine = self._mine_epoch = None
-        log.warning(
-            "replica %s stops leading %s (epoch %d): %s", self.id[:8], self.role, epoch, why
+        # A release is the clean end of a term (a graceful stop): no warning.
+        log.log(
+            logging.INFO if why == "released" else logging.WARNING,
+            "%s stops leading %s (epoch %d): %s",
+            self.name,
+            self.role,
+            epoch,
+            why,
         )
         record = self.leader()
         if record is not None and record.deposed_by:
@@ -448,10 +539,10 @@ class LeaderLease:
             now = self._clock()
             if result.applied:
                 log.warning(
-                    "replica %s deposed %s leader %s (epoch %d): %s",
-                    self.id[:8],
+                    "%s deposed %s leader %s (epoch %d): %s",
+                    self.name,
                     self.role,
-                    record.holder[:8],
+                    record.address or record.holder[:8],
                     record.epoch,
                     why,
                 )
@@ -483,10 +574,15 @@ class LeaderLease:
 
     def _round(self) -> bool:
         """One round of the stepping thread; whether to go on."""
+        self._write_error = None
         try:
             self.step()
         except StoreError as exc:
-            log.warning("leader lease of %s: store unreachable: %s", self.role, exc)
+            self.store_error = exc
+            self._store_warning.warning(
+                "%s: leader lease of %s: store unreachable: %s", self.name, self.role, exc
+            )
+            return True
         except ValueError as exc:  # the store was closed under us: nothing to lead
             log.info("leader lease of %s stops: %s", self.role, exc)
             with self._lock:
@@ -494,6 +590,14 @@ class LeaderLease:
             return False
         except Exception:
             log.exception("leader lease of %s: step failed", self.role)
+            return True
+        if self._write_error is not None:
+            self.store_error = self._write_error
+            return True
+        self.store_error = None
+        self._store_warning.ended(
+            "%s: leader lease of %s: store reachable again", self.name, self.role
+        )
         return True
 
     def acquire(self, timeout_s: float) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from percolake import metrics
-from percolake.rpc import abort_with
+from percolake.rpc import GatewayDrainingError, abort_with
 from percolake.v1 import transaction_pb2 as pb
 from percolake.v1 import transaction_pb2_grpc as pb_grpc
 from storage_adapters import Cell
@@ -89,6 +89,8 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
         self._reaped: set[str] = set()
         self._registry = threading.Lock()
         self._stop = threading.Event()
+        #: Why Begin is refused (the gateway is draining), or None while it admits.
+        self._draining: str | None = None
         self._reaper = threading.Thread(target=self._reap, name="percolake-reaper", daemon=True)
         self._reaper.start()
         metrics.track_open_transactions(self.open_transactions)
@@ -191,6 +193,12 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                 self._finish(txn_id, entry)
             return entry.tx.status, entry.tx.commit_ts
 
+    def drain(self, why: str) -> None:
+        """Admit no new transaction: Begin answers :class:`GatewayDrainingError` (the
+        client begins on another replica); open transactions go on to their end."""
+        with self._registry:
+            self._draining = why
+
     def shutdown(self) -> None:
         """Abort every transaction that is not committing; called after the server drained."""
         self._stop.set()
@@ -210,6 +218,8 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
         try:
             isolation = isolation_from_pb(request.isolation)
             with self._registry:
+                if self._draining is not None:
+                    raise GatewayDrainingError(self._draining)
                 if len(self._open) >= self._limits.max_open_transactions:
                     raise TransactionLimitError(
                         f"too many open transactions (limit {self._limits.max_open_transactions})"
@@ -217,7 +227,12 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
             tx = self._tm.begin(isolation)
             entry = _Open(tx, secrets.token_hex(16))
             with self._registry:
-                self._open[tx.id] = entry
+                draining = self._draining
+                if draining is None:
+                    self._open[tx.id] = entry
+            if draining is not None:  # the drain began while this one took its timestamp
+                tx.abort(reason="shutdown")
+                raise GatewayDrainingError(draining)
         except Exception as exc:
             abort_with(context, exc)
         return pb.BeginResponse(
