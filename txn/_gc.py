@@ -38,9 +38,10 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from lockserver import LockTable
 from storage_adapters import (
@@ -155,16 +156,24 @@ class GcReport:
     note: str = ""
     #: Where the unfinished pass this one resumed had stopped ("": a pass from the start).
     resumed_from: str = ""
+    #: The grace this pass waited by (ms): its own, or a longer one the state row held
+    #: (readers may hold leases under it; see GarbageCollector._raise_safe_point).
+    grace_ms: int = 0
+    #: This collector's own grace, when the state row's longer one was waited instead.
+    grace_asked_ms: int | None = None
 
     def summary(self) -> str:
         if self.note:
             return self.note
         resumed = f" (resumed after {self.resumed_from})" if self.resumed_from else ""
+        grace = f"grace {self.grace_ms} ms"
+        if self.grace_asked_ms is not None:
+            grace += f" (the state row's, above the {self.grace_asked_ms} ms asked)"
         return (
-            f"safe point {self.safe_point}{resumed}: {self.tables} tables, {self.cells} cells; "
-            f"deleted {self.versions_deleted} versions, stamped {self.versions_stamped}, "
-            f"deleted {self.entries_deleted} transactions-table entries "
-            f"in {self.seconds:.1f} s"
+            f"safe point {self.safe_point}{resumed}, {grace}: {self.tables} tables, "
+            f"{self.cells} cells; deleted {self.versions_deleted} versions, stamped "
+            f"{self.versions_stamped}, deleted {self.entries_deleted} transactions-table "
+            f"entries in {self.seconds:.1f} s"
         )
 
 
@@ -231,12 +240,22 @@ class GarbageCollector:
         self._sleep = sleep
         #: The safe point this process last saw in the row, and since when (monotonic).
         self._seen: tuple[int, float] | None = None
+        #: The lowering of the grace (id, the grace lowered from) in the row this pass
+        #: wrote, and when it wrote it (monotonic): what it may clear at its end.
+        self._lowering: tuple[str, int, float] | None = None
 
     # --- the safe point -------------------------------------------------------------
 
-    def _raise_safe_point(self) -> tuple[int, int, int]:
-        """Publish the pass's safe point; returns it, the grace still to wait (ms) and
-        the row's ``collected_below``."""
+    def _raise_safe_point(self) -> tuple[int, int, int, int]:
+        """Publish the pass's safe point; returns it, the grace still to wait (ms), the
+        row's ``collected_below`` and the grace this pass waits by (ms).
+
+        Lowering the grace (rule S8): readers lease the row for half the grace it held
+        when they read it, so a pass whose row held a longer grace, or still records
+        one it was lowered from (``lowered_from_ms``), waits that one, and so does every
+        pass, in any process, until the lowering is cleared (:meth:`_finish`). Only then
+        does ``grace_ms`` alone govern. A lowering is never silent: it is logged.
+        """
         for _ in range(20):
             read_at = self._monotonic()
             state, raw = read_state(self._store)
@@ -255,17 +274,42 @@ class GarbageCollector:
             if oldest:
                 candidate = min(candidate, *oldest)
             safe_point = max(state.safe_point, candidate)
-            grace_ms = max(state.grace_ms, self._grace_ms)
+            leased_ms = max(state.grace_ms, state.lowered_from_ms)  # the longest lease x2
+            grace_ms = max(leased_ms, self._grace_ms)
+            if self._grace_ms >= leased_ms:
+                lowered_from, lowering = 0, ""  # this grace covers every lease
+            elif self._grace_ms < state.grace_ms:  # lowered by this write: a new lowering
+                lowered_from, lowering = leased_ms, uuid.uuid4().hex[:16]
+            else:
+                lowered_from, lowering = state.lowered_from_ms, state.lowering
             new = GcState(
-                safe_point, self._grace_ms, state.collected_below, tuple(samples), state.last_pass
+                safe_point,
+                self._grace_ms,
+                state.collected_below,
+                tuple(samples),
+                state.last_pass,
+                lowered_from_ms=lowered_from,
+                lowering=lowering,
             )
             if self._store.compare_and_set(GC_TABLE, STATE_KEY, raw, new.encode()).applied:
+                written_at = self._monotonic()
+                self._lowering = (lowering, lowered_from, written_at) if lowering else None
+                if grace_ms > self._grace_ms:
+                    log.warning(
+                        "garbage collection waits the grace of %d ms readers may hold leases "
+                        "under, not the %d ms asked (--grace-ms): %s",
+                        grace_ms,
+                        self._grace_ms,
+                        "the shorter one applies once no such lease can be valid"
+                        if lowering
+                        else "the state row's grace is longer",
+                    )
                 collected = state.collected_below
                 if self._seen is not None and self._seen[0] == safe_point:
                     waited_ms = (read_at - self._seen[1]) * 1000
-                    return safe_point, max(0, int(grace_ms - waited_ms)), collected
+                    return safe_point, max(0, int(grace_ms - waited_ms)), collected, grace_ms
                 self._seen = (safe_point, read_at)
-                return safe_point, grace_ms, collected
+                return safe_point, grace_ms, collected, grace_ms
         raise RuntimeError("could not update the garbage-collection state row: contention")
 
     def _finish(self, run: _Pass) -> None:
@@ -276,13 +320,17 @@ class GarbageCollector:
         collected = run.safe_point if run.resumed is None else 0
         for _ in range(20):
             state, raw = read_state(self._store)
-            new = GcState(
-                state.safe_point,
-                state.grace_ms,
-                max(state.collected_below, collected),
-                state.samples,
-                asdict(run.report),
+            new = replace(
+                state,
+                collected_below=max(state.collected_below, collected),
+                last_pass=asdict(run.report),
             )
+            if self._lowering is not None and state.lowering == self._lowering[0]:
+                _, lowered_from, written_at = self._lowering
+                # The lowering was written before this pass's raise; a lease read under
+                # the longer grace ran out lowered_from ms after it at the latest.
+                if (self._monotonic() - written_at) * 1000 >= lowered_from:
+                    new = replace(new, lowered_from_ms=0, lowering="")
             if self._store.compare_and_set(GC_TABLE, STATE_KEY, raw, new.encode()).applied:
                 return
         log.warning("could not record the garbage-collection pass: contention on the state row")
@@ -295,8 +343,10 @@ class GarbageCollector:
         started = self._monotonic()
         run = self._resume()
         if run is None:
-            safe_point, wait_ms, collected_below = self._raise_safe_point()
-            report = GcReport(safe_point=safe_point)
+            safe_point, wait_ms, collected_below, grace_ms = self._raise_safe_point()
+            report = GcReport(safe_point=safe_point, grace_ms=grace_ms)
+            if grace_ms != self._grace_ms:
+                report.grace_asked_ms = self._grace_ms
             if safe_point <= 0:
                 report.note = (
                     "nothing to collect yet: no timestamp is known to be "

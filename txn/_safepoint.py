@@ -65,18 +65,24 @@ class GcState:
     #: that began after ``wall_ms`` started above ``ts``. Oldest first.
     samples: tuple[tuple[int, int], ...] = ()
     last_pass: dict[str, Any] = field(default_factory=dict)
+    #: A longer grace this row held before a collector lowered it to ``grace_ms`` (0:
+    #: none). Readers may still hold leases read under it, so every collector waits it
+    #: too, until a pass that began after the lowering ``lowering`` (its id) and ran
+    #: for at least this long clears it (``txn._gc``, "Lowering the grace").
+    lowered_from_ms: int = 0
+    lowering: str = ""
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "safe_point": self.safe_point,
-                "grace_ms": self.grace_ms,
-                "collected_below": self.collected_below,
-                "samples": [list(s) for s in self.samples],
-                "last_pass": self.last_pass,
-            },
-            sort_keys=True,
-        ).encode()
+        fields: dict[str, Any] = {
+            "safe_point": self.safe_point,
+            "grace_ms": self.grace_ms,
+            "collected_below": self.collected_below,
+            "samples": [list(s) for s in self.samples],
+            "last_pass": self.last_pass,
+        }
+        if self.lowered_from_ms:
+            fields.update(lowered_from_ms=self.lowered_from_ms, lowering=self.lowering)
+        return json.dumps(fields, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, raw: bytes | None) -> GcState:
@@ -90,6 +96,8 @@ class GcState:
                 collected_below=int(got.get("collected_below", 0)),
                 samples=tuple((int(w), int(t)) for w, t in got.get("samples", ())),
                 last_pass=dict(got.get("last_pass", {})),
+                lowered_from_ms=int(got.get("lowered_from_ms", 0)),
+                lowering=str(got.get("lowering", "")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"corrupt garbage-collection state row {raw[:200]!r}") from exc
