@@ -149,7 +149,7 @@ class ControlPlane:
         try:
             self.lease.step()
         except StoreError as exc:
-            log.warning("first leader election round failed: %s", exc)
+            log.warning("%s: first leader election round failed: %s", self.lease.name, exc)
         self.lease.start()
 
     # --- terms ---------------------------------------------------------------------
@@ -171,7 +171,12 @@ class ControlPlane:
             try:
                 oracle = TimestampOracle(self._store, lease=self.lease)
             except (StoreError, OracleFencedError) as exc:
-                log.error("epoch %d: could not take over the timestamp bound: %s", epoch, exc)
+                log.error(
+                    "%s: epoch %d: could not take over the timestamp bound: %s",
+                    self.lease.name,
+                    epoch,
+                    exc,
+                )
                 raise
         with self._lock:
             self._term = _Term(epoch, oracle)

@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from storage_adapters import open_store
+from percolake.replica import ControlPlane
+from storage_adapters import StoreError, open_store
 from tso._lease import LeaderLease
 
 pytestmark = pytest.mark.unit
@@ -39,3 +40,24 @@ def test_a_release_is_info_and_a_lost_term_a_warning(caplog: pytest.LogCaptureFi
     assert lost.levelno == logging.WARNING
     assert lost.getMessage().startswith("127.0.0.1:7072 stops leading tso (epoch 2)")
     other.release()
+
+
+def test_a_failed_first_round_names_the_replica_by_address(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fails before issue 31: the line named no replica ('first leader election round
+    failed: ...'), so among three replicas' logs it could not be told whose it was."""
+    store = open_store("memory://")
+    plane = ControlPlane(store, lease_ms=LEASE_MS, failover_s=0.2)
+
+    def down(*args: object, **kwargs: object) -> None:
+        raise StoreError("connection refused (injected)")
+
+    monkeypatch.setattr(store, "get_system", down)
+    with caplog.at_level(logging.WARNING, logger="percolake.replica"):
+        plane.start("127.0.0.1:7073")
+    plane.close()
+    messages = [r.getMessage() for r in caplog.records if r.name == "percolake.replica"]
+    assert messages[0] == (
+        "127.0.0.1:7073: first leader election round failed: connection refused (injected)"
+    ), messages
