@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from lockserver import LockTable
 from lockserver.server import LockServicer, RemoteLockService
 from percolake.metrics import MetricsServer
-from percolake.replica import ControlPlane
+from percolake.replica import DEFAULT_FAILOVER_S, ControlPlane
 from percolake.rpc import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Connection,
@@ -62,6 +62,10 @@ ROLES = ("all", "tso", "locks", "txn")
 DEFAULT_STORE = "sqlite:///.percolake/store.db"
 DEFAULT_LISTEN = "127.0.0.1:7070"
 
+#: How long a split-role gateway waits for the oracle and the lock server: longer than
+#: their replicas wait for a leader, so that their answer (a leader's, or
+#: ``no-leader`` naming the cause) arrives, not a deadline of the gateway's own.
+_UPSTREAM_TIMEOUT_S = DEFAULT_FAILOVER_S + 5.0
 #: How often a drain looks whether the open transactions have ended.
 _DRAIN_POLL_S = 0.05
 
@@ -306,8 +310,8 @@ class RunningServer:
                     config.locks_address, token=config.token, tls=config.client_tls
                 )
                 self._closers += [tso_conn.close, locks_conn.close]
-                timestamps = RemoteTimestampSource(tso_conn)
-                locks = RemoteLockService(locks_conn)
+                timestamps = RemoteTimestampSource(tso_conn, timeout_s=_UPSTREAM_TIMEOUT_S)
+                locks = RemoteLockService(locks_conn, timeout_s=_UPSTREAM_TIMEOUT_S)
                 manager = TransactionManager(
                     store, timestamps, locks, config.txn_config, commit_steps=config.commit_steps
                 )
