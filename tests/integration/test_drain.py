@@ -83,3 +83,46 @@ def test_sighup_drains_and_releases_the_lease(tmp_path: Path) -> None:
     assert code == 0, output[-3000:]
     assert "received SIGHUP; draining" in output, output[-3000:]
     assert "stops leading tso (epoch 1): released" in output, output[-3000:]
+
+
+def test_a_client_of_two_replicas_begins_on_the_other_while_one_drains(tmp_path: Path) -> None:
+    """Two replicas; SIGTERM to the first. A client given both addresses whose Begin the
+    draining one refuses begins on the other at once, while a transaction another
+    client opened on the draining one before still commits there.
+
+    Fails on the code before this fix: the first replica stopped listening at once, so
+    the owner's channel moved to the second replica and the commit's writes went
+    there: ``TransactionNotFoundError: no open transaction '1' on this gateway``.
+    The owner's channel stays on the first replica only while that one still answers
+    its health checks as serving: a drain must not turn them away from it before its
+    open transactions ended.
+    """
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    first = ServerProcess("all", ["--store", url, "--grace-s", "20"], tmp_path).start()
+    second = ServerProcess("all", ["--store", url], tmp_path).start()
+    both = f"{first.address},{second.address}"
+    owner = TransactionManager.remote(both, timeout_s=10)
+    newcomer: TransactionManager | None = None
+    try:
+        tx = owner.begin()
+        tx.put("drain", b"row", b"col", b"opened before SIGTERM")
+        first.signal(signal.SIGTERM)
+        single = TransactionManager.remote(first.address, timeout_s=10)
+        try:
+            _wait_for_refusal(single)  # the first now drains
+        finally:
+            single.close()
+        newcomer = TransactionManager.remote(both, timeout_s=10)
+        with newcomer.begin() as moved:
+            moved.put("drain", b"other", b"col", b"begun during the drain")
+        assert tx.commit() > tx.start_ts
+    finally:
+        owner.close()
+        if newcomer is not None:
+            newcomer.close()
+    assert first.proc is not None
+    assert first.proc.wait(_EXIT_TIMEOUT_S) == 0, first.output()[-3000:]
+    second.stop()
+    with TransactionManager.embedded(url) as check, check.begin() as reader:
+        assert reader.get("drain", b"row", b"col") == b"opened before SIGTERM"
+        assert reader.get("drain", b"other", b"col") == b"begun during the drain"
