@@ -110,3 +110,25 @@ def test_every_replica_logs_each_change_of_leader_by_address(
         "127.0.0.1:7072: tso leader 127.0.0.1:7071 released epoch 1",
     ], followers
     b.release()
+
+
+def test_a_replica_that_stepped_down_says_why_no_leader_served() -> None:
+    """A replica alone on its store whose term cannot start (the oracle's bound cannot
+    be taken) steps down and releases the row; a call that waited for a leader then
+    names that cause, not a lease that does not reach the store. Fails before this
+    fix: the error said ``holds epoch 1 but its lease is not valid (its renewals do
+    not reach the store in time)``, sending the operator after the wrong problem."""
+    store = open_store("memory://")
+    store.put_unless_exists("_tso", b"bound", b"corrupt")
+    plane = ControlPlane(store, lease_ms=LEASE_MS, failover_s=0.1)
+    plane.lease.address = "127.0.0.1:7071"
+    plane.lease.step()
+    assert not plane.lease.valid()
+    with pytest.raises(NoLeaderError) as caught:
+        plane.next_timestamp()
+    message = str(caught.value)
+    assert message.startswith(
+        "no leader for tso within 0.1 s: this replica (127.0.0.1:7071) cannot serve epoch 1: "
+    ), message
+    assert "renewals" not in message, message
+    plane.close()
