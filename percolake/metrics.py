@@ -18,10 +18,13 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 #: Buckets of the latency histograms, in seconds: from 100 µs (a step on the memory
 #: store) to 30 s (a lock wait or a commit point settling a slow store).
@@ -123,16 +126,45 @@ LOCK_WAIT_SECONDS = Histogram(
 )
 LOCKS_HELD = Gauge("percolake_locks_held", "Lock batches granted by this process's lock server")
 
-# --- leader election (recorded by the election code: record_leader_change) -----------
+# --- leader election ------------------------------------------------------------------
+#
+# percolake_is_leader, percolake_leader_epoch and percolake_leader_row_age_seconds are
+# computed when scraped from the leases that registered (track_lease), so that they are
+# true at every scrape, on every replica: a lease that ran out (the store is down, the
+# process was paused) reads 0 though no step-down happened yet.
 
 LEADER_CHANGES = Counter(
-    "percolake_leader_changes_total", "Changes of leadership seen by this process"
+    "percolake_leader_changes_total",
+    "Changes of the leader (a new epoch in the leader row) seen by this process",
 )
-IS_LEADER = Gauge(
-    "percolake_is_leader", "1 while this process leads its role, else 0", labelnames=["role"]
+
+# --- garbage collection (recorded by the collector's passes) ---------------------------
+
+#: Buckets of the pass duration, in seconds: a pass over an empty store takes
+#: milliseconds, one over a large table minutes.
+GC_PASS_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+GC_PASSES = Counter(
+    "percolake_gc_passes_total",
+    "Garbage-collection passes run by this process, by outcome (done, or failed: the "
+    "next pass resumes it)",
+    labelnames=["outcome"],
 )
-LEADER_EPOCH = Gauge(
-    "percolake_leader_epoch", "The leadership epoch this process last saw", labelnames=["role"]
+GC_PASSES_DONE = GC_PASSES.labels(outcome="done")
+GC_PASSES_FAILED = GC_PASSES.labels(outcome="failed")
+GC_VERSIONS_DELETED = Counter(
+    "percolake_gc_versions_deleted_total", "Versions garbage collection deleted"
+)
+GC_ENTRIES_DELETED = Counter(
+    "percolake_gc_entries_deleted_total",
+    "Transactions-table entries garbage collection deleted",
+)
+GC_PASS_SECONDS = Histogram(
+    "percolake_gc_pass_seconds",
+    "Duration of the garbage-collection passes that finished",
+    buckets=GC_PASS_BUCKETS,
+)
+GC_SAFE_POINT = Gauge(
+    "percolake_gc_safe_point", "The safe point the last pass of this process published"
 )
 
 
@@ -154,12 +186,145 @@ def record_lock_wait(since: float | None) -> None:
         LOCK_WAIT_SECONDS.observe(time.monotonic() - since)
 
 
-def record_leader_change(role: str, epoch: int, is_leader: bool) -> None:
-    """This process gained (``is_leader``) or lost the leadership of ``role`` (``"tso"``,
-    ``"locks"``) in ``epoch``: for the election code to call on every change."""
+def record_leader_seen() -> None:
+    """This process saw a new epoch in a leader row: for the election code to call."""
     LEADER_CHANGES.inc()
-    IS_LEADER.labels(role=role).set(1 if is_leader else 0)
-    LEADER_EPOCH.labels(role=role).set(epoch)
+
+
+def record_gc_safe_point(safe_point: int, since_wall_s: float | None) -> None:
+    """A pass published ``safe_point``, a timestamp handed out at wall time
+    ``since_wall_s`` (``time.time()``; ``None``: not known)."""
+    GC_SAFE_POINT.set(safe_point)
+    _gc_safe_point_wall.set(since_wall_s)
+
+
+def record_gc_pass(seconds: float, versions_deleted: int, entries_deleted: int) -> None:
+    """A garbage-collection pass finished after ``seconds``."""
+    GC_PASSES_DONE.inc()
+    GC_PASS_SECONDS.observe(seconds)
+    GC_VERSIONS_DELETED.inc(versions_deleted)
+    GC_ENTRIES_DELETED.inc(entries_deleted)
+
+
+def record_gc_pass_failed() -> None:
+    """A garbage-collection pass failed (the next one resumes it)."""
+    GC_PASSES_FAILED.inc()
+
+
+class _Lease(Protocol):
+    """What the leadership metrics read of a leader lease (``tso.LeaderLease``)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def stopped(self) -> bool: ...
+
+    def valid(self) -> bool: ...
+
+    def seen_epoch(self) -> int | None: ...
+
+    def row_age_s(self) -> float | None: ...
+
+
+class _Leadership(Collector):
+    """``percolake_is_leader``, ``percolake_leader_epoch`` and
+    ``percolake_leader_row_age_seconds`` by role, read from the live leases at scrape
+    time. Leases are held weakly; released ones no longer count."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._leases: list[weakref.ref[_Lease]] = []
+
+    def add(self, lease: _Lease) -> None:
+        with self._lock:
+            self._leases = [ref for ref in self._leases if ref() is not None]
+            self._leases.append(weakref.ref(lease))
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "percolake_is_leader",
+                "1 while this process holds a valid leader lease of the role, else 0",
+                labels=["role"],
+            ),
+            GaugeMetricFamily(
+                "percolake_leader_epoch",
+                "The epoch of the leader row this process last read (0: none yet)",
+                labels=["role"],
+            ),
+            GaugeMetricFamily(
+                "percolake_leader_row_age_seconds",
+                "Seconds since this process saw the leader row change (a leader renews "
+                "it every quarter lease)",
+                labels=["role"],
+            ),
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            leases = [lease for ref in self._leases if (lease := ref()) is not None]
+        leading: dict[str, bool] = {}
+        epochs: dict[str, int] = {}
+        ages: dict[str, float] = {}
+        for lease in leases:
+            if lease.stopped:
+                continue
+            role = lease.role
+            leading[role] = leading.get(role, False) or lease.valid()
+            epochs[role] = max(epochs.get(role, 0), lease.seen_epoch() or 0)
+            age = lease.row_age_s()
+            if age is not None:
+                ages[role] = min(ages.get(role, age), age)
+        is_leader, epoch, row_age = self._families()
+        for role in sorted(leading):
+            is_leader.add_metric([role], 1.0 if leading[role] else 0.0)
+            epoch.add_metric([role], float(epochs[role]))
+            if role in ages:
+                row_age.add_metric([role], ages[role])
+        return iter((is_leader, epoch, row_age))
+
+
+class _SafePointAge(Collector):
+    """``percolake_gc_safe_point_age_seconds``: how far behind now the published safe
+    point lies, at scrape time (absent until a pass of this process published one)."""
+
+    def __init__(self) -> None:
+        self._wall_s: float | None = None
+
+    def set(self, wall_s: float | None) -> None:
+        self._wall_s = wall_s
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "percolake_gc_safe_point_age_seconds",
+            "Seconds since the timestamp of the last published safe point was handed out "
+            "(about the retention, plus the pass interval)",
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        return iter((self._family(),))
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        wall_s = self._wall_s
+        if wall_s is not None:
+            family.add_metric([], max(0.0, time.time() - wall_s))
+        return iter((family,))
+
+
+_leadership = _Leadership()
+_gc_safe_point_wall = _SafePointAge()
+REGISTRY.register(_leadership)
+REGISTRY.register(_gc_safe_point_wall)
+
+
+def track_lease(lease: _Lease) -> None:
+    """Export ``lease``'s leadership (held weakly) in the leadership gauges."""
+    _leadership.add(lease)
 
 
 class _SumOfLive:

@@ -29,12 +29,18 @@ from typing import TypeVar
 
 from lockserver import LockTable, LockTableClosedError, LockToken
 from lockserver.server import RemoteLockService
-from percolake import metrics
 from percolake.errors import OracleFencedError, ServiceUnavailableError, StaleTokenError
 from percolake.rpc import FORWARDED_KEY, Connection, NoLeaderError, TlsConfig
 from storage_adapters import KVStore, StoreError
 from tso import TimestampBatcher, TimestampOracle, TimestampRange
-from tso._lease import DEFAULT_LEASE_MS, LeaderLease, LeaseRecord, LeaseView, RateLimitedWarning
+from tso._lease import (
+    DEFAULT_LEASE_MS,
+    DRIFT_MARGIN,
+    LeaderLease,
+    LeaseRecord,
+    LeaseView,
+    RateLimitedWarning,
+)
 from tso._oracle import ORACLE_ROLE
 from tso.server import RemoteTimestampSource
 
@@ -44,6 +50,10 @@ log = logging.getLogger(__name__)
 DEFAULT_FAILOVER_S = 15.0
 #: A follower that could not reach a renewing leader for this many leases deposes it.
 DEPOSE_AFTER_LEASES = 3
+#: Health: a leader row unchanged this many leases means that no election is under
+#: way any more (a takeover ends 1 + DRIFT_MARGIN leases after the last renewal, plus
+#: a round of an eighth lease), so no leader can be had.
+TAKEOVER_LEASES = 2 + DRIFT_MARGIN
 
 T = TypeVar("T")
 
@@ -161,7 +171,6 @@ class ControlPlane:
                 self._term_changed.notify_all()
             if old is not None:
                 old.close()
-            metrics.record_leader_change(self.lease.role, old.epoch if old else 0, False)
             return
         # Take over the bound before the lease turns valid: everything the old leader
         # could have served lies below it (S7). If that fails, the error makes the lease
@@ -181,7 +190,6 @@ class ControlPlane:
         with self._lock:
             self._term = _Term(epoch, oracle)
             self._term_changed.notify_all()
-        metrics.record_leader_change(self.lease.role, epoch, True)
 
     def _on_row(self, record: LeaseRecord | None) -> None:
         """A new leader (or none): calls still waiting on the old one are cancelled, and
@@ -281,9 +289,7 @@ class ControlPlane:
         record = self.lease.leader()
         if record is None:
             return "no replica has taken the leader row yet"
-        if self.lease.step_down_reason is not None and not self.lease.valid():
-            return f"this replica ({self.lease.name}) {self.lease.step_down_reason}"
-        if record.holder == self.lease.id and record.live:
+        if record.holder == self.lease.id:
             return (
                 f"this replica ({self.lease.name}) holds epoch {record.epoch} but its lease "
                 "is not valid (its renewals do not reach the store in time)"
@@ -404,6 +410,21 @@ class ControlPlane:
     def locks_held(self) -> int:
         term = self._local()
         return 0 if term is None else len(term.locks)
+
+    def serving_problem(self) -> str | None:
+        """Why this replica cannot serve its role now, for health checks; ``None`` when
+        it can: it leads under a valid lease, or a live leader renews the row and
+        answers the calls forwarded to it.
+
+        An election in progress is no problem: calls wait for it (a takeover ends about
+        1.1 lease after the last renewal, plus a round). A row left unchanged for longer
+        than ``TAKEOVER_LEASES`` leases means no one took over."""
+        if self._closed:
+            return f"replica {self.lease.name} is shutting down"
+        if self.lease.store_error is not None:
+            return f"store unreachable: {self.lease.store_error}"
+        if self._local() is not None:
+            return None
 
     def close(self) -> None:
         """Stop electing and serving; a leader hands its row over first."""

@@ -39,8 +39,15 @@ TOKEN_ENV = "PERCOLAKE_TOKEN"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 #: Methods any caller may use without the token: load balancers and orchestrators
-#: probe health without credentials. They reveal nothing but "serving".
-UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.Health/",)
+#: probe health without credentials, and tools such as ``grpcurl`` first ask server
+#: reflection for the health service's schema (with reflection refused, ``grpcurl ...
+#: grpc.health.v1.Health/Check`` failed as unauthenticated). Health reveals whether a
+#: service is serving; reflection the schemas, which ``proto/`` publishes anyway.
+UNAUTHENTICATED_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1.ServerReflection/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+)
 
 # Reasons (see proto/percolake/v1/transaction.proto).
 CONFLICT = "conflict"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import socket
 import ssl
@@ -47,9 +48,9 @@ from percolake.v1 import (
 )
 from spark_integration.server import SERVICE_NAME as LAKEHOUSE_SERVICE
 from spark_integration.server import LakehouseLimits, LakehouseServicer, serve_lakehouse
-from storage_adapters import KVStore, open_store
+from storage_adapters import KVStore, StoreError, open_store
 from tso import OracleAlreadyRunningError, TimestampBatcher, TimestampOracle
-from tso._lease import DEFAULT_LEASE_MS, check_lease_ms
+from tso._lease import DEFAULT_LEASE_MS, LEADER_TABLE, check_lease_ms
 from tso.server import RemoteTimestampSource, TimestampServicer
 from txn import GarbageCollector, GcLoop, TransactionConfig, TransactionManager
 from txn._committer import STEPS
@@ -150,15 +151,16 @@ def store_opened(config: ServeConfig) -> bool:
 class RunningServer:
     """A started server and what must be closed after it stops, in order."""
 
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, hurry: threading.Event | None = None) -> None:
         self.config = config
         self._closers: list[Callable[[], None]] = []
         self._gateway: TransactionServicer | None = None
         self.control: ControlPlane | None = None
         self._lakehouse: LakehouseServicer | None = None
+        self._store: KVStore | None = None
         self.stopped = threading.Event()
         #: Set by a second signal: end the drain now, aborting what is still open.
-        self.hurry = threading.Event()
+        self.hurry = hurry or threading.Event()
         self.metrics_port: int | None = None  # the metrics endpoint's, once serving
         # What can fail for a flag's sake is checked before the store is opened and the
         # leader lease touched: a replica that cannot serve must not take (and bump) it.
@@ -201,14 +203,18 @@ class RunningServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         _enable_reflection(self.server, names)
+        # Not serving until the first check below says otherwise (the servicer's
+        # default for "" is SERVING).
+        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.start()
-        for name in names:
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         host, _ = parse_address(config.listen)
         self.address = f"{host}:{self.port}"
         if self.control is not None:
             self.control.start(self.address)
+        self.health_monitor = HealthMonitor(
+            self.health, self._service_problems(names), always_serving=names
+        )
+        self._closers.insert(0, self.health_monitor.close)
         store = config.store_url if store_opened(config) else "-"
         log.info(
             "percolake %s serving on %s (store %s, tls %s, token %s)",
@@ -248,12 +254,45 @@ class RunningServer:
         )
         return metrics.port
 
+    def _service_problems(self, names: list[str]) -> dict[str, Callable[[], str | None]]:
+        """For each service that depends on more than this process: why it cannot be
+        served now (None: it can)."""
+        problems: dict[str, Callable[[], str | None]] = {}
+        control = self.control
+        if control is not None:
+            for role in ("tso", "locks"):
+                if _SERVICE_NAMES[role] in names:
+                    problems[_SERVICE_NAMES[role]] = control.serving_problem
+        if self._gateway is not None:
+            # Role all: the gateway's timestamps and locks come from the control plane,
+            # which also reads the store every round. A split gateway (role txn) reads
+            # its store to know it reaches it.
+            gateway_problem = (
+                control.serving_problem if control is not None else self._store_problem
+            )
+            problems[_SERVICE_NAMES["txn"]] = gateway_problem
+            problems[LAKEHOUSE_SERVICE] = gateway_problem
+        return problems
+
+    def _store_problem(self) -> str | None:
+        store = self._store
+        if store is None:
+            return None
+        try:
+            store.get_system(LEADER_TABLE, [b"tso"])
+        except StoreError as exc:
+            return f"store unreachable: {exc}"
+        except ValueError:  # closed: the server is stopping
+            return "the store is closed"
+        return None
+
     def _open_transactions(self) -> int:
         return 0 if self._gateway is None else self._gateway.open_transactions()
 
     def _open_store(self) -> KVStore:
         store = self.config.store_opener(self.config.store_url)
         self._closers.append(store.close)
+        self._store = store
         return store
 
     def _add_services(self) -> list[str]:
@@ -362,8 +401,8 @@ class RunningServer:
 
     def _drain(self, deadline: float) -> None:
         """Refuse new transactions and wait (bounded by ``deadline``) for the open ones."""
-        # DRAINING HOOK (issue 31 item 1): health turns NOT_SERVING here, so that load
-        # balancers and clients of several replicas move away; wired by the health work.
+        # Load balancers and probes of the services see NOT_SERVING from now on.
+        self.health_monitor.drain()
         if self._gateway is None:
             return
         self._gateway.drain(
@@ -387,6 +426,100 @@ class RunningServer:
             log.info("drain over: aborting %d transactions still open", still_open)
         elif open_now:
             log.info("drained: every open transaction ended")
+
+
+class HealthMonitor:
+    """Keeps ``grpc.health.v1.Health`` true: each service with a problem function is
+    SERVING exactly while it returns ``None``, checked every :data:`HEALTH_INTERVAL_S`.
+
+    Services in ``always_serving`` without one (the control service, health itself)
+    answer SERVING while the process runs. The server as a whole (``""``) is SERVING
+    while every checked service is, draining aside: a drain turns each checked service
+    NOT_SERVING (load balancers and probes of a service move away) but leaves ``""``,
+    which percolake's own clients of several replicas probe, so that transactions open
+    on a draining replica keep their calls on it until they commit.
+    """
+
+    def __init__(
+        self,
+        servicer: health.HealthServicer,
+        problems: dict[str, Callable[[], str | None]],
+        *,
+        always_serving: list[str],
+        interval_s: float | None = None,
+    ) -> None:
+        self._servicer = servicer
+        self._problems = problems
+        self._interval_s = HEALTH_INTERVAL_S if interval_s is None else interval_s
+        self._draining = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._state: dict[str, str | None] = {}  # the problem each service was last set for
+        for name in always_serving:
+            if name not in problems:
+                servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.check()
+        self._thread = threading.Thread(target=self._run, name="percolake-health", daemon=True)
+        self._thread.start()
+
+    def drain(self) -> None:
+        """The server drains (admits no new transaction): every checked service answers
+        NOT_SERVING from now on. The hook of :meth:`RunningServer.stop`."""
+        self._draining.set()
+        self.check()
+
+    def check(self) -> None:
+        """Set every service's status from its problem function now."""
+        with self._lock:
+            overall: str | None = None
+            for name, problem_of in self._problems.items():
+                try:
+                    problem = problem_of()
+                except Exception as exc:  # a probe that fails is a problem, not a crash
+                    problem = f"health check failed: {exc}"
+                if problem is not None and overall is None:
+                    overall = problem
+                if self._draining.is_set():
+                    problem = "draining: this replica admits no new transaction"
+                self._set(name, problem)
+            self._set("", overall)
+
+    def _set(self, name: str, problem: str | None) -> None:
+        if name in self._state and self._state[name] == problem:
+            return
+        was = self._state.get(name, "starting")
+        self._state[name] = problem
+        shown = name or "the server"
+        if problem is None:
+            self._servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+            if was != "starting":
+                log.info("health: %s SERVING again", shown)
+        else:
+            self._servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+            # A changed cause (the outage's seconds aside) is worth a line; the same
+            # cause checked again is not.
+            if was is None or was == "starting" or _cause_kind(was) != _cause_kind(problem):
+                log.warning("health: %s NOT_SERVING: %s", shown, problem)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.check()
+
+    def close(self) -> None:
+        """Stop checking (the statuses stay as they are). Idempotent."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+
+#: How often :class:`HealthMonitor` checks: a fraction of the default lease, so that
+#: health follows a lease that runs out or a store that stops answering within a round.
+HEALTH_INTERVAL_S = 0.25
+
+
+def _cause_kind(problem: str) -> str:
+    """A problem without its durations (they grow at every check), to log a cause once."""
+    return re.sub(r"\d+(\.\d+)? s\b", "N s", problem)
 
 
 def _check_metrics_listen(metrics_listen: str, listen: str) -> None:
@@ -459,20 +592,22 @@ def serve(config: ServeConfig) -> int:
     """Run until SIGTERM, SIGINT or SIGHUP, then drain (:meth:`RunningServer.stop`) and
     exit 0. SIGHUP drains too: a hang-up should not leave the lease to run out. A
     second signal during the drain ends it at once."""
-    running = RunningServer(config)
-    stop_requested = threading.Event()
+    stop_requested, hurry = threading.Event(), threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if stop_requested.is_set():
             log.info("received %s again; ending the drain now", name)
-            running.hurry.set()
+            hurry.set()
             return
         log.info("received %s; draining for up to %.1f s, then stopping", name, config.grace_s)
         stop_requested.set()
 
+    # Before the server starts: a signal as soon as it is ready (its ready file
+    # written) must find the handler, not kill the process with the lease held.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
+    running = RunningServer(config, hurry)
     stop_requested.wait()
     running.stop()
     return 0

@@ -58,6 +58,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from percolake import metrics
 from storage_adapters import KVStore, StoreError
 from storage_adapters._base import Claim, StoreClaimedError
 
@@ -266,9 +267,6 @@ class LeaderLease:
         self._sit_out_until = float("-inf")
         #: Why the last term could not start, for :meth:`acquire` to raise.
         self._stepped_down: Exception | None = None
-        #: Why this replica last stepped down from a term it could not serve (cleared
-        #: when a term starts), for the error of calls that found no leader.
-        self.step_down_reason: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: The last store error of a round, cleared by a round that reached the store:
@@ -277,6 +275,7 @@ class LeaderLease:
         #: A write of this round that could not reach the store (the round went on).
         self._write_error: StoreError | None = None
         self._store_warning = RateLimitedWarning(log)
+        metrics.track_lease(self)
 
     @property
     def name(self) -> str:
@@ -304,6 +303,21 @@ class LeaderLease:
     def leader(self) -> LeaseRecord | None:
         """The row as last read: who leads (or led) the role."""
         return self._seen_record
+
+    def seen_epoch(self) -> int | None:
+        """The epoch of the row as last read (None: absent, or never read)."""
+        record = self._seen_record
+        return None if record is None else record.epoch
+
+    def row_age_s(self) -> float | None:
+        """Seconds since this replica saw the row change (None: never read it)."""
+        seen_at = self._seen_at
+        return None if seen_at is None else max(0.0, self._clock() - seen_at)
+
+    @property
+    def stopped(self) -> bool:
+        """Released: this replica takes no part in the election any more."""
+        return self._stop.is_set()
 
     def leader_address(self) -> str | None:
         """Where the live leader serves, as far as this replica last read."""
@@ -359,6 +373,9 @@ class LeaderLease:
         )
         if changed:
             self._log_leader(self._seen_record if self._read_once else None, record)
+            previous = self._seen_record
+            if record is not None and (previous is None or previous.epoch != record.epoch):
+                metrics.record_leader_seen()
         self._seen, self._seen_record, self._seen_at, self._read_once = raw, record, at, True
         if changed and self._on_row is not None:
             # Our own takeover too: calls we forwarded to the old leader are cancelled.
@@ -481,7 +498,6 @@ class LeaderLease:
                     self._step_down(mine, f"cannot serve epoch {epoch}: {exc}")
                     self._stepped_down = exc
                     return
-            self.step_down_reason = None
         self._valid_until = sent_at + self.lease_ms / 1000 * (1 - DRIFT_MARGIN)
 
     def _step_down(self, mine: bytes, why: str) -> None:
@@ -489,7 +505,6 @@ class LeaderLease:
         released for whoever can serve, and this replica sits out one takeover (alone,
         it tries again after that)."""
         log.error("%s steps down from %s: %s", self.name, self.role, why)
-        self.step_down_reason = why
         self._valid_until = float("-inf")
         self._mine = self._mine_epoch = None
         self._sit_out_until = self._clock() + self.lease_ms / 1000 * (1 + DRIFT_MARGIN)

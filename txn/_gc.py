@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
 from lockserver import LockTable
+from percolake import metrics
 from storage_adapters import (
     Cell,
     KVStore,
@@ -293,6 +294,10 @@ class GarbageCollector:
             )
             if self._store.compare_and_set(GC_TABLE, STATE_KEY, raw, new.encode()).applied:
                 written_at = self._monotonic()
+                if safe_point > 0:
+                    # Its age: since the last sample at or below it was handed out.
+                    walls = [wall for wall, ts in samples if ts <= safe_point]
+                    metrics.record_gc_safe_point(safe_point, max(walls) / 1000 if walls else None)
                 self._lowering = (lowering, lowered_from, written_at) if lowering else None
                 if grace_ms > self._grace_ms:
                     log.warning(
@@ -353,6 +358,8 @@ class GarbageCollector:
                     f"{self._retention_ms / 1000:g} s old (this pass recorded the time, so a "
                     "later one can)"
                 )
+                report.seconds = self._monotonic() - started
+                metrics.record_gc_pass(report.seconds, 0, 0)
                 return report
             if wait_ms:
                 log.info(
@@ -373,6 +380,9 @@ class GarbageCollector:
         self._clear_cursor(run)
         self._finish(run)
         log.info("garbage collection: %s", run.report.summary())
+        metrics.record_gc_pass(
+            run.report.seconds, run.report.versions_deleted, run.report.entries_deleted
+        )
         return run.report
 
     # --- the cursor -----------------------------------------------------------------
@@ -622,6 +632,7 @@ class GcLoop:
                 self.last = self._collector.run_once()
                 self.passes += 1
             except Exception:
+                metrics.record_gc_pass_failed()
                 log.exception("garbage-collection pass failed; the next one retries")
 
     def close(self) -> None:

@@ -15,10 +15,12 @@ from prometheus_client import REGISTRY
 from lockserver import LockTable
 from percolake import metrics
 from percolake.v1 import transaction_pb2 as pb
-from storage_adapters import StoreTimeoutError, StoreUnavailableError
-from txn import Isolation, TransactionConfig, TransactionManager
+from storage_adapters import StoreTimeoutError, StoreUnavailableError, open_store
+from tso._lease import LeaderLease
+from txn import GarbageCollector, Isolation, TransactionConfig, TransactionManager
 from txn import failpoints as fp
 from txn._committer import STEPS
+from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError, TransactionAbortedError, TransactionConflictError
 from txn.server import TransactionServicer
 
@@ -253,15 +255,81 @@ def test_the_gateway_says_why_it_aborted() -> None:
     assert deltas("percolake_aborts_total", reason="user") == 0
 
 
-def test_record_leader_change_sets_the_gauges() -> None:
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_is_leader_follows_the_lease_at_scrape_time_not_step_downs() -> None:
+    """``percolake_is_leader`` is 1 exactly while a lease of this process is valid, and
+    every replica exports the epoch it last read and the leader row's age (issue 31).
+
+    Fails on the code before this fix: the gauge changed only when a term started or
+    ended by a step, so a leader whose renewals stopped (store down, process paused)
+    kept exporting 1 after its lease ran out, and a follower exported no series at all.
+    """
+    role = "metrics-test"  # a role of its own: the registry is the process's
+    store, clock = open_store("memory://"), _FakeClock()
+    leader = LeaderLease(store, role, address="a", lease_ms=1000, clock=clock)
+    leader.step()
+    assert value("percolake_is_leader", role=role) == 1
+    assert value("percolake_leader_epoch", role=role) == 1
+    assert value("percolake_leader_row_age_seconds", role=role) == 0
+    clock.now += 0.5
+    assert value("percolake_leader_row_age_seconds", role=role) == 0.5
+    clock.now += 0.41  # past 0.9 lease since the renewal was sent: the lease ran out
+    assert leader.epoch == 1  # no step taken: the term has not ended by a step
+    assert value("percolake_is_leader", role=role) == 0
+    leader.release()  # a released lease no longer counts
+    assert REGISTRY.get_sample_value("percolake_is_leader", {"role": role}) is None
+
+    follower_store = open_store("memory://")
     changes = value("percolake_leader_changes_total")
-    metrics.record_leader_change("tso", 7, True)
-    assert value("percolake_is_leader", role="tso") == 1
-    assert value("percolake_leader_epoch", role="tso") == 7
-    metrics.record_leader_change("tso", 8, False)
-    assert value("percolake_is_leader", role="tso") == 0
-    assert value("percolake_leader_epoch", role="tso") == 8
-    assert value("percolake_leader_changes_total") - changes == 2
+    other = LeaderLease(follower_store, role, address="b", lease_ms=1000, clock=clock)
+    other.step()
+    follower = LeaderLease(follower_store, role, address="c", lease_ms=1000, clock=clock)
+    follower.step()
+    # Leading and following in one process: the role is led here; the epoch is known.
+    assert value("percolake_is_leader", role=role) == 1
+    other.release()
+    follower.step()  # the released row is taken over at once, in a new epoch
+    assert follower.valid()
+    assert value("percolake_leader_epoch", role=role) == 2
+    # The follower saw epochs 1 and 2, the first replica epoch 1: each a change seen.
+    assert value("percolake_leader_changes_total") - changes == 3
+    follower.release()
+
+
+def test_gc_passes_are_counted_with_what_they_deleted() -> None:
+    """GC metrics (issue 31): passes, versions and entries deleted, pass duration, the
+    safe point and its age. Fails before this fix: a pass exported nothing."""
+    names = [
+        ("percolake_gc_passes_total", {"outcome": "done"}),
+        ("percolake_gc_versions_deleted_total", {}),
+        ("percolake_gc_entries_deleted_total", {}),
+        ("percolake_gc_pass_seconds_count", {}),
+    ]
+    deltas = Deltas(*names)
+    with TransactionManager.embedded("memory://") as tm:
+        tm.store.put_unless_exists(GC_TABLE, STATE_KEY, GcState(grace_ms=0).encode())
+        for i in range(3):
+            with tm.begin() as tx:
+                tx.put(T, b"row", b"c", b"%d" % i)
+        collector = GarbageCollector(
+            tm.store, timestamps=tm._rt.timestamps, locks=tm.locks, retention_s=0, grace_ms=0
+        )
+        report = collector.run_once()
+    assert report.versions_deleted >= 2 and report.entries_deleted >= 2
+    assert deltas("percolake_gc_passes_total", outcome="done") == 1
+    assert deltas("percolake_gc_versions_deleted_total") == report.versions_deleted
+    assert deltas("percolake_gc_entries_deleted_total") == report.entries_deleted
+    assert deltas("percolake_gc_pass_seconds_count") == 1
+    assert value("percolake_gc_safe_point") == report.safe_point
+    age = REGISTRY.get_sample_value("percolake_gc_safe_point_age_seconds")
+    assert age is not None and 0 <= age < 3600
 
 
 def test_the_metrics_server_serves_the_registry_and_frees_its_port() -> None:
