@@ -129,7 +129,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--grace-ms",
         type=int,
         default=None,
-        help="wait this long after raising the safe point before deleting (default 5000)",
+        help="wait this long after raising the safe point before deleting (default 5000); "
+        "a longer grace the store holds, which readers may have leased, is waited instead "
+        "until a pass outlasted it (the report says which grace was used)",
     )
     gc.add_argument(
         "--max-versions-per-s",
