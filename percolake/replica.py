@@ -289,7 +289,9 @@ class ControlPlane:
         record = self.lease.leader()
         if record is None:
             return "no replica has taken the leader row yet"
-        if record.holder == self.lease.id:
+        if self.lease.step_down_reason is not None and not self.lease.valid():
+            return f"this replica ({self.lease.name}) {self.lease.step_down_reason}"
+        if record.holder == self.lease.id and record.live:
             return (
                 f"this replica ({self.lease.name}) holds epoch {record.epoch} but its lease "
                 "is not valid (its renewals do not reach the store in time)"

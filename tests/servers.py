@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 READY_TIMEOUT_S = 30.0
+#: :meth:`ServerProcess.stop` sends its second SIGTERM this long after the first.
+_SECOND_SIGNAL_AFTER_S = 0.2
 
 
 #: ``percolake serve``, and the chaos test build of it (the same arguments, plus the
@@ -96,11 +98,21 @@ class ServerProcess:
             self.proc.wait(10)
 
     def stop(self, timeout_s: float = 15.0) -> int | None:
-        """SIGTERM and wait for a graceful exit; SIGKILL if it does not come."""
+        """SIGTERM, and again, then wait for a graceful exit; SIGKILL if it does not come.
+
+        The second SIGTERM ends the drain at once (open transactions are aborted, calls
+        in flight still finish, the lease is released), so a teardown does not wait
+        ``--grace-s`` for transactions a test left open; tests of the drain itself
+        send one signal (:meth:`signal`)."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+            try:
+                # Apart, so the two are not merged into one pending signal.
+                self.proc.wait(_SECOND_SIGNAL_AFTER_S)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:

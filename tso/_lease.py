@@ -267,6 +267,9 @@ class LeaderLease:
         self._sit_out_until = float("-inf")
         #: Why the last term could not start, for :meth:`acquire` to raise.
         self._stepped_down: Exception | None = None
+        #: Why this replica last stepped down from a term it could not serve (cleared
+        #: when a term starts), for the error of calls that found no leader.
+        self.step_down_reason: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: The last store error of a round, cleared by a round that reached the store:
@@ -498,6 +501,7 @@ class LeaderLease:
                     self._step_down(mine, f"cannot serve epoch {epoch}: {exc}")
                     self._stepped_down = exc
                     return
+            self.step_down_reason = None
         self._valid_until = sent_at + self.lease_ms / 1000 * (1 - DRIFT_MARGIN)
 
     def _step_down(self, mine: bytes, why: str) -> None:
@@ -505,6 +509,7 @@ class LeaderLease:
         released for whoever can serve, and this replica sits out one takeover (alone,
         it tries again after that)."""
         log.error("%s steps down from %s: %s", self.name, self.role, why)
+        self.step_down_reason = why
         self._valid_until = float("-inf")
         self._mine = self._mine_epoch = None
         self._sit_out_until = self._clock() + self.lease_ms / 1000 * (1 + DRIFT_MARGIN)
