@@ -81,6 +81,10 @@ def test_the_endpoint_shows_the_workload_it_served(tmp_path: Path) -> None:
         assert after[("percolake_commit_seconds_count", ())] == commits
         assert after[("percolake_open_transactions", ())] == 1
         assert after[("percolake_locks_held", ())] == 0
+        # A replica alone on its store leads, in the first epoch, and says so.
+        assert after[("percolake_is_leader", (("role", "tso"),))] == 1
+        assert after[("percolake_leader_epoch", (("role", "tso"),))] == 1
+        assert after[("percolake_leader_row_age_seconds", (("role", "tso"),))] >= 0
         still_open.abort()
         assert scrape(port)[("percolake_open_transactions", ())] == 0
         tm.close()
