@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,8 @@ pytestmark = pytest.mark.integration
 #: Longer than the 15 s a replica waits for a leader, well short of the 75 s that
 #: five attempts of the channel's retry policy would take.
 _CLIENT_TIMEOUT_S = 40.0
+#: Begins tried while the store is locked (bounded; the first that fails waits 15 s).
+_BEGIN_ATTEMPTS = 100
 
 
 def _begin_error(address: str) -> NoLeaderError:
@@ -66,3 +72,64 @@ def test_begin_beside_an_embedded_oracle_fails_naming_the_cause(tmp_path: Path) 
     assert "tso leader is now an embedded oracle" in output, output[-3000:]
     assert "no leader for tso within 15 s" in output, output[-3000:]
     assert codes == [0, 0], output[-3000:]
+
+
+@contextmanager
+def _store_write_locked(path: Path) -> Iterator[None]:
+    """The SQLite store takes no writes while this holds its write lock (what a process
+    stuck inside a write transaction, or a backup tool, does to it)."""
+    holder = sqlite3.connect(path, isolation_level=None, timeout=30)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_begin_while_the_store_takes_no_writes_names_the_store(tmp_path: Path) -> None:
+    """The only replica cannot renew its lease (the store refuses writes), so its
+    lease runs out and no leader can be had. Begin fails once the replica waited its
+    15 s, with ``no leader for tso within 15 s: store unreachable: <the store's
+    error>``; the replica's rounds (16 a second with this lease) log the outage in one
+    line, not one per round; once the store takes writes again Begin works.
+
+    Fails on the code before this fix: the call ended at the client's 40 s deadline
+    as "Deadline Exceeded", and every round logged its own warning.
+    """
+    path = tmp_path / "store.db"
+    url = f"sqlite:///{path}?busy_timeout_ms=100"
+    server = ServerProcess("all", ["--store", url, "--leader-lease-ms", "500"], tmp_path).start()
+    client = TransactionManager.remote(server.address, timeout_s=_CLIENT_TIMEOUT_S)
+    try:
+        with _store_write_locked(path):
+            # A Begin may still be served from the timestamps of the lease's last
+            # moments; the next one waits for a leader.
+            for _ in range(_BEGIN_ATTEMPTS):
+                try:
+                    client.begin().abort()
+                except NoLeaderError as exc:
+                    error = exc
+                    break
+                time.sleep(0.1)  # the lease runs out 0.45 s after its last renewal
+            else:
+                raise AssertionError("Begin kept being served with the store locked")
+        message = str(error)
+        assert message.startswith("no leader for tso within 15 s: store unreachable: "), message
+        with client.begin() as tx:  # the store takes writes again: a leader again
+            tx.put("t", b"r", b"c", b"after the outage")
+    finally:
+        client.close()
+        server.stop()
+    output = server.output()
+    unreachable = [
+        line
+        for line in output.splitlines()
+        if "WARNING" in line
+        and (
+            "leader row write for tso failed" in line
+            or "leader lease of tso: store unreachable" in line
+        )
+    ]
+    assert len(unreachable) == 1, "\n".join(unreachable[:20])
+    assert "store reachable again" in output, output[-3000:]
