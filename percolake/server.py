@@ -566,15 +566,17 @@ def check_tls_files(cert: str | None, key: str | None, client_ca: str | None) ->
             raise StartupError(f"{flag} {path}: cannot read it: {exc.strerror}") from None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
-        context.load_cert_chain(cert, key)
+        # An encrypted key would make OpenSSL prompt on the terminal; gRPC cannot use
+        # one either, so the empty password fails it here with a reason.
+        context.load_cert_chain(cert, key, password=lambda: b"")
     except ssl.SSLError as exc:
         if "KEY_VALUES_MISMATCH" in str(exc):
             raise StartupError(
                 f"--tls-key {key}: does not match the certificate --tls-cert {cert}"
             ) from None
         raise StartupError(
-            f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its key "
-            f"({exc.reason or exc})"
+            f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its "
+            f"unencrypted key ({exc.reason or exc})"
         ) from None
     if client_ca is not None:
         try:
