@@ -67,6 +67,8 @@ DEFAULT_LISTEN = "127.0.0.1:7070"
 #: their replicas wait for a leader, so that their answer (a leader's, or
 #: ``no-leader`` naming the cause) arrives, not a deadline of the gateway's own.
 _UPSTREAM_TIMEOUT_S = DEFAULT_FAILOVER_S + 5.0
+#: The signals that drain and stop ``percolake serve``.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: How often a drain looks whether the open transactions have ended.
 _DRAIN_POLL_S = 0.05
 
@@ -607,11 +609,16 @@ def serve(config: ServeConfig) -> int:
 
     # Before the server starts: a signal as soon as it is ready (its ready file
     # written) must find the handler, not kill the process with the lease held.
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in _STOP_SIGNALS:
         signal.signal(signum, on_signal)
     running = RunningServer(config, hurry)
     stop_requested.wait()
     running.stop()
+    # Stopped: nothing is left to drain. Python restores the default handlers while it
+    # shuts down, and a late signal would then end a clean stop with -SIGTERM instead
+    # of 0; ignored signals are left ignored.
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     return 0
 
 
