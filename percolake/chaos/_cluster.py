@@ -29,6 +29,7 @@ from percolake.chaos._config import (
     TEST_GC_GRACE_ENV,
     RunConfig,
 )
+from percolake.chaos._leader_metrics import LeaderMetricsWatch
 from percolake.chaos._ops import Phase
 from percolake.chaos._procs import Managed, PidRegistry, Service
 from percolake.chaos._reconnect import STORE_RECONNECT_ENV
@@ -113,6 +114,9 @@ class Cluster:
         #: The embedded oracle beside the replicas (``--embedded``).
         self.embedded: Service | None = None
         self.leader_watch: LeaderWatch | None = None
+        #: Each replica's metrics port (kept across its restarts), and their scraper.
+        self.metrics_ports: dict[str, int] = {}
+        self.leader_metrics: LeaderMetricsWatch | None = None
         self.gateways: list[Service] = []
         #: Second oracles started next to the first (oracle-overlap faults).
         self.second_oracles: list[Service] = []
@@ -258,14 +262,18 @@ class Cluster:
 
     def _replica(self, index: int) -> Service:
         """Replica ``index`` of ``percolake serve`` (role all) on the store, not started."""
+        name = f"replica-{index}"
+        (self.metrics_ports[name],) = _free_ports(1)
         return Service(
-            f"replica-{index}",
+            name,
             "percolake.chaos.serve all",
             [
                 "--store",
                 self.store_url,
                 "--leader-lease-ms",
                 str(self.config.leader_lease_ms),
+                "--metrics-listen",
+                f"127.0.0.1:{self.metrics_ports[name]}",
                 *self._gateway_args(),
             ],
             self.work,
@@ -470,6 +478,11 @@ class Cluster:
         log.info("%d clients ready in %.1f s", len(self.clients), time.monotonic() - started)
         if self.leader_watch is not None and self.replicas:
             self.leader_watch.start(self.t0_ns)
+        if self.replicas:
+            self.leader_metrics = LeaderMetricsWatch(
+                self.metrics_ports, self.config.leader_lease_ms
+            )
+            self.leader_metrics.start(self.t0_ns)
 
     def process_of(self, client: ClientSlot) -> int:
         return client.slot + self.config.clients * client.generation
@@ -622,6 +635,8 @@ class Cluster:
                 client.phase = None
         if self.leader_watch is not None:
             self.leader_watch.stop()
+        if self.leader_metrics is not None:
+            self.leader_metrics.stop()
         for service in [*self.gateways, self.locks, self.tso, *self.second_oracles]:
             if service is not None:
                 service.stop()

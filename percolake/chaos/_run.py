@@ -352,6 +352,9 @@ def _finish(
             checks.append(timestamps)
         if config.late_settle_s is not None:
             checks.append(check_late_settles(config.work / "clients"))
+        # An embedded oracle leads without exporting metrics: the count would be 0.
+        if cluster.leader_metrics is not None and not config.embedded:
+            checks.append(cluster.leader_metrics.check(nemesis.faults, end_ns / 1e9))
     anomalies = [a for c in checks for a in c.anomalies]
     completions = [op for op in client_ops if op["type"] != "invoke"]
     by_type = Counter(op["type"] for op in completions)
@@ -400,6 +403,11 @@ def _finish(
         "leaders": (
             cluster.leader_watch.summary(cluster.replica_names())
             if cluster.leader_watch is not None and config.replicas
+            else None
+        ),
+        "leader_metrics": (
+            cluster.leader_metrics.summary(nemesis.faults, end_ns / 1e9)
+            if cluster.leader_metrics is not None
             else None
         ),
         "nemesis": list(config.nemeses),

@@ -448,7 +448,14 @@ def test_a_replicated_control_plane_survives_leader_kills_pauses_and_rolling_res
         "list-append serializable",
         "list-append final state",
         "oracle timestamps",
+        "leader metrics",
     }
+    # Every replica's percolake_is_leader was scraped through the run (issue 31): never
+    # two leaders in a sample, exactly one outside the fault windows.
+    metrics = report["leader_metrics"]
+    assert metrics["replicas"] == ["replica-0", "replica-1", "replica-2"], metrics
+    assert report["checks"]["leader metrics"]["conclusive"] > 20, metrics
+    assert any(change["leaders"] == 1 for change in metrics["leader_count"]), metrics
     modes = report["cluster"]["client_modes"]
     assert {"remote", "replicas", "direct"} <= set(modes), modes
     for fault in report["faults"]:
@@ -517,8 +524,10 @@ def test_timestamps_stay_unique_and_in_real_time_order_across_leader_faults(
         assert cli.returncode == 0, cli.stdout + cli.stderr
         return
     found = {a["type"] for a in report["anomalies"]}
-    assert found == {"real-time-order"}, found
-    violation = report["anomalies"][0]
+    # The woken leader also exports percolake_is_leader 1 beside the new leader until it
+    # reads the row, when a scrape falls in that half second (issue 31's metrics check).
+    assert {"real-time-order"} <= found <= {"real-time-order", "two-leaders-in-metrics"}, found
+    violation = next(a for a in report["anomalies"] if a["type"] == "real-time-order")
     # The stale call went to a replica pinned by address: one that woke from a pause.
     paused = {
         f["leader_before"]["address"] for f in report["faults"] if f["kind"] == "leader-pause"
