@@ -160,6 +160,8 @@ class RunningServer:
         self.control: ControlPlane | None = None
         self._lakehouse: LakehouseServicer | None = None
         self._store: KVStore | None = None
+        #: A split gateway's oracle and lock server, with the role each serves.
+        self._upstreams: list[tuple[Connection, str]] = []
         self.stopped = threading.Event()
         #: Set by a second signal: end the drain now, aborting what is still open.
         self.hurry = hurry or threading.Event()
@@ -268,13 +270,21 @@ class RunningServer:
         if self._gateway is not None:
             # Role all: the gateway's timestamps and locks come from the control plane,
             # which also reads the store every round. A split gateway (role txn) reads
-            # its store to know it reaches it.
+            # its store and asks its oracle and lock server how they serve.
             gateway_problem = (
-                control.serving_problem if control is not None else self._store_problem
+                control.serving_problem if control is not None else self._split_gateway_problem
             )
             problems[_SERVICE_NAMES["txn"]] = gateway_problem
             problems[LAKEHOUSE_SERVICE] = gateway_problem
         return problems
+
+    def _split_gateway_problem(self) -> str | None:
+        problem = self._store_problem()
+        for conn, role in self._upstreams:
+            if problem is not None:
+                break
+            problem = _upstream_problem(conn, role)
+        return problem
 
     def _store_problem(self) -> str | None:
         store = self._store
@@ -351,6 +361,7 @@ class RunningServer:
                     config.locks_address, token=config.token, tls=config.client_tls
                 )
                 self._closers += [tso_conn.close, locks_conn.close]
+                self._upstreams = [(tso_conn, "tso"), (locks_conn, "locks")]
                 timestamps = RemoteTimestampSource(tso_conn, timeout_s=_UPSTREAM_TIMEOUT_S)
                 locks = RemoteLockService(locks_conn, timeout_s=_UPSTREAM_TIMEOUT_S)
                 manager = TransactionManager(
@@ -513,6 +524,32 @@ class HealthMonitor:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
+
+def _upstream_problem(conn: Connection, role: str) -> str | None:
+    """Why the oracle or lock server a split gateway calls cannot serve (None: it can),
+    by its own health check."""
+    check = conn.channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
+    try:
+        got = check(
+            health_pb2.HealthCheckRequest(service=_SERVICE_NAMES[role]),
+            timeout=_UPSTREAM_CHECK_TIMEOUT_S,
+        )
+    except grpc.RpcError as exc:
+        code = exc.code() if isinstance(exc, grpc.Call) else None
+        return f"{role} at {conn.address} unreachable ({code.name if code else exc})"
+    except ValueError:  # its channel was closed: the server is stopping
+        return f"{role} at {conn.address}: channel closed"
+    if got.status != health_pb2.HealthCheckResponse.SERVING:
+        return f"{role} at {conn.address} cannot serve (its health says NOT_SERVING)"
+    return None
+
+
+#: How long a split gateway's health check waits for its oracle's or lock server's.
+_UPSTREAM_CHECK_TIMEOUT_S = 1.0
 
 #: How often :class:`HealthMonitor` checks: a fraction of the default lease, so that
 #: health follows a lease that runs out or a store that stops answering within a round.

@@ -176,3 +176,28 @@ def test_health_and_reflection_need_no_token(tmp_path: Path) -> None:
             assert answer.file_descriptor_response.file_descriptor_proto
     finally:
         server.stop()
+
+
+def test_a_split_gateway_is_not_serving_while_its_oracle_is_down(tmp_path: Path) -> None:
+    """``serve txn`` asks its oracle and lock server how they serve: NOT_SERVING while
+    the ``serve`` it was given is killed, SERVING again once it is restarted.
+
+    Fails on the code before this fix: the gateway answered SERVING throughout.
+    """
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    oracle = ServerProcess("all", ["--store", url], tmp_path).start()
+    gateway: ServerProcess | None = None
+    try:
+        upstream = ["--tso", oracle.address, "--locks", oracle.address]
+        gateway = ServerProcess("txn", ["--store", url, *upstream], tmp_path).start()
+        wait_for(gateway.address, SERVING, TXN)
+        oracle.kill()
+        wait_for(gateway.address, NOT_SERVING, TXN)
+        assert check(gateway.address, "") == NOT_SERVING
+        oracle.start(port=oracle.port)
+        wait_for(gateway.address, SERVING, TXN)
+        assert "tso at 127.0.0.1" in gateway.output()
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        oracle.stop()
