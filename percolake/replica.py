@@ -427,6 +427,44 @@ class ControlPlane:
             return f"store unreachable: {self.lease.store_error}"
         if self._local() is not None:
             return None
+        record = self.lease.leader()
+        age = self.lease.row_age_s()
+        if age is None:
+            return "the leader row was not read yet"
+        lease_s = self.lease.lease_ms / 1000
+        electing = age < TAKEOVER_LEASES * lease_s
+        if record is not None and record.live and not record.address:
+            return (
+                f"epoch {record.epoch} is held by an embedded oracle ({record.holder[:8]}), "
+                "which serves only its own process"
+            )
+        if record is None or not record.live or record.holder == self.lease.id:
+            if electing:
+                return None
+            if record is None:
+                return f"no replica took the leader row in {age:.1f} s"
+            if record.holder == self.lease.id:
+                return (
+                    f"this replica holds epoch {record.epoch} but its lease is not valid "
+                    "(its renewals do not reach the store in time)"
+                )
+            state = "released" if record.released else "deposed"
+            return (
+                f"the leader of epoch {record.epoch} was {state} {age:.1f} s ago; "
+                "no replica took over"
+            )
+        if not electing:
+            return (
+                f"leader {record.address} (epoch {record.epoch}) has not renewed its lease "
+                f"for {age:.1f} s and no replica took over"
+            )
+        since = self._unreachable_since
+        if since is not None and time.monotonic() - since >= lease_s:
+            return (
+                f"leader {record.address} (epoch {record.epoch}) unreachable from here for "
+                f"{time.monotonic() - since:.1f} s"
+            )
+        return None
 
     def close(self) -> None:
         """Stop electing and serving; a leader hands its row over first."""
