@@ -44,6 +44,7 @@ from txn.errors import (
     TransactionAbortedError,
     TransactionClosedError,
     TransactionError,
+    TransactionNotFoundError,
 )
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,20 @@ class RemoteTransaction:
         kind = "attached" if self.attached else "remote"
         return f"<RemoteTransaction {self.id} {kind} {self.isolation.value} {self.status.value}>"
 
+    def _call(self, fn: Callable[..., T], request: object) -> T:
+        """A call of this transaction. A gateway that does not know it answers "not
+        found": the gateway that began it is gone or this client failed over to another
+        replica since. Its writes were buffered there and its Commit never ran there, so
+        it is definitely not committed: an abort, begun again by whoever retries."""
+        try:
+            return self._m._call(fn, request)
+        except TransactionNotFoundError as exc:
+            self.status = TransactionStatus.ABORTED
+            raise TransactionAbortedError(
+                f"transaction {self.id} is lost: the gateway that answered does not hold it "
+                f"(the one that began it stopped, or this client failed over): {exc}"
+            ) from exc
+
     def _check_active(self) -> None:
         if self.status is not TransactionStatus.ACTIVE:
             raise TransactionClosedError(
@@ -103,7 +118,7 @@ class RemoteTransaction:
         while self._pending:
             batch, self._pending = self._pending[:WRITE_BATCH], self._pending[WRITE_BATCH:]
             try:
-                self._m._call(
+                self._call(
                     self._m._stub.Write,
                     pb.WriteRequest(txn_id=self.id, mutations=batch, attached=self.attached),
                 )
@@ -122,7 +137,7 @@ class RemoteTransaction:
         check_cell(table, row, column)
         self._check_active()
         self.flush()
-        got = self._m._call(
+        got = self._call(
             self._m._stub.Get, pb.GetRequest(txn_id=self.id, table=table, row=row, column=column)
         )
         return got.value if got.found else None
@@ -133,7 +148,7 @@ class RemoteTransaction:
         wanted = [pb.Cell(row=c.row, column=c.column) for c in check_cells(table, cells)]
         self._check_active()
         self.flush()
-        got = self._m._call(
+        got = self._call(
             self._m._stub.GetMany, pb.GetManyRequest(txn_id=self.id, table=table, cells=wanted)
         )
         return {(c.row, c.column): c.value for c in got.cells}
@@ -150,6 +165,15 @@ class RemoteTransaction:
         return self._scan(request)
 
     def _scan(self, request: pb.ScanRequest) -> Iterator[tuple[bytes, bytes, bytes]]:
+        try:
+            yield from self._scan_batches(request)
+        except TransactionNotFoundError as exc:
+            self.status = TransactionStatus.ABORTED
+            raise TransactionAbortedError(
+                f"transaction {self.id} is lost: the gateway that answered does not hold it: {exc}"
+            ) from exc
+
+    def _scan_batches(self, request: pb.ScanRequest) -> Iterator[tuple[bytes, bytes, bytes]]:
         progress: pb.ScanProgress | None = None
         for batch in stream(self._m._stub.Scan, request, self._m._conn, self._m.timeout_s):
             if progress is None:
@@ -199,7 +223,7 @@ class RemoteTransaction:
             txn_id=self.id, commit_secret=self._secret, scans=list(self._scans.values())
         )
         try:
-            got = self._m._call(self._m._stub.Commit, request)
+            got = self._call(self._m._stub.Commit, request)
         except TransactionAbortedError:
             self.status = TransactionStatus.ABORTED
             raise

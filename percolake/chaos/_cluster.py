@@ -408,9 +408,14 @@ class Cluster:
     def direct_manager(self) -> TransactionManager:
         from percolake.chaos.client import direct_manager
 
+        tso = self.tso_address
+        if self.embedded is not None and self.embedded.alive and self.embedded.port:
+            # Replicas cannot forward to an embedded leader (design.md, known limits):
+            # while it may lead, ask it first; it redirects when a replica leads.
+            tso = f"{self.embedded.address},{tso}"
         return direct_manager(
             self.store_url,
-            self.tso_address,
+            tso,
             self.locks_address,
             self.config,
             timeout_s=self.config.client_timeout_s,

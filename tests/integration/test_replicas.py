@@ -261,3 +261,31 @@ def test_the_only_serve_restarted_after_kill_9_takes_over_at_once_on_sqlite(
     row = _leader(_url(tmp_path))
     assert row.epoch == 2 and row.claimed and not row.released
     assert served == sorted(served) and len(set(served)) == len(served)
+
+
+def test_a_transaction_whose_gateway_died_is_aborted_not_unknown_to_the_client(
+    tmp_path: Path, servers: list[ServerProcess]
+) -> None:
+    """A client of two replicas begins on the first, which is then killed: the
+    transaction's next calls go to the second, which never held it. Failed before the
+    fix with ``TransactionNotFoundError`` (neither "not committed" nor "unknown" to a
+    caller), which also made the failover test above fail when the client's channel
+    moved mid-transaction. Its writes were buffered in the dead gateway and its Commit
+    never ran anywhere: it is definitely not committed, a ``TransactionAbortedError``."""
+    store = ["--store", _url(tmp_path), *LEASE]
+    first, second = (ServerProcess("all", store, tmp_path).start() for _ in range(2))
+    servers.extend([first, second])
+    client = TransactionManager.remote(f"{first.address},{second.address}", timeout_s=20)
+    try:
+        tx = client.begin()
+        tx.put("t", b"lost", b"c", b"v")
+        tx.flush()
+        first.signal(signal.SIGKILL)
+        tx.put("t", b"lost", b"d", b"w")
+        with pytest.raises(TransactionAbortedError, match="is lost"):
+            tx.flush()  # the Write fails over to the second replica
+        assert tx.status.value == "aborted"
+        with client.begin() as again:
+            assert again.get("t", b"lost", b"c") is None
+    finally:
+        client.close()
