@@ -15,11 +15,20 @@ import importlib
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
-from bench._results import QUICK_DIR, RESULTS_DIR, Figure, Growth, Result, write_results
+from bench._results import (
+    QUICK_DIR,
+    RESULTS_DIR,
+    Figure,
+    Growth,
+    Result,
+    write_for_command,
+    write_results,
+)
 
 log = logging.getLogger("bench")
 
@@ -55,6 +64,17 @@ def describe(result: Result) -> str:
         for label, d in result.distributions.items()
     )
     return f"{result.name:60s} latency {parts}"
+
+
+def finish_command(results: Sequence[Result], *, started: float, write: bool, quick: bool) -> int:
+    """The end of a suite run as its own command: each figure on a line, the time taken,
+    and with ``--write`` the results merged into ``bench/results``."""
+    for result in results:
+        print(describe(result), flush=True)
+    print(f"took {time.monotonic() - started:.0f} s")
+    if write:
+        print(f"wrote {write_for_command(results, quick=quick)}")
+    return 0
 
 
 def print_result(result: Result) -> None:

@@ -743,7 +743,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench.__main__ import describe
+    from bench.__main__ import finish_command
 
     parser = argparse.ArgumentParser(
         prog="python -m bench.bench_ha",
@@ -776,14 +776,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         repetitions=args.repetitions,
         workdir=args.workdir,
     )
-    for result in results:
-        print(describe(result), flush=True)
-    print(f"took {time.monotonic() - started:.0f} s")
-    if args.write:
-        from bench._results import write_for_command
-
-        print(f"wrote {write_for_command(results, quick=args.quick)}")
-    return 0
+    return finish_command(results, started=started, write=args.write, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench.__main__ import describe
+    from bench.__main__ import finish_command
 
     parser = argparse.ArgumentParser(
         prog="python -m bench.bench_restart",
@@ -226,14 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress=lambda step: print(f"   {step} ...", file=sys.stderr, flush=True),
         repetitions=args.repetitions,
     )
-    for result in results:
-        print(describe(result), flush=True)
-    print(f"took {time.monotonic() - started:.0f} s")
-    if args.write:
-        from bench._results import write_for_command
-
-        print(f"wrote {write_for_command(results, quick=args.quick)}")
-    return 0
+    return finish_command(results, started=started, write=args.write, quick=args.quick)
 
 
 if __name__ == "__main__":
