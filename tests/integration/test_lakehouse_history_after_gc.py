@@ -15,9 +15,6 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-
-pytest.importorskip("pyspark")
-
 from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_integration import DataFile, Lakehouse

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -19,10 +18,7 @@ import pytest
 from tests.integration.test_grpc import _make_certs
 from tests.servers import ServerProcess
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command"),
-]
+pytestmark = pytest.mark.integration
 
 TOKEN = "status-probe-token"
 STATUS = (sys.executable, "-m", "percolake", "status")
