@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 READY_TIMEOUT_S = 30.0
@@ -138,3 +140,16 @@ def steered_server(
     if lakehouse_control is not None:
         env[LAKEHOUSE_CONTROL_ENV] = str(lakehouse_control)
     return ServerProcess(role, args, workdir, env, command=TEST_BUILD_SERVE)
+
+
+@contextmanager
+def sqlite_write_locked(path: Path) -> Iterator[None]:
+    """The SQLite store at ``path`` takes no writes while this holds its write lock: what
+    a process stuck inside a write transaction, or a backup tool, does to it."""
+    holder = sqlite3.connect(path, isolation_level=None, timeout=30)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

@@ -6,10 +6,7 @@ needed, for the checks nor for the reflection tools such as ``grpcurl`` ask firs
 from __future__ import annotations
 
 import signal
-import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -17,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.servers import ServerProcess
+from tests.servers import ServerProcess, sqlite_write_locked
 from txn import TransactionManager
 
 pytestmark = pytest.mark.integration
@@ -51,19 +48,6 @@ def wait_for(address: str, status: int, service: str = "") -> None:
         time.sleep(0.05)
 
 
-@contextmanager
-def store_write_locked(path: Path) -> Iterator[None]:
-    """The SQLite store cannot be written while this holds its write lock: what a
-    stuck or paused process inside a write transaction, or a backup tool, does to it."""
-    holder = sqlite3.connect(path, isolation_level=None, timeout=30)
-    try:
-        holder.execute("BEGIN IMMEDIATE")
-        yield
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
-
-
 def test_health_is_not_serving_while_the_store_cannot_be_written(tmp_path: Path) -> None:
     """The store stops taking writes (another connection holds SQLite's write lock):
     every service that needs it answers NOT_SERVING, the server as a whole too, with
@@ -83,7 +67,7 @@ def test_health_is_not_serving_while_the_store_cannot_be_written(tmp_path: Path)
     try:
         wait_for(server.address, SERVING)
         assert check(server.address, TXN) == SERVING
-        with store_write_locked(path):
+        with sqlite_write_locked(path):
             wait_for(server.address, NOT_SERVING)
             assert check(server.address, TXN) == NOT_SERVING
             assert check(server.address, TSO) == NOT_SERVING

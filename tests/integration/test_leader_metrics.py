@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.test_health import store_write_locked
-from tests.servers import ServerProcess
+from tests.servers import ServerProcess, sqlite_write_locked
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +128,7 @@ def test_is_leader_sums_to_one_through_kill_and_pause_and_to_zero_in_a_store_out
     assert len(epochs) == 1 and epochs.pop() >= 1
 
     # The store takes no writes: no lease can be renewed, so no replica leads.
-    with store_write_locked(tmp_path / "store.db"):
+    with sqlite_write_locked(tmp_path / "store.db"):
         _wait(replicas, "no leader in the outage", lambda v: v == [0, 0, 0])
     _wait(replicas, "one leader after the outage", _one_leader)
 

@@ -3,17 +3,14 @@
 
 from __future__ import annotations
 
-import sqlite3
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from percolake.rpc import NoLeaderError
-from tests.servers import ServerProcess
+from tests.servers import ServerProcess, sqlite_write_locked
 from txn import TransactionManager
 
 pytestmark = pytest.mark.integration
@@ -74,19 +71,6 @@ def test_begin_beside_an_embedded_oracle_fails_naming_the_cause(tmp_path: Path) 
     assert codes == [0, 0], output[-3000:]
 
 
-@contextmanager
-def _store_write_locked(path: Path) -> Iterator[None]:
-    """The SQLite store takes no writes while this holds its write lock (what a process
-    stuck inside a write transaction, or a backup tool, does to it)."""
-    holder = sqlite3.connect(path, isolation_level=None, timeout=30)
-    try:
-        holder.execute("BEGIN IMMEDIATE")
-        yield
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
-
-
 def test_begin_while_the_store_takes_no_writes_names_the_store(tmp_path: Path) -> None:
     """The only replica cannot renew its lease (the store refuses writes), so its
     lease runs out and no leader can be had. Begin fails once the replica waited its
@@ -102,7 +86,7 @@ def test_begin_while_the_store_takes_no_writes_names_the_store(tmp_path: Path) -
     server = ServerProcess("all", ["--store", url, "--leader-lease-ms", "500"], tmp_path).start()
     client = TransactionManager.remote(server.address, timeout_s=_CLIENT_TIMEOUT_S)
     try:
-        with _store_write_locked(path):
+        with sqlite_write_locked(path):
             # A Begin may still be served from the timestamps of the lease's last
             # moments; the next one waits for a leader.
             for _ in range(_BEGIN_ATTEMPTS):

@@ -147,15 +147,7 @@ def test_each_abort_reason_comes_from_what_the_commit_raised(tm: TransactionMana
         broken.commit()
 
     # unknown: the commit point's reply is lost and settling it fails every time.
-    tm.failpoints.enable(
-        fp.BEFORE_COMMIT_POINT, fp.raise_error(lambda: StoreTimeoutError("lost")), times=1
-    )
-    tm.failpoints.enable(fp.SETTLE_COMMIT, fp.raise_error(lambda: StoreTimeoutError("lost")))
-    unknown = tm.begin()
-    unknown.put(T, b"u", b"c", b"v")
-    with pytest.raises(CommitUnknownError):
-        unknown.commit()
-    tm.failpoints.disable()
+    _commit_with_an_unknown_outcome(tm)
 
     assert deltas("percolake_aborts_total", reason="lock_timeout") == 1
     assert deltas("percolake_lock_waits_total") == 1  # the waiter, timed out
@@ -181,15 +173,7 @@ def test_failed_commits_have_their_latency_by_outcome(tm: TransactionManager) ->
     first.commit()
     with pytest.raises(TransactionConflictError):
         second.commit()  # lock, write, then the check finds the first: aborted
-    tm.failpoints.enable(
-        fp.BEFORE_COMMIT_POINT, fp.raise_error(lambda: StoreTimeoutError("lost")), times=1
-    )
-    tm.failpoints.enable(fp.SETTLE_COMMIT, fp.raise_error(lambda: StoreTimeoutError("lost")))
-    unknown = tm.begin()
-    unknown.put(T, b"u", b"c", b"v")
-    with pytest.raises(CommitUnknownError):
-        unknown.commit()
-    tm.failpoints.disable()
+    _commit_with_an_unknown_outcome(tm)
 
     assert deltas("percolake_commit_failed_seconds_count", outcome="aborted") == 1
     assert deltas("percolake_commit_failed_seconds_count", outcome="unknown") == 1
@@ -349,3 +333,16 @@ def test_the_metrics_server_serves_the_registry_and_frees_its_port() -> None:
         server.close()  # idempotent
     again = metrics.MetricsServer("127.0.0.1", server.port)  # the port was freed
     again.close()
+
+
+def _commit_with_an_unknown_outcome(tm: TransactionManager) -> None:
+    """A commit whose commit point's reply is lost and whose settling fails every time."""
+    tm.failpoints.enable(
+        fp.BEFORE_COMMIT_POINT, fp.raise_error(lambda: StoreTimeoutError("lost")), times=1
+    )
+    tm.failpoints.enable(fp.SETTLE_COMMIT, fp.raise_error(lambda: StoreTimeoutError("lost")))
+    unknown = tm.begin()
+    unknown.put(T, b"u", b"c", b"v")
+    with pytest.raises(CommitUnknownError):
+        unknown.commit()
+    tm.failpoints.disable()
