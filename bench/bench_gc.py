@@ -286,10 +286,10 @@ def gc_pass(url: str, address: str) -> Any:
     ``percolake serve --gc-interval-s`` takes it), its locks consulted for writers
     with no entry yet. Returns the :class:`txn.GcReport`."""
     from lockserver.server import RemoteLockService
-    from percolake.rpc import Connection
     from storage_adapters import open_store
     from tso.server import RemoteTimestampSource
     from txn import GarbageCollector
+    from wire.rpc import Connection
 
     conn = Connection(address)
     store = open_store(url)

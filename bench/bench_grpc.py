@@ -15,11 +15,11 @@ from pathlib import Path
 from bench._load import run_threads
 from bench._results import Figure, Growth, Latency, Result, measure, percentiles, summarize
 from lockserver.server import RemoteLockService
-from percolake.rpc import Connection
 from tests.servers import ServerProcess
 from tso.aio import AsyncTimestampSource
 from tso.server import RemoteTimestampSource
 from txn import TransactionManager
+from wire.rpc import Connection
 
 PERCOLATOR_ORACLE = "Percolator (OSDI'10): about 2M timestamps/s from one oracle, with batching"
 

@@ -495,12 +495,12 @@ def _rpc_methods() -> set[str]:
     """The names of every gRPC method percolake serves (from the generated modules)."""
     import pkgutil
 
-    import percolake.v1
+    import wire.v1
 
     names: set[str] = set()
-    for module in pkgutil.iter_modules(percolake.v1.__path__):
+    for module in pkgutil.iter_modules(wire.v1.__path__):
         if module.name.endswith("_pb2"):
-            descriptor = importlib.import_module(f"percolake.v1.{module.name}").DESCRIPTOR
+            descriptor = importlib.import_module(f"wire.v1.{module.name}").DESCRIPTOR
             for service in descriptor.services_by_name.values():
                 names.update(method.name for method in service.methods)
     return names

@@ -6,6 +6,6 @@ from lockserver._table import (
     LockTableClosedError,
     LockToken,
 )
-from percolake.errors import StaleTokenError
+from wire.errors import StaleTokenError
 
 __all__ = ["MAX_LEASE_MS", "LockTable", "LockTableClosedError", "LockToken", "StaleTokenError"]

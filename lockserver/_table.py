@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from percolake import metrics
-from percolake.errors import ServiceUnavailableError, StaleTokenError
+from wire import metrics
+from wire.errors import ServiceUnavailableError, StaleTokenError
 
 log = logging.getLogger(__name__)
 

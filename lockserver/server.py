@@ -8,9 +8,9 @@ from typing import Protocol
 import grpc
 
 from lockserver._table import MAX_LEASE_MS, LockTable, LockToken
-from percolake.rpc import Connection, abort_with, call, forwarded
-from percolake.v1 import lock_pb2 as pb
-from percolake.v1 import lock_pb2_grpc as pb_grpc
+from wire.rpc import Connection, abort_with, call, forwarded
+from wire.v1 import lock_pb2 as pb
+from wire.v1 import lock_pb2_grpc as pb_grpc
 
 #: Longest wait a caller may ask for in one call; longer waits hold server threads.
 MAX_WAIT_MS = 60_000

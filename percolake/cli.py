@@ -245,8 +245,8 @@ def _gc(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from percolake.rpc import TlsConfig, parse_addresses, resolve_token
     from percolake.status import run_status
+    from wire.rpc import TlsConfig, parse_addresses, resolve_token
 
     try:
         parse_addresses(args.gateway)

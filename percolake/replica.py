@@ -29,8 +29,6 @@ from typing import TypeVar
 
 from lockserver import LockTable, LockTableClosedError, LockToken
 from lockserver.server import RemoteLockService
-from percolake.errors import OracleFencedError, ServiceUnavailableError, StaleTokenError
-from percolake.rpc import FORWARDED_KEY, Connection, NoLeaderError, TlsConfig
 from storage_adapters import KVStore, StoreError
 from tso import TimestampBatcher, TimestampOracle, TimestampRange
 from tso._lease import (
@@ -43,6 +41,8 @@ from tso._lease import (
 )
 from tso._oracle import ORACLE_ROLE
 from tso.server import RemoteTimestampSource
+from wire.errors import OracleFencedError, ServiceUnavailableError, StaleTokenError
+from wire.rpc import FORWARDED_KEY, Connection, NoLeaderError, TlsConfig
 
 log = logging.getLogger(__name__)
 

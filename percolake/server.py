@@ -24,28 +24,9 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from lockserver import LockTable
 from lockserver.server import LockServicer, RemoteLockService
-from percolake.metrics import MetricsServer
 from percolake.replica import DEFAULT_FAILOVER_S, ControlPlane
-from percolake.rpc import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    Connection,
-    TlsConfig,
-    TokenInterceptor,
-    parse_address,
-    parse_addresses,
-    resolve_token,
-)
 from percolake.status import SERVICE_NAME as CONTROL_SERVICE
 from percolake.status import ControlServicer
-from percolake.v1 import (
-    control_pb2_grpc,
-    lock_pb2,
-    lock_pb2_grpc,
-    timestamp_pb2,
-    timestamp_pb2_grpc,
-    transaction_pb2,
-    transaction_pb2_grpc,
-)
 from spark_integration.server import SERVICE_NAME as LAKEHOUSE_SERVICE
 from spark_integration.server import LakehouseLimits, LakehouseServicer, serve_lakehouse
 from storage_adapters import KVStore, StoreError, open_store
@@ -56,6 +37,26 @@ from txn import GarbageCollector, GcLoop, TransactionConfig, TransactionManager
 from txn._committer import STEPS
 from txn._services import LockService, TimestampSource
 from txn.server import GatewayLimits, TransactionServicer
+from wire.errors import PercolakeError
+from wire.metrics import MetricsServer
+from wire.rpc import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Connection,
+    TlsConfig,
+    TokenInterceptor,
+    parse_address,
+    parse_addresses,
+    resolve_token,
+)
+from wire.v1 import (
+    control_pb2_grpc,
+    lock_pb2,
+    lock_pb2_grpc,
+    timestamp_pb2,
+    timestamp_pb2_grpc,
+    transaction_pb2,
+    transaction_pb2_grpc,
+)
 
 log = logging.getLogger("percolake.server")
 
@@ -73,7 +74,7 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _DRAIN_POLL_S = 0.05
 
 
-class StartupError(ValueError):
+class StartupError(PercolakeError, ValueError):
     """``percolake serve`` cannot start as configured; the message begins with the flag
     to fix. Raised before the leader lease is touched."""
 

@@ -17,9 +17,9 @@ from typing import TextIO
 import grpc
 
 from percolake import __version__
-from percolake.errors import PercolakeError
 from percolake.replica import ControlPlane
-from percolake.rpc import (
+from wire.errors import PercolakeError
+from wire.rpc import (
     Connection,
     TlsConfig,
     UnauthenticatedError,
@@ -27,8 +27,8 @@ from percolake.rpc import (
     call,
     parse_addresses,
 )
-from percolake.v1 import control_pb2 as pb
-from percolake.v1 import control_pb2_grpc as pb_grpc
+from wire.v1 import control_pb2 as pb
+from wire.v1 import control_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ControlService"].full_name
 

@@ -1,4 +1,4 @@
-"""Regenerate the committed gRPC code in percolake/v1 from proto/percolake/v1/*.proto.
+"""Regenerate the committed gRPC code in wire/v1 from proto/percolake/v1/*.proto.
 
     .venv/bin/python scripts/gen_protos.py          # regenerate
     .venv/bin/python scripts/gen_protos.py --check  # exit 1 if the committed code drifted
@@ -18,20 +18,24 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO_ROOT = ROOT / "proto"
-OUT_PACKAGE = ROOT / "percolake" / "v1"
+PROTO_DIR = ROOT / "proto" / "percolake" / "v1"
+# The protobuf package stays percolake.v1 (its directory in proto/ follows it, as buf lints);
+# the Python modules live in the bottom layer, wire/v1. protoc's virtual path maps one onto
+# the other, so the generated imports need no rewriting.
+PYTHON_PACKAGE = "wire/v1"
+OUT_PACKAGE = ROOT / PYTHON_PACKAGE
 
-INIT = '"""Generated gRPC code for package percolake.v1: run scripts/gen_protos.py."""\n'
+INIT = '"""Generated gRPC code for protobuf package percolake.v1: run scripts/gen_protos.py."""\n'
 
 
 def generate(out_root: Path) -> None:
-    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
+    protos = sorted(str(p.relative_to(ROOT)) for p in PROTO_DIR.glob("*.proto"))
     bin_dir = Path(sys.executable).parent  # mypy-protobuf's plugins live beside python
     command = [
         sys.executable,
         "-m",
         "grpc_tools.protoc",
-        f"-I{PROTO_ROOT}",
+        f"-I{PYTHON_PACKAGE}={PROTO_DIR.relative_to(ROOT)}",
         f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
         f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
         f"--python_out={out_root}",
@@ -41,7 +45,7 @@ def generate(out_root: Path) -> None:
         *protos,
     ]
     subprocess.run(command, check=True, cwd=ROOT)
-    (out_root / "percolake" / "v1" / "__init__.py").write_text(INIT)
+    (out_root / PYTHON_PACKAGE / "__init__.py").write_text(INIT)
 
 
 def main() -> int:
@@ -50,7 +54,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
-        fresh = Path(tmp) / "percolake" / "v1"
+        fresh = Path(tmp) / PYTHON_PACKAGE
         if args.check:
             names = sorted(p.name for p in fresh.iterdir() if p.is_file())
             committed = sorted(p.name for p in OUT_PACKAGE.glob("*") if p.is_file())

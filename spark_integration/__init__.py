@@ -15,11 +15,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from spark_integration._errors import (
+    ChangeCommitError,
     ConcurrentModificationError,
     LakehouseError,
     TableExistsError,
     TableNotFoundError,
     VersionNotFoundError,
+    VersionVacuumedError,
 )
 from spark_integration._model import ColumnStats, Commit, DataFile
 from spark_integration._retention import ExpireResult, Retention
@@ -47,6 +49,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ChangeCommitError",
     "ColumnStats",
     "Commit",
     "ConcurrentModificationError",
@@ -59,6 +62,7 @@ __all__ = [
     "TableExistsError",
     "TableNotFoundError",
     "VersionNotFoundError",
+    "VersionVacuumedError",
     "register",
     "write_cells",
 ]

@@ -19,10 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from percolake.errors import OracleFencedError
-from percolake.rpc import COMMIT_UNKNOWN, RpcError, ServiceUnavailableError, call, stream
-from percolake.v1 import lakehouse_pb2 as pb
-from percolake.v1 import lakehouse_pb2_grpc as pb_grpc
 from spark_integration import failpoints as fp
 from spark_integration._catalog import (
     RETRY_BASE_S,
@@ -58,6 +54,10 @@ from spark_integration._wire import (
 )
 from txn.errors import CommitUnknownError
 from txn.remote import RemoteTransactionManager
+from wire.errors import OracleFencedError
+from wire.rpc import COMMIT_UNKNOWN, RpcError, ServiceUnavailableError, call, stream
+from wire.v1 import lakehouse_pb2 as pb
+from wire.v1 import lakehouse_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

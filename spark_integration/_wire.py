@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from percolake.v1 import lakehouse_pb2 as pb
 from spark_integration._model import (
     APPEND,
     OVERWRITE,
@@ -21,6 +20,7 @@ from spark_integration._model import (
     encode_stats,
 )
 from spark_integration._retention import Retention
+from wire.v1 import lakehouse_pb2 as pb
 
 OPERATIONS = {APPEND: pb.COMMIT_OPERATION_APPEND, OVERWRITE: pb.COMMIT_OPERATION_OVERWRITE}
 OPERATION_NAMES = {v: k for k, v in OPERATIONS.items()}

@@ -80,7 +80,6 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from percolake.rpc import resolve_token
 from spark_integration._catalog import now_ms
 from spark_integration._datasource_files import (
     FileToRead,
@@ -100,7 +99,13 @@ from spark_integration._datasource_options import (
     stream_write_options,
     write_options,
 )
-from spark_integration._errors import TableExistsError, TableNotFoundError, VersionNotFoundError
+from spark_integration._errors import (
+    ChangeCommitError,
+    TableExistsError,
+    TableNotFoundError,
+    VersionNotFoundError,
+    VersionVacuumedError,
+)
 from spark_integration._hook import new_job
 from spark_integration._model import APPEND, OVERWRITE, FileEntry, Head, TableMeta
 from spark_integration._pruning import Candidate, prune
@@ -111,6 +116,7 @@ from spark_integration._session import reach_every_session, workers_run_this_pyt
 from txn import TransactionManager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager
+from wire.rpc import resolve_token
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -574,14 +580,6 @@ def _resolve_version(catalog: _Catalog, opts: ReadOptions) -> int:
 
 
 # --- streaming reads ------------------------------------------------------------------
-
-
-class ChangeCommitError(RuntimeError):
-    """A streaming read met a version that removed files (an overwrite)."""
-
-
-class VersionVacuumedError(RuntimeError):
-    """A streaming read needs the files of a version that vacuum removed."""
 
 
 @dataclass(frozen=True, slots=True)

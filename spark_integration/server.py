@@ -39,9 +39,6 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from percolake.rpc import abort_with
-from percolake.v1 import lakehouse_pb2 as pb
-from percolake.v1 import lakehouse_pb2_grpc as pb_grpc
 from spark_integration._catalog import Catalog, CommitRequest, Committed
 from spark_integration._model import (
     CATALOG_NAME,
@@ -66,6 +63,9 @@ from spark_integration._wire import (
     retention_from_pb,
 )
 from txn import TransactionManager
+from wire.rpc import abort_with
+from wire.v1 import lakehouse_pb2 as pb
+from wire.v1 import lakehouse_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

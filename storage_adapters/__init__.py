@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 from urllib.parse import urlsplit
 
-from percolake.errors import StoreError, StoreTimeoutError, StoreUnavailableError
 from storage_adapters._base import (
     MAX_TIMESTAMP,
     CasResult,
@@ -27,6 +26,7 @@ from storage_adapters._base import (
     VersionWrite,
     check_table,
 )
+from wire.errors import StoreError, StoreTimeoutError, StoreUnavailableError
 
 __all__ = [
     "AVAILABLE_STORES",

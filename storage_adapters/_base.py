@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from percolake.errors import StoreError
+from wire.errors import StoreError
 
 #: Timestamps are non-negative integers below this bound (they fit a signed 64-bit column).
 MAX_TIMESTAMP = (1 << 63) - 1

@@ -28,7 +28,7 @@ from cassandra.protocol import (
     ServerError,
 )
 
-from percolake.errors import StoreTimeoutError, StoreUnavailableError
+from wire.errors import StoreTimeoutError, StoreUnavailableError
 
 __all__ = ["CAS_WRITE_UNKNOWN", "ConditionalWriteRetryPolicy", "never_sent", "translate_error"]
 

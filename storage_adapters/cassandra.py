@@ -154,7 +154,6 @@ from cassandra.concurrent import execute_concurrent
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, tuple_factory
 
-from percolake.errors import StoreUnavailableError
 from storage_adapters._base import (
     MAX_PAGE_SIZE,
     MAX_TIMESTAMP,
@@ -190,6 +189,7 @@ from storage_adapters._cassandra_url import (
     redact_url,
     shard_of,
 )
+from wire.errors import StoreUnavailableError
 
 __all__ = [
     "CONCURRENCY",

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
-from percolake.errors import StoreError, StoreTimeoutError, StoreUnavailableError
 from storage_adapters._base import (
     MAX_TIMESTAMP,
     CasResult,
@@ -51,6 +50,7 @@ from storage_adapters._base import (
     check_ts,
     check_writes,
 )
+from wire.errors import StoreError, StoreTimeoutError, StoreUnavailableError
 
 log = logging.getLogger(__name__)
 

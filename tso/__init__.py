@@ -1,6 +1,5 @@
 """The timestamp oracle (TSO): timestamps that never repeat or go backwards (rule S7)."""
 
-from percolake.errors import OracleFencedError
 from tso._batcher import TimestampBatcher
 from tso._oracle import (
     BOUND_KEY,
@@ -10,6 +9,7 @@ from tso._oracle import (
     TimestampOracle,
     TimestampRange,
 )
+from wire.errors import OracleFencedError
 
 __all__ = [
     "BOUND_KEY",

@@ -58,9 +58,9 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from percolake import metrics
 from storage_adapters import KVStore, StoreError
 from storage_adapters._base import Claim, StoreClaimedError
+from wire import metrics
 
 log = logging.getLogger(__name__)
 

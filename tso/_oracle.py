@@ -8,10 +8,10 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from percolake import metrics
-from percolake.errors import OracleFencedError
 from storage_adapters import KVStore, StoreError
 from storage_adapters._base import Claim, StoreClaimedError
+from wire import metrics
+from wire.errors import OracleFencedError
 
 if TYPE_CHECKING:
     from tso._lease import LeaderLease

@@ -16,17 +16,17 @@ from dataclasses import dataclass
 
 import grpc
 
-from percolake.rpc import (
+from tso._oracle import TimestampRange
+from tso.server import MAX_RANGE
+from wire.rpc import (
     DEFAULT_MAX_MESSAGE_BYTES,
     TlsConfig,
     auth_metadata,
     error_from,
     open_channel,
 )
-from percolake.v1 import timestamp_pb2 as pb
-from percolake.v1 import timestamp_pb2_grpc as pb_grpc
-from tso._oracle import TimestampRange
-from tso.server import MAX_RANGE
+from wire.v1 import timestamp_pb2 as pb
+from wire.v1 import timestamp_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

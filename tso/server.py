@@ -6,11 +6,11 @@ from typing import Protocol
 
 import grpc
 
-from percolake.rpc import Connection, abort_with, call, forwarded
-from percolake.v1 import timestamp_pb2 as pb
-from percolake.v1 import timestamp_pb2_grpc as pb_grpc
 from tso._batcher import TimestampBatcher
 from tso._oracle import TimestampOracle, TimestampRange
+from wire.rpc import Connection, abort_with, call, forwarded
+from wire.v1 import timestamp_pb2 as pb
+from wire.v1 import timestamp_pb2_grpc as pb_grpc
 
 #: Largest range one call may take; a batch of that many callers is already huge.
 MAX_RANGE = 1_000_000

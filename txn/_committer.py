@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from lockserver import LockToken
-from percolake import metrics
 from storage_adapters import Cell, StoreError, VersionWrite
 from txn import failpoints as fp
 from txn._buffer import WriteBuffer
@@ -31,6 +30,7 @@ from txn.errors import (
     TransactionAbortedError,
     TransactionConflictError,
 )
+from wire import metrics
 
 if TYPE_CHECKING:
     from txn._runtime import Runtime

@@ -44,7 +44,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
 from lockserver import LockTable
-from percolake import metrics
 from storage_adapters import (
     Cell,
     KVStore,
@@ -71,6 +70,7 @@ from txn._status import (
     encode_outcome,
     txn_key,
 )
+from wire import metrics
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from percolake.v1 import transaction_pb2 as pb
 from txn._isolation import Isolation, TransactionStatus
+from wire.v1 import transaction_pb2 as pb
 
 _ISOLATION_TO_PB = {
     Isolation.SNAPSHOT: pb.ISOLATION_SNAPSHOT,

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, TypeVar
 from lockserver import LockTable
 
 if TYPE_CHECKING:
-    from percolake.rpc import TlsConfig
     from txn.remote import RemoteTransactionManager
+    from wire.rpc import TlsConfig
 from storage_adapters import Cell, KVStore, StoreError, open_store
 from tso import OracleFencedError, TimestampBatcher, TimestampOracle
 from txn._args import check_isolation, check_txn_id

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from percolake import metrics
 from storage_adapters import Cell, StoreError
 from txn._args import check_cell, check_cells, check_put, check_scan
 from txn._buffer import WriteBuffer
 from txn._committer import Commit
 from txn._isolation import Isolation, TransactionStatus
 from txn.errors import ServiceUnavailableError, TransactionClosedError
+from wire import metrics
 
 if TYPE_CHECKING:
     from txn._runtime import Runtime
@@ -268,7 +268,7 @@ class EmbeddedTransaction:
     def abort(self, *, reason: str = "user") -> None:
         """Drop the buffered writes. Nothing was written to the store before commit.
 
-        ``reason`` is what the metrics count it as (``percolake.metrics.ABORT_REASONS``):
+        ``reason`` is what the metrics count it as (``wire.metrics.ABORT_REASONS``):
         the gateway says why it aborts a transaction its client did not.
         """
         self._check_active()

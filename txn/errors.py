@@ -1,12 +1,12 @@
 """The transaction error tree: one root, with "not committed" apart from "unknown".
 
-The classes live in :mod:`percolake.errors`, the one root every package derives
+The classes live in :mod:`wire.errors`, the one root every package derives
 from; this is where transaction code imports them.
 """
 
 from __future__ import annotations
 
-from percolake.errors import (
+from wire.errors import (
     CommitUnknownError,
     NotTransactionOwnerError,
     OutcomeForgottenError,

@@ -15,16 +15,6 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import TypeVar
 
-from percolake.rpc import (
-    Connection,
-    RpcError,
-    ServiceUnavailableError,
-    TlsConfig,
-    call,
-    stream,
-)
-from percolake.v1 import transaction_pb2 as pb
-from percolake.v1 import transaction_pb2_grpc as pb_grpc
 from txn._args import (
     check_cell,
     check_cells,
@@ -46,6 +36,16 @@ from txn.errors import (
     TransactionError,
     TransactionNotFoundError,
 )
+from wire.rpc import (
+    Connection,
+    RpcError,
+    ServiceUnavailableError,
+    TlsConfig,
+    call,
+    stream,
+)
+from wire.v1 import transaction_pb2 as pb
+from wire.v1 import transaction_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

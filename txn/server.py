@@ -20,10 +20,6 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from percolake import metrics
-from percolake.rpc import GatewayDrainingError, abort_with
-from percolake.v1 import transaction_pb2 as pb
-from percolake.v1 import transaction_pb2_grpc as pb_grpc
 from storage_adapters import Cell
 from txn._args import check_cell, check_put
 from txn._isolation import TransactionStatus
@@ -39,6 +35,10 @@ from txn.errors import (
     TransactionLimitError,
     TransactionNotFoundError,
 )
+from wire import metrics
+from wire.rpc import GatewayDrainingError, abort_with
+from wire.v1 import transaction_pb2 as pb
+from wire.v1 import transaction_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from percolake.errors import PercolakeError
+from wire.errors import PercolakeError
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,14 @@ from typing import Any
 
 import grpc
 
-from percolake import errors
 from percolake.chaos._ops import FINAL_PROCESS, Completion, OpType, describe
 from percolake.chaos._workload import CheckResult, ClientContext, Workload
 from percolake.checker import check_timestamp_history
-from percolake.rpc import Connection, RpcError, call
-from percolake.v1 import timestamp_pb2 as pb
-from percolake.v1 import timestamp_pb2_grpc as pb_grpc
 from txn import Isolation, Manager
+from wire import errors
+from wire.rpc import Connection, RpcError, call
+from wire.v1 import timestamp_pb2 as pb
+from wire.v1 import timestamp_pb2_grpc as pb_grpc
 
 F = "ts"
 

@@ -33,7 +33,6 @@ from percolake.chaos._late import LateSettler
 from percolake.chaos._ops import Completion, Phase
 from percolake.chaos._workload import ClientContext, make_workload
 from percolake.chaos.unsafe import unsafe_build_from_env
-from percolake.rpc import ServiceUnavailableError
 from txn import (
     Isolation,
     Manager,
@@ -44,6 +43,7 @@ from txn import (
 )
 from txn._committer import STEPS
 from txn._retry import RetryPolicy, run_transaction
+from wire.rpc import ServiceUnavailableError
 
 if TYPE_CHECKING:
     from txn.remote import RemoteTransactionManager
@@ -126,9 +126,9 @@ def direct_manager(
     ``commit_steps`` other than ``STEPS``: the broken test build (see ``unsafe``).
     """
     from lockserver.server import RemoteLockService
-    from percolake.rpc import Connection
     from storage_adapters import open_store
     from tso.server import RemoteTimestampSource
+    from wire.rpc import Connection
 
     store = open_store(store_url)
     tso_conn, locks_conn = Connection(tso), Connection(locks)

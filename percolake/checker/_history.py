@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, TypeAlias, TypeGuard
 
-from percolake.errors import PercolakeError
+from wire.errors import PercolakeError
 
 Key: TypeAlias = str | int
 Status: TypeAlias = Literal["ok", "fail", "info"]

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from percolake.errors import PercolakeError
+from wire.errors import PercolakeError
 
 #: The operation the workload records.
 TIMESTAMP_F: Final = "ts"

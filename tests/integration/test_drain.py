@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from percolake.errors import ServiceUnavailableError
-from percolake.rpc import GatewayDrainingError
 from tests.servers import ServerProcess
 from txn import TransactionManager
+from wire.errors import ServiceUnavailableError
+from wire.rpc import GatewayDrainingError
 
 pytestmark = pytest.mark.integration
 

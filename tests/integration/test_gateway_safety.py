@@ -12,8 +12,6 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from percolake.v1 import transaction_pb2 as pb
-from percolake.v1 import transaction_pb2_grpc as pb_grpc
 from storage_adapters._base import MAX_CELL_KEY_BYTES
 from tests.servers import ServerProcess
 from txn import Isolation, TransactionManager, TransactionStatus
@@ -24,6 +22,8 @@ from txn.errors import (
     TransactionError,
 )
 from txn.remote import RemoteTransactionManager
+from wire.v1 import transaction_pb2 as pb
+from wire.v1 import transaction_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.integration
 

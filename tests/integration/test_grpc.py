@@ -17,9 +17,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from percolake.checker import check_history
-from percolake.rpc import ServiceUnavailableError, TlsConfig, UnauthenticatedError
-from percolake.v1 import transaction_pb2 as pb
-from percolake.v1 import transaction_pb2_grpc as pb_grpc
 from tests.servers import ServerProcess
 from txn import Isolation, TransactionManager, TransactionStatus
 from txn.errors import (
@@ -31,6 +28,9 @@ from txn.errors import (
     TransactionNotFoundError,
 )
 from txn.remote import RemoteTransactionManager
+from wire.rpc import ServiceUnavailableError, TlsConfig, UnauthenticatedError
+from wire.v1 import transaction_pb2 as pb
+from wire.v1 import transaction_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,6 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from percolake.rpc import INVALID_ARGUMENT, REASON_KEY
-from percolake.v1 import lakehouse_pb2 as pb
-from percolake.v1 import lakehouse_pb2_grpc as pb_grpc
 from spark_integration import Lakehouse, Retention
 from spark_integration._model import Layout
 from spark_integration._remote import RemoteCatalog
@@ -29,6 +26,9 @@ from storage_adapters import open_store
 from tests.servers import ServerProcess
 from txn import TransactionManager
 from txn.remote import RemoteTransactionManager
+from wire.rpc import INVALID_ARGUMENT, REASON_KEY
+from wire.v1 import lakehouse_pb2 as pb
+from wire.v1 import lakehouse_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.integration
 

@@ -36,7 +36,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 import spark_integration._checkpoints as checkpoints_module
-from percolake.rpc import ServiceUnavailableError
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
 from spark_integration import failpoints as fp
 from spark_integration._hook import new_job
@@ -48,6 +47,7 @@ from txn import TransactionConfig, TransactionManager
 from txn import failpoints as txn_fp
 from txn.errors import CommitUnknownError, TransactionError
 from txn.remote import RemoteTransactionManager
+from wire.rpc import ServiceUnavailableError
 
 pytestmark = pytest.mark.integration
 

@@ -40,16 +40,6 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from percolake.chaos._lakehouse import LakehouseAppends, ServiceLakehouses
 from percolake.chaos.client import FailoverManager
 from percolake.chaos.failpoints_serve import fired_path, write_lakehouse_control
-from percolake.rpc import (
-    INVALID_ARGUMENT,
-    REASON_KEY,
-    TABLE_EXISTS,
-    TABLE_NOT_FOUND,
-    UNAUTHENTICATED,
-    VERSION_NOT_FOUND,
-)
-from percolake.v1 import lakehouse_pb2 as pb
-from percolake.v1 import lakehouse_pb2_grpc as pb_grpc
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
 from spark_integration._catalog import Catalog
 from spark_integration._hook import STAGING_PREFIX
@@ -58,6 +48,16 @@ from spark_integration._remote import RemoteCatalog
 from tests.servers import ServerProcess, steered_server
 from txn import TransactionManager
 from txn.remote import RemoteTransactionManager
+from wire.rpc import (
+    INVALID_ARGUMENT,
+    REASON_KEY,
+    TABLE_EXISTS,
+    TABLE_NOT_FOUND,
+    UNAUTHENTICATED,
+    VERSION_NOT_FOUND,
+)
+from wire.v1 import lakehouse_pb2 as pb
+from wire.v1 import lakehouse_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from percolake.rpc import NoLeaderError
 from tests.servers import ServerProcess, sqlite_write_locked
 from txn import TransactionManager
+from wire.rpc import NoLeaderError
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from percolake.chaos.failpoints_serve import COMMIT_REPLY
-from percolake.v1 import transaction_pb2 as pb
 from storage_adapters import Cell, open_store
 from tests.property._remote_harness import control_handle, failpoint_gateway, steer
 from tests.servers import ServerProcess
@@ -26,6 +25,7 @@ from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn._status import TXN_TABLE, txn_key
 from txn.errors import CommitUnknownError, OutcomeForgottenError, TransactionAbortedError
 from txn.remote import RemoteTransactionManager
+from wire.v1 import transaction_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

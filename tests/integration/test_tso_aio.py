@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from percolake.rpc import ServiceUnavailableError, UnauthenticatedError
 from tests.servers import ServerProcess
 from tso.aio import AsyncTimestampSource
+from wire.rpc import ServiceUnavailableError, UnauthenticatedError
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,6 @@ import grpc
 import pytest
 
 from percolake.cli import main
-from percolake.rpc import ServiceUnavailableError, TlsConfig, UnauthenticatedError
 from percolake.status import (
     TLS_FAILED,
     UNAUTHENTICATED,
@@ -20,6 +19,7 @@ from percolake.status import (
     classify,
     render,
 )
+from wire.rpc import ServiceUnavailableError, TlsConfig, UnauthenticatedError
 
 pytestmark = pytest.mark.unit
 

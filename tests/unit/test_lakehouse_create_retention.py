@@ -15,8 +15,6 @@ from typing import Any, NoReturn
 import grpc
 import pytest
 
-from percolake.rpc import INVALID_ARGUMENT, REASON_KEY
-from percolake.v1 import lakehouse_pb2 as pb
 from spark_integration import Retention
 from spark_integration._catalog import Catalog
 from spark_integration._model import Layout
@@ -24,6 +22,8 @@ from spark_integration._retention import COL_RETENTION
 from spark_integration._wire import retention_from_pb, retention_to_pb
 from spark_integration.server import LakehouseServicer
 from txn import TransactionManager
+from wire.rpc import INVALID_ARGUMENT, REASON_KEY
+from wire.v1 import lakehouse_pb2 as pb
 
 pytestmark = pytest.mark.unit
 

@@ -88,6 +88,7 @@ def run_threads(*targets: Callable[[], Any]) -> list[Any]:
 
 def test_public_exports() -> None:
     assert set(spark_integration.__all__) == {
+        "ChangeCommitError",
         "ColumnStats",
         "Commit",
         "ConcurrentModificationError",
@@ -100,6 +101,7 @@ def test_public_exports() -> None:
         "TableExistsError",
         "TableNotFoundError",
         "VersionNotFoundError",
+        "VersionVacuumedError",
         "register",
         "write_cells",
     }

@@ -49,7 +49,7 @@ def test_the_tree_keeps_the_layer_contract() -> None:
     ("module", "imports"),
     [
         ("storage_adapters.bad", "txn"),  # the store layer reaching up into transactions
-        ("percolake.errors_helper", "percolake.rpc"),  # see below: the root imports nothing
+        ("percolake.errors_helper", "wire.rpc"),  # see below: the root imports nothing
         ("txn.bad", "spark_integration"),
         ("tso.bad", "txn"),
     ],
@@ -70,7 +70,7 @@ def test_a_lower_layer_importing_a_higher_one_breaks_the_lint(
                 package.with_suffix(".py").touch()
     if module == "percolake.errors_helper":
         # The root layer is one module; make the violation inside it.
-        module = "percolake.errors"
+        module = "wire.errors"
     target = tmp_path.joinpath(*module.split("."))
     target = target / "__init__.py" if target.is_dir() else target.with_suffix(".py")
     target.write_text(f"import {imports}\n")

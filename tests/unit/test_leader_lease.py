@@ -18,13 +18,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from percolake.errors import OracleFencedError
 from percolake.replica import ControlPlane
 from storage_adapters import KVStore, open_store
 from storage_adapters._base import Claim
 from tso import TimestampOracle, _lease
 from tso._lease import DRIFT_MARGIN, LEADER_TABLE, LeaderLease, LeaseRecord
 from tso._oracle import ORACLE_ROLE, OracleAlreadyRunningError
+from wire.errors import OracleFencedError
 
 pytestmark = pytest.mark.unit
 

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 
 from lockserver import LockTable, LockTableClosedError, LockToken, StaleTokenError
-from percolake.errors import ServiceUnavailableError
 from percolake.replica import ControlPlane
 from storage_adapters import open_store
 from tso._lease import LEADER_TABLE, LeaseRecord
+from wire.errors import ServiceUnavailableError
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The Prometheus metrics (``percolake.metrics``) count exactly what a known workload did.
+"""The Prometheus metrics (``wire.metrics``) count exactly what a known workload did.
 
 The registry is process-wide, so every figure is a delta read before and after.
 """
@@ -13,8 +13,6 @@ import pytest
 from prometheus_client import REGISTRY
 
 from lockserver import LockTable
-from percolake import metrics
-from percolake.v1 import transaction_pb2 as pb
 from storage_adapters import StoreTimeoutError, StoreUnavailableError, open_store
 from tso._lease import LeaderLease
 from txn import GarbageCollector, Isolation, TransactionConfig, TransactionManager
@@ -23,6 +21,8 @@ from txn._committer import STEPS
 from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError, TransactionAbortedError, TransactionConflictError
 from txn.server import TransactionServicer
+from wire import metrics
+from wire.v1 import transaction_pb2 as pb
 
 pytestmark = pytest.mark.unit
 

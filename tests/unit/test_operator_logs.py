@@ -8,9 +8,9 @@ import logging
 import pytest
 
 from percolake.replica import ControlPlane
-from percolake.rpc import NoLeaderError
 from storage_adapters import StoreError, open_store
 from tso._lease import WARNING_INTERVAL_S, LeaderLease, RateLimitedWarning
+from wire.rpc import NoLeaderError
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of percolake, in ``prometheus_client``'s default registry.
 
-Like :mod:`percolake.errors`, this module sits below every building block (the layer
+Like :mod:`wire.errors`, this module sits below every building block (the layer
 contract in ``pyproject.toml``): it imports nothing of percolake, so the oracle
 (``tso``), the lock server (``lockserver``) and the transaction layer (``txn``) record
 into it directly, and ``percolake serve --metrics-listen HOST:PORT`` exposes it

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from percolake.v1 import control_pb2 as percolake_dot_v1_dot_control__pb2
+from wire.v1 import control_pb2 as wire_dot_v1_dot_control__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in percolake/v1/control_pb2_grpc.py depends on'
+        + ' but the generated code in wire/v1/control_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -39,8 +39,8 @@ class ControlServiceStub:
         """
         self.GetStatus = channel.unary_unary(
                 '/percolake.v1.ControlService/GetStatus',
-                request_serializer=percolake_dot_v1_dot_control__pb2.GetStatusRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_control__pb2.GetStatusResponse.FromString,
+                request_serializer=wire_dot_v1_dot_control__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_control__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
 
 
@@ -61,8 +61,8 @@ def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
-                    request_deserializer=percolake_dot_v1_dot_control__pb2.GetStatusRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_control__pb2.GetStatusResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_control__pb2.GetStatusRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_control__pb2.GetStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -93,8 +93,8 @@ class ControlService:
             request,
             target,
             '/percolake.v1.ControlService/GetStatus',
-            percolake_dot_v1_dot_control__pb2.GetStatusRequest.SerializeToString,
-            percolake_dot_v1_dot_control__pb2.GetStatusResponse.FromString,
+            wire_dot_v1_dot_control__pb2.GetStatusRequest.SerializeToString,
+            wire_dot_v1_dot_control__pb2.GetStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

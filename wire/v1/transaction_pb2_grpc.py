@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from percolake.v1 import transaction_pb2 as percolake_dot_v1_dot_transaction__pb2
+from wire.v1 import transaction_pb2 as wire_dot_v1_dot_transaction__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in percolake/v1/transaction_pb2_grpc.py depends on'
+        + ' but the generated code in wire/v1/transaction_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -48,48 +48,48 @@ class TransactionServiceStub:
         """
         self.Begin = channel.unary_unary(
                 '/percolake.v1.TransactionService/Begin',
-                request_serializer=percolake_dot_v1_dot_transaction__pb2.BeginRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_transaction__pb2.BeginResponse.FromString,
+                request_serializer=wire_dot_v1_dot_transaction__pb2.BeginRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_transaction__pb2.BeginResponse.FromString,
                 _registered_method=True)
         self.Get = channel.unary_unary(
                 '/percolake.v1.TransactionService/Get',
-                request_serializer=percolake_dot_v1_dot_transaction__pb2.GetRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_transaction__pb2.GetResponse.FromString,
+                request_serializer=wire_dot_v1_dot_transaction__pb2.GetRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_transaction__pb2.GetResponse.FromString,
                 _registered_method=True)
         self.GetMany = channel.unary_unary(
                 '/percolake.v1.TransactionService/GetMany',
-                request_serializer=percolake_dot_v1_dot_transaction__pb2.GetManyRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_transaction__pb2.GetManyResponse.FromString,
+                request_serializer=wire_dot_v1_dot_transaction__pb2.GetManyRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_transaction__pb2.GetManyResponse.FromString,
                 _registered_method=True)
         self.Scan = channel.unary_stream(
                 '/percolake.v1.TransactionService/Scan',
-                request_serializer=percolake_dot_v1_dot_transaction__pb2.ScanRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_transaction__pb2.ScanResponse.FromString,
+                request_serializer=wire_dot_v1_dot_transaction__pb2.ScanRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_transaction__pb2.ScanResponse.FromString,
                 _registered_method=True)
         self.Write = channel.unary_unary(
                 '/percolake.v1.TransactionService/Write',
-                request_serializer=percolake_dot_v1_dot_transaction__pb2.WriteRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_transaction__pb2.WriteResponse.FromString,
+                request_serializer=wire_dot_v1_dot_transaction__pb2.WriteRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_transaction__pb2.WriteResponse.FromString,
                 _registered_method=True)
         self.Commit = channel.unary_unary(
                 '/percolake.v1.TransactionService/Commit',
-                request_serializer=percolake_dot_v1_dot_transaction__pb2.CommitRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_transaction__pb2.CommitResponse.FromString,
+                request_serializer=wire_dot_v1_dot_transaction__pb2.CommitRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_transaction__pb2.CommitResponse.FromString,
                 _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/percolake.v1.TransactionService/Abort',
-                request_serializer=percolake_dot_v1_dot_transaction__pb2.AbortRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_transaction__pb2.AbortResponse.FromString,
+                request_serializer=wire_dot_v1_dot_transaction__pb2.AbortRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_transaction__pb2.AbortResponse.FromString,
                 _registered_method=True)
         self.Attach = channel.unary_unary(
                 '/percolake.v1.TransactionService/Attach',
-                request_serializer=percolake_dot_v1_dot_transaction__pb2.AttachRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_transaction__pb2.AttachResponse.FromString,
+                request_serializer=wire_dot_v1_dot_transaction__pb2.AttachRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_transaction__pb2.AttachResponse.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/percolake.v1.TransactionService/Status',
-                request_serializer=percolake_dot_v1_dot_transaction__pb2.StatusRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_transaction__pb2.StatusResponse.FromString,
+                request_serializer=wire_dot_v1_dot_transaction__pb2.StatusRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_transaction__pb2.StatusResponse.FromString,
                 _registered_method=True)
 
 
@@ -172,48 +172,48 @@ def add_TransactionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Begin': grpc.unary_unary_rpc_method_handler(
                     servicer.Begin,
-                    request_deserializer=percolake_dot_v1_dot_transaction__pb2.BeginRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_transaction__pb2.BeginResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_transaction__pb2.BeginRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_transaction__pb2.BeginResponse.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
-                    request_deserializer=percolake_dot_v1_dot_transaction__pb2.GetRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_transaction__pb2.GetResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_transaction__pb2.GetRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_transaction__pb2.GetResponse.SerializeToString,
             ),
             'GetMany': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMany,
-                    request_deserializer=percolake_dot_v1_dot_transaction__pb2.GetManyRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_transaction__pb2.GetManyResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_transaction__pb2.GetManyRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_transaction__pb2.GetManyResponse.SerializeToString,
             ),
             'Scan': grpc.unary_stream_rpc_method_handler(
                     servicer.Scan,
-                    request_deserializer=percolake_dot_v1_dot_transaction__pb2.ScanRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_transaction__pb2.ScanResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_transaction__pb2.ScanRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_transaction__pb2.ScanResponse.SerializeToString,
             ),
             'Write': grpc.unary_unary_rpc_method_handler(
                     servicer.Write,
-                    request_deserializer=percolake_dot_v1_dot_transaction__pb2.WriteRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_transaction__pb2.WriteResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_transaction__pb2.WriteRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_transaction__pb2.WriteResponse.SerializeToString,
             ),
             'Commit': grpc.unary_unary_rpc_method_handler(
                     servicer.Commit,
-                    request_deserializer=percolake_dot_v1_dot_transaction__pb2.CommitRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_transaction__pb2.CommitResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_transaction__pb2.CommitRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_transaction__pb2.CommitResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
-                    request_deserializer=percolake_dot_v1_dot_transaction__pb2.AbortRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_transaction__pb2.AbortResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_transaction__pb2.AbortRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_transaction__pb2.AbortResponse.SerializeToString,
             ),
             'Attach': grpc.unary_unary_rpc_method_handler(
                     servicer.Attach,
-                    request_deserializer=percolake_dot_v1_dot_transaction__pb2.AttachRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_transaction__pb2.AttachResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_transaction__pb2.AttachRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_transaction__pb2.AttachResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
-                    request_deserializer=percolake_dot_v1_dot_transaction__pb2.StatusRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_transaction__pb2.StatusResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_transaction__pb2.StatusRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_transaction__pb2.StatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -253,8 +253,8 @@ class TransactionService:
             request,
             target,
             '/percolake.v1.TransactionService/Begin',
-            percolake_dot_v1_dot_transaction__pb2.BeginRequest.SerializeToString,
-            percolake_dot_v1_dot_transaction__pb2.BeginResponse.FromString,
+            wire_dot_v1_dot_transaction__pb2.BeginRequest.SerializeToString,
+            wire_dot_v1_dot_transaction__pb2.BeginResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -280,8 +280,8 @@ class TransactionService:
             request,
             target,
             '/percolake.v1.TransactionService/Get',
-            percolake_dot_v1_dot_transaction__pb2.GetRequest.SerializeToString,
-            percolake_dot_v1_dot_transaction__pb2.GetResponse.FromString,
+            wire_dot_v1_dot_transaction__pb2.GetRequest.SerializeToString,
+            wire_dot_v1_dot_transaction__pb2.GetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -307,8 +307,8 @@ class TransactionService:
             request,
             target,
             '/percolake.v1.TransactionService/GetMany',
-            percolake_dot_v1_dot_transaction__pb2.GetManyRequest.SerializeToString,
-            percolake_dot_v1_dot_transaction__pb2.GetManyResponse.FromString,
+            wire_dot_v1_dot_transaction__pb2.GetManyRequest.SerializeToString,
+            wire_dot_v1_dot_transaction__pb2.GetManyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -334,8 +334,8 @@ class TransactionService:
             request,
             target,
             '/percolake.v1.TransactionService/Scan',
-            percolake_dot_v1_dot_transaction__pb2.ScanRequest.SerializeToString,
-            percolake_dot_v1_dot_transaction__pb2.ScanResponse.FromString,
+            wire_dot_v1_dot_transaction__pb2.ScanRequest.SerializeToString,
+            wire_dot_v1_dot_transaction__pb2.ScanResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -361,8 +361,8 @@ class TransactionService:
             request,
             target,
             '/percolake.v1.TransactionService/Write',
-            percolake_dot_v1_dot_transaction__pb2.WriteRequest.SerializeToString,
-            percolake_dot_v1_dot_transaction__pb2.WriteResponse.FromString,
+            wire_dot_v1_dot_transaction__pb2.WriteRequest.SerializeToString,
+            wire_dot_v1_dot_transaction__pb2.WriteResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -388,8 +388,8 @@ class TransactionService:
             request,
             target,
             '/percolake.v1.TransactionService/Commit',
-            percolake_dot_v1_dot_transaction__pb2.CommitRequest.SerializeToString,
-            percolake_dot_v1_dot_transaction__pb2.CommitResponse.FromString,
+            wire_dot_v1_dot_transaction__pb2.CommitRequest.SerializeToString,
+            wire_dot_v1_dot_transaction__pb2.CommitResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -415,8 +415,8 @@ class TransactionService:
             request,
             target,
             '/percolake.v1.TransactionService/Abort',
-            percolake_dot_v1_dot_transaction__pb2.AbortRequest.SerializeToString,
-            percolake_dot_v1_dot_transaction__pb2.AbortResponse.FromString,
+            wire_dot_v1_dot_transaction__pb2.AbortRequest.SerializeToString,
+            wire_dot_v1_dot_transaction__pb2.AbortResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -442,8 +442,8 @@ class TransactionService:
             request,
             target,
             '/percolake.v1.TransactionService/Attach',
-            percolake_dot_v1_dot_transaction__pb2.AttachRequest.SerializeToString,
-            percolake_dot_v1_dot_transaction__pb2.AttachResponse.FromString,
+            wire_dot_v1_dot_transaction__pb2.AttachRequest.SerializeToString,
+            wire_dot_v1_dot_transaction__pb2.AttachResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -469,8 +469,8 @@ class TransactionService:
             request,
             target,
             '/percolake.v1.TransactionService/Status',
-            percolake_dot_v1_dot_transaction__pb2.StatusRequest.SerializeToString,
-            percolake_dot_v1_dot_transaction__pb2.StatusResponse.FromString,
+            wire_dot_v1_dot_transaction__pb2.StatusRequest.SerializeToString,
+            wire_dot_v1_dot_transaction__pb2.StatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from percolake.v1 import lock_pb2 as percolake_dot_v1_dot_lock__pb2
+from wire.v1 import lock_pb2 as wire_dot_v1_dot_lock__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in percolake/v1/lock_pb2_grpc.py depends on'
+        + ' but the generated code in wire/v1/lock_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,28 +37,28 @@ class LockServiceStub:
         """
         self.Lock = channel.unary_unary(
                 '/percolake.v1.LockService/Lock',
-                request_serializer=percolake_dot_v1_dot_lock__pb2.LockRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lock__pb2.LockResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lock__pb2.LockRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lock__pb2.LockResponse.FromString,
                 _registered_method=True)
         self.Refresh = channel.unary_unary(
                 '/percolake.v1.LockService/Refresh',
-                request_serializer=percolake_dot_v1_dot_lock__pb2.RefreshRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lock__pb2.RefreshResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lock__pb2.RefreshRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lock__pb2.RefreshResponse.FromString,
                 _registered_method=True)
         self.Unlock = channel.unary_unary(
                 '/percolake.v1.LockService/Unlock',
-                request_serializer=percolake_dot_v1_dot_lock__pb2.UnlockRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lock__pb2.UnlockResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lock__pb2.UnlockRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lock__pb2.UnlockResponse.FromString,
                 _registered_method=True)
         self.WaitUntilReleased = channel.unary_unary(
                 '/percolake.v1.LockService/WaitUntilReleased',
-                request_serializer=percolake_dot_v1_dot_lock__pb2.WaitUntilReleasedRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lock__pb2.WaitUntilReleasedResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lock__pb2.WaitUntilReleasedRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lock__pb2.WaitUntilReleasedResponse.FromString,
                 _registered_method=True)
         self.GetEpoch = channel.unary_unary(
                 '/percolake.v1.LockService/GetEpoch',
-                request_serializer=percolake_dot_v1_dot_lock__pb2.GetEpochRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lock__pb2.GetEpochResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lock__pb2.GetEpochRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lock__pb2.GetEpochResponse.FromString,
                 _registered_method=True)
 
 
@@ -104,28 +104,28 @@ def add_LockServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Lock': grpc.unary_unary_rpc_method_handler(
                     servicer.Lock,
-                    request_deserializer=percolake_dot_v1_dot_lock__pb2.LockRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lock__pb2.LockResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lock__pb2.LockRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lock__pb2.LockResponse.SerializeToString,
             ),
             'Refresh': grpc.unary_unary_rpc_method_handler(
                     servicer.Refresh,
-                    request_deserializer=percolake_dot_v1_dot_lock__pb2.RefreshRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lock__pb2.RefreshResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lock__pb2.RefreshRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lock__pb2.RefreshResponse.SerializeToString,
             ),
             'Unlock': grpc.unary_unary_rpc_method_handler(
                     servicer.Unlock,
-                    request_deserializer=percolake_dot_v1_dot_lock__pb2.UnlockRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lock__pb2.UnlockResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lock__pb2.UnlockRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lock__pb2.UnlockResponse.SerializeToString,
             ),
             'WaitUntilReleased': grpc.unary_unary_rpc_method_handler(
                     servicer.WaitUntilReleased,
-                    request_deserializer=percolake_dot_v1_dot_lock__pb2.WaitUntilReleasedRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lock__pb2.WaitUntilReleasedResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lock__pb2.WaitUntilReleasedRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lock__pb2.WaitUntilReleasedResponse.SerializeToString,
             ),
             'GetEpoch': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEpoch,
-                    request_deserializer=percolake_dot_v1_dot_lock__pb2.GetEpochRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lock__pb2.GetEpochResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lock__pb2.GetEpochRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lock__pb2.GetEpochResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -154,8 +154,8 @@ class LockService:
             request,
             target,
             '/percolake.v1.LockService/Lock',
-            percolake_dot_v1_dot_lock__pb2.LockRequest.SerializeToString,
-            percolake_dot_v1_dot_lock__pb2.LockResponse.FromString,
+            wire_dot_v1_dot_lock__pb2.LockRequest.SerializeToString,
+            wire_dot_v1_dot_lock__pb2.LockResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -181,8 +181,8 @@ class LockService:
             request,
             target,
             '/percolake.v1.LockService/Refresh',
-            percolake_dot_v1_dot_lock__pb2.RefreshRequest.SerializeToString,
-            percolake_dot_v1_dot_lock__pb2.RefreshResponse.FromString,
+            wire_dot_v1_dot_lock__pb2.RefreshRequest.SerializeToString,
+            wire_dot_v1_dot_lock__pb2.RefreshResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -208,8 +208,8 @@ class LockService:
             request,
             target,
             '/percolake.v1.LockService/Unlock',
-            percolake_dot_v1_dot_lock__pb2.UnlockRequest.SerializeToString,
-            percolake_dot_v1_dot_lock__pb2.UnlockResponse.FromString,
+            wire_dot_v1_dot_lock__pb2.UnlockRequest.SerializeToString,
+            wire_dot_v1_dot_lock__pb2.UnlockResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -235,8 +235,8 @@ class LockService:
             request,
             target,
             '/percolake.v1.LockService/WaitUntilReleased',
-            percolake_dot_v1_dot_lock__pb2.WaitUntilReleasedRequest.SerializeToString,
-            percolake_dot_v1_dot_lock__pb2.WaitUntilReleasedResponse.FromString,
+            wire_dot_v1_dot_lock__pb2.WaitUntilReleasedRequest.SerializeToString,
+            wire_dot_v1_dot_lock__pb2.WaitUntilReleasedResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -262,8 +262,8 @@ class LockService:
             request,
             target,
             '/percolake.v1.LockService/GetEpoch',
-            percolake_dot_v1_dot_lock__pb2.GetEpochRequest.SerializeToString,
-            percolake_dot_v1_dot_lock__pb2.GetEpochResponse.FromString,
+            wire_dot_v1_dot_lock__pb2.GetEpochRequest.SerializeToString,
+            wire_dot_v1_dot_lock__pb2.GetEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from percolake.v1 import timestamp_pb2 as percolake_dot_v1_dot_timestamp__pb2
+from wire.v1 import timestamp_pb2 as wire_dot_v1_dot_timestamp__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in percolake/v1/timestamp_pb2_grpc.py depends on'
+        + ' but the generated code in wire/v1/timestamp_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -38,8 +38,8 @@ class TimestampServiceStub:
         """
         self.GetTimestamps = channel.unary_unary(
                 '/percolake.v1.TimestampService/GetTimestamps',
-                request_serializer=percolake_dot_v1_dot_timestamp__pb2.GetTimestampsRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_timestamp__pb2.GetTimestampsResponse.FromString,
+                request_serializer=wire_dot_v1_dot_timestamp__pb2.GetTimestampsRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_timestamp__pb2.GetTimestampsResponse.FromString,
                 _registered_method=True)
 
 
@@ -60,8 +60,8 @@ def add_TimestampServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetTimestamps': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTimestamps,
-                    request_deserializer=percolake_dot_v1_dot_timestamp__pb2.GetTimestampsRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_timestamp__pb2.GetTimestampsResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_timestamp__pb2.GetTimestampsRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_timestamp__pb2.GetTimestampsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -91,8 +91,8 @@ class TimestampService:
             request,
             target,
             '/percolake.v1.TimestampService/GetTimestamps',
-            percolake_dot_v1_dot_timestamp__pb2.GetTimestampsRequest.SerializeToString,
-            percolake_dot_v1_dot_timestamp__pb2.GetTimestampsResponse.FromString,
+            wire_dot_v1_dot_timestamp__pb2.GetTimestampsRequest.SerializeToString,
+            wire_dot_v1_dot_timestamp__pb2.GetTimestampsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from percolake.v1 import lakehouse_pb2 as percolake_dot_v1_dot_lakehouse__pb2
+from wire.v1 import lakehouse_pb2 as wire_dot_v1_dot_lakehouse__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in percolake/v1/lakehouse_pb2_grpc.py depends on'
+        + ' but the generated code in wire/v1/lakehouse_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -54,48 +54,48 @@ class LakehouseServiceStub:
         """
         self.CreateTable = channel.unary_unary(
                 '/percolake.v1.LakehouseService/CreateTable',
-                request_serializer=percolake_dot_v1_dot_lakehouse__pb2.CreateTableRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lakehouse__pb2.CreateTableResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.CreateTableRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.CreateTableResponse.FromString,
                 _registered_method=True)
         self.GetTable = channel.unary_unary(
                 '/percolake.v1.LakehouseService/GetTable',
-                request_serializer=percolake_dot_v1_dot_lakehouse__pb2.GetTableRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lakehouse__pb2.GetTableResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.GetTableRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.GetTableResponse.FromString,
                 _registered_method=True)
         self.ListTables = channel.unary_unary(
                 '/percolake.v1.LakehouseService/ListTables',
-                request_serializer=percolake_dot_v1_dot_lakehouse__pb2.ListTablesRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lakehouse__pb2.ListTablesResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.ListTablesRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.ListTablesResponse.FromString,
                 _registered_method=True)
         self.CommitFiles = channel.unary_unary(
                 '/percolake.v1.LakehouseService/CommitFiles',
-                request_serializer=percolake_dot_v1_dot_lakehouse__pb2.CommitFilesRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lakehouse__pb2.CommitFilesResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.CommitFilesRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.CommitFilesResponse.FromString,
                 _registered_method=True)
         self.CommitTables = channel.unary_unary(
                 '/percolake.v1.LakehouseService/CommitTables',
-                request_serializer=percolake_dot_v1_dot_lakehouse__pb2.CommitTablesRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lakehouse__pb2.CommitTablesResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.CommitTablesRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.CommitTablesResponse.FromString,
                 _registered_method=True)
         self.ListFiles = channel.unary_stream(
                 '/percolake.v1.LakehouseService/ListFiles',
-                request_serializer=percolake_dot_v1_dot_lakehouse__pb2.ListFilesRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lakehouse__pb2.ListFilesResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.ListFilesRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.ListFilesResponse.FromString,
                 _registered_method=True)
         self.History = channel.unary_stream(
                 '/percolake.v1.LakehouseService/History',
-                request_serializer=percolake_dot_v1_dot_lakehouse__pb2.HistoryRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lakehouse__pb2.HistoryResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.HistoryRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.HistoryResponse.FromString,
                 _registered_method=True)
         self.PlanVacuum = channel.unary_stream(
                 '/percolake.v1.LakehouseService/PlanVacuum',
-                request_serializer=percolake_dot_v1_dot_lakehouse__pb2.PlanVacuumRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lakehouse__pb2.PlanVacuumResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.PlanVacuumRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.PlanVacuumResponse.FromString,
                 _registered_method=True)
         self.FenceVacuum = channel.unary_unary(
                 '/percolake.v1.LakehouseService/FenceVacuum',
-                request_serializer=percolake_dot_v1_dot_lakehouse__pb2.FenceVacuumRequest.SerializeToString,
-                response_deserializer=percolake_dot_v1_dot_lakehouse__pb2.FenceVacuumResponse.FromString,
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.FenceVacuumRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.FenceVacuumResponse.FromString,
                 _registered_method=True)
 
 
@@ -188,48 +188,48 @@ def add_LakehouseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'CreateTable': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTable,
-                    request_deserializer=percolake_dot_v1_dot_lakehouse__pb2.CreateTableRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lakehouse__pb2.CreateTableResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.CreateTableRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.CreateTableResponse.SerializeToString,
             ),
             'GetTable': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTable,
-                    request_deserializer=percolake_dot_v1_dot_lakehouse__pb2.GetTableRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lakehouse__pb2.GetTableResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.GetTableRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.GetTableResponse.SerializeToString,
             ),
             'ListTables': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTables,
-                    request_deserializer=percolake_dot_v1_dot_lakehouse__pb2.ListTablesRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lakehouse__pb2.ListTablesResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.ListTablesRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.ListTablesResponse.SerializeToString,
             ),
             'CommitFiles': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitFiles,
-                    request_deserializer=percolake_dot_v1_dot_lakehouse__pb2.CommitFilesRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lakehouse__pb2.CommitFilesResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.CommitFilesRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.CommitFilesResponse.SerializeToString,
             ),
             'CommitTables': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitTables,
-                    request_deserializer=percolake_dot_v1_dot_lakehouse__pb2.CommitTablesRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lakehouse__pb2.CommitTablesResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.CommitTablesRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.CommitTablesResponse.SerializeToString,
             ),
             'ListFiles': grpc.unary_stream_rpc_method_handler(
                     servicer.ListFiles,
-                    request_deserializer=percolake_dot_v1_dot_lakehouse__pb2.ListFilesRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lakehouse__pb2.ListFilesResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.ListFilesRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.ListFilesResponse.SerializeToString,
             ),
             'History': grpc.unary_stream_rpc_method_handler(
                     servicer.History,
-                    request_deserializer=percolake_dot_v1_dot_lakehouse__pb2.HistoryRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lakehouse__pb2.HistoryResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.HistoryRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.HistoryResponse.SerializeToString,
             ),
             'PlanVacuum': grpc.unary_stream_rpc_method_handler(
                     servicer.PlanVacuum,
-                    request_deserializer=percolake_dot_v1_dot_lakehouse__pb2.PlanVacuumRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lakehouse__pb2.PlanVacuumResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.PlanVacuumRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.PlanVacuumResponse.SerializeToString,
             ),
             'FenceVacuum': grpc.unary_unary_rpc_method_handler(
                     servicer.FenceVacuum,
-                    request_deserializer=percolake_dot_v1_dot_lakehouse__pb2.FenceVacuumRequest.FromString,
-                    response_serializer=percolake_dot_v1_dot_lakehouse__pb2.FenceVacuumResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.FenceVacuumRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.FenceVacuumResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -275,8 +275,8 @@ class LakehouseService:
             request,
             target,
             '/percolake.v1.LakehouseService/CreateTable',
-            percolake_dot_v1_dot_lakehouse__pb2.CreateTableRequest.SerializeToString,
-            percolake_dot_v1_dot_lakehouse__pb2.CreateTableResponse.FromString,
+            wire_dot_v1_dot_lakehouse__pb2.CreateTableRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.CreateTableResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -302,8 +302,8 @@ class LakehouseService:
             request,
             target,
             '/percolake.v1.LakehouseService/GetTable',
-            percolake_dot_v1_dot_lakehouse__pb2.GetTableRequest.SerializeToString,
-            percolake_dot_v1_dot_lakehouse__pb2.GetTableResponse.FromString,
+            wire_dot_v1_dot_lakehouse__pb2.GetTableRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.GetTableResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -329,8 +329,8 @@ class LakehouseService:
             request,
             target,
             '/percolake.v1.LakehouseService/ListTables',
-            percolake_dot_v1_dot_lakehouse__pb2.ListTablesRequest.SerializeToString,
-            percolake_dot_v1_dot_lakehouse__pb2.ListTablesResponse.FromString,
+            wire_dot_v1_dot_lakehouse__pb2.ListTablesRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.ListTablesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -356,8 +356,8 @@ class LakehouseService:
             request,
             target,
             '/percolake.v1.LakehouseService/CommitFiles',
-            percolake_dot_v1_dot_lakehouse__pb2.CommitFilesRequest.SerializeToString,
-            percolake_dot_v1_dot_lakehouse__pb2.CommitFilesResponse.FromString,
+            wire_dot_v1_dot_lakehouse__pb2.CommitFilesRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.CommitFilesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -383,8 +383,8 @@ class LakehouseService:
             request,
             target,
             '/percolake.v1.LakehouseService/CommitTables',
-            percolake_dot_v1_dot_lakehouse__pb2.CommitTablesRequest.SerializeToString,
-            percolake_dot_v1_dot_lakehouse__pb2.CommitTablesResponse.FromString,
+            wire_dot_v1_dot_lakehouse__pb2.CommitTablesRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.CommitTablesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -410,8 +410,8 @@ class LakehouseService:
             request,
             target,
             '/percolake.v1.LakehouseService/ListFiles',
-            percolake_dot_v1_dot_lakehouse__pb2.ListFilesRequest.SerializeToString,
-            percolake_dot_v1_dot_lakehouse__pb2.ListFilesResponse.FromString,
+            wire_dot_v1_dot_lakehouse__pb2.ListFilesRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.ListFilesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -437,8 +437,8 @@ class LakehouseService:
             request,
             target,
             '/percolake.v1.LakehouseService/History',
-            percolake_dot_v1_dot_lakehouse__pb2.HistoryRequest.SerializeToString,
-            percolake_dot_v1_dot_lakehouse__pb2.HistoryResponse.FromString,
+            wire_dot_v1_dot_lakehouse__pb2.HistoryRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.HistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -464,8 +464,8 @@ class LakehouseService:
             request,
             target,
             '/percolake.v1.LakehouseService/PlanVacuum',
-            percolake_dot_v1_dot_lakehouse__pb2.PlanVacuumRequest.SerializeToString,
-            percolake_dot_v1_dot_lakehouse__pb2.PlanVacuumResponse.FromString,
+            wire_dot_v1_dot_lakehouse__pb2.PlanVacuumRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.PlanVacuumResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -491,8 +491,8 @@ class LakehouseService:
             request,
             target,
             '/percolake.v1.LakehouseService/FenceVacuum',
-            percolake_dot_v1_dot_lakehouse__pb2.FenceVacuumRequest.SerializeToString,
-            percolake_dot_v1_dot_lakehouse__pb2.FenceVacuumResponse.FromString,
+            wire_dot_v1_dot_lakehouse__pb2.FenceVacuumRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.FenceVacuumResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, overload
 import grpc
 from grpc_health.v1 import health_pb2
 
-from percolake import errors as root
-from percolake.errors import TransactionError
+from wire import errors as root
+from wire.errors import TransactionError
 
 log = logging.getLogger(__name__)
 
