@@ -106,7 +106,7 @@ QUICK_CHECKPOINTS = (1_000, 2_000)
 REPORTED = (10_000, 100_000, 1_000_000)
 CASSANDRA_MAX_COMMITS = 100_000
 #: Lakehouse appends stop here on every store: a checkpoint rewrites the table's whole
-#: live file set every 1,000 versions (``spark_integration/_checkpoints.py``), so
+#: live file set every 1,000 versions (``spark_integration/engine/checkpoints.py``), so
 #: 1,000,000 appends would write some 5 * 10**8 file entries in checkpoints alone.
 LAKEHOUSE_MAX_COMMITS = 100_000
 HISTORY_VERSIONS, QUICK_HISTORY_VERSIONS = 100_000, 1_000
@@ -285,9 +285,9 @@ def gc_pass(url: str, address: str) -> Any:
     """One pass with retention 0, the safe point from the gateway's own oracle (as
     ``percolake serve --gc-interval-s`` takes it), its locks consulted for writers
     with no entry yet. Returns the :class:`txn.GcReport`."""
-    from lockserver.server import RemoteLockService
+    from lockserver.lock_service import RemoteLockService
     from storage_adapters import open_store
-    from tso.server import RemoteTimestampSource
+    from tso.timestamp_service import RemoteTimestampSource
     from txn import GarbageCollector
     from wire.rpc import Connection
 

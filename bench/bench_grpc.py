@@ -14,10 +14,10 @@ from pathlib import Path
 
 from bench._load import run_threads
 from bench._results import Figure, Growth, Latency, Result, measure, percentiles, summarize
-from lockserver.server import RemoteLockService
+from lockserver.lock_service import RemoteLockService
 from tests.servers import ServerProcess
 from tso.aio import AsyncTimestampSource
-from tso.server import RemoteTimestampSource
+from tso.timestamp_service import RemoteTimestampSource
 from txn import TransactionManager
 from wire.rpc import Connection
 

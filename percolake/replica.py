@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from lockserver import LockTable, LockTableClosedError, LockToken
-from lockserver.server import RemoteLockService
+from lockserver.lock_service import RemoteLockService
 from storage_adapters import KVStore, StoreError
 from tso import TimestampBatcher, TimestampOracle, TimestampRange
 from tso._lease import (
@@ -40,7 +40,7 @@ from tso._lease import (
     RateLimitedWarning,
 )
 from tso._oracle import ORACLE_ROLE
-from tso.server import RemoteTimestampSource
+from tso.timestamp_service import RemoteTimestampSource
 from wire.errors import OracleFencedError, ServiceUnavailableError, StaleTokenError
 from wire.rpc import FORWARDED_KEY, Connection, NoLeaderError, TlsConfig
 

@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from lockserver import LockTable
-from lockserver.server import LockServicer, RemoteLockService
+from lockserver.lock_service import LockServicer, RemoteLockService
 from percolake.replica import DEFAULT_FAILOVER_S, ControlPlane
 from percolake.status import SERVICE_NAME as CONTROL_SERVICE
 from percolake.status import ControlServicer
@@ -32,11 +32,11 @@ from spark_integration.server import LakehouseLimits, LakehouseServicer, serve_l
 from storage_adapters import KVStore, StoreError, open_store
 from tso import OracleAlreadyRunningError, TimestampBatcher, TimestampOracle
 from tso._lease import DEFAULT_LEASE_MS, LEADER_TABLE, check_lease_ms
-from tso.server import RemoteTimestampSource, TimestampServicer
+from tso.timestamp_service import RemoteTimestampSource, TimestampServicer
 from txn import GarbageCollector, GcLoop, TransactionConfig, TransactionManager
 from txn._committer import STEPS
 from txn._services import LockService, TimestampSource
-from txn.server import GatewayLimits, TransactionServicer
+from txn.gateway import GatewayLimits, TransactionServicer
 from wire.errors import PercolakeError
 from wire.metrics import MetricsServer
 from wire.rpc import (

@@ -1,7 +1,7 @@
 """Timestamps from a remote oracle for asyncio programs.
 
 :class:`AsyncTimestampSource` batches like the threaded
-:class:`tso.server.RemoteTimestampSource`: at most one ``GetTimestamps`` call is in
+:class:`tso.timestamp_service.RemoteTimestampSource`: at most one ``GetTimestamps`` call is in
 flight, and every coroutine that asks while it is takes its share of the next call's
 range. Waking a coroutine costs far less than waking a thread, so many concurrent
 callers in one process get several times the threaded client's rate.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from tso._oracle import TimestampRange
-from tso.server import MAX_RANGE
+from tso.timestamp_service import MAX_RANGE
 from wire.rpc import (
     DEFAULT_MAX_MESSAGE_BYTES,
     TlsConfig,

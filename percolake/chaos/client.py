@@ -125,9 +125,9 @@ def direct_manager(
 
     ``commit_steps`` other than ``STEPS``: the broken test build (see ``unsafe``).
     """
-    from lockserver.server import RemoteLockService
+    from lockserver.lock_service import RemoteLockService
     from storage_adapters import open_store
-    from tso.server import RemoteTimestampSource
+    from tso.timestamp_service import RemoteTimestampSource
     from wire.rpc import Connection
 
     store = open_store(store_url)

@@ -107,14 +107,14 @@ from typing import Any, Final
 import grpc
 
 from percolake.chaos._config import TEST_GC_GRACE_ENV
-from spark_integration._catalog import Catalog, CommitRequest
+from spark_integration.engine.catalog import Catalog, CommitRequest
 from spark_integration.server import GroupCommitter, LakehouseLimits, LakehouseServicer, _Queue
 from txn import GarbageCollector, GcLoop, TransactionStatus
 from txn._gc import GcReport
 from txn._lowering import state_to_pb
 from txn._safepoint import Registration
 from txn._status import ABORTED
-from txn.server import TransactionServicer
+from txn.gateway import TransactionServicer
 from wire.errors import CommitUnknownError
 from wire.rpc import abort_with
 from wire.v1 import transaction_pb2 as pb

@@ -32,7 +32,7 @@ from percolake.chaos.unsafe import unsafe_build_from_env
 from percolake.serve_args import add_serve_arguments
 from percolake.server import serve_from_args
 from spark_integration.server import LakehouseServicer
-from txn.server import TransactionServicer
+from txn.gateway import TransactionServicer
 
 
 def main(argv: Sequence[str] | None = None) -> int:

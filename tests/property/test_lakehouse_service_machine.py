@@ -66,11 +66,11 @@ from spark_integration import (
     VersionNotFoundError,
 )
 from spark_integration._hook import STAGING_PREFIX
-from spark_integration._model import APPEND, FileEntry
+from spark_integration.engine.model import APPEND, FileEntry
 from spark_integration._remote import RemoteCatalog
 from storage_adapters import open_store
 from tests.servers import steered_server
-from tso.server import RemoteTimestampSource
+from tso.timestamp_service import RemoteTimestampSource
 from txn import GarbageCollector, TransactionManager
 from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError

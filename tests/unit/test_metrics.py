@@ -20,7 +20,7 @@ from txn import failpoints as fp
 from txn._committer import STEPS
 from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError, TransactionAbortedError, TransactionConflictError
-from txn.server import TransactionServicer
+from txn.gateway import TransactionServicer
 from wire import metrics
 from wire.v1 import transaction_pb2 as pb
 
