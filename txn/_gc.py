@@ -1,5 +1,5 @@
 """Garbage collection: sweep versions below the safe point, collect the transactions
-table (rules S8, S9; see docs/design.md).
+table (rules S8, S9; see docs/design/gc.md).
 
 One pass (:meth:`GarbageCollector.run_once`):
 
@@ -29,7 +29,7 @@ pass that finds a live cursor resumes it instead of starting afresh: it sweeps b
 the *cursor's* safe point, only the cells after the cursor, deletes the entries of the
 writers it met there, and does not raise ``collected_below`` (it never met the writers
 whose versions all lie before the cursor; a later pass meets their stamps). The
-argument is in docs/design.md, "Resumable passes".
+argument is in docs/design/gc.md, "Resumable passes".
 """
 
 from __future__ import annotations

@@ -410,7 +410,7 @@ class Cluster:
 
         tso = self.tso_address
         if self.embedded is not None and self.embedded.alive and self.embedded.port:
-            # Replicas cannot forward to an embedded leader (design.md, known limits):
+            # Replicas cannot forward to an embedded leader (docs/design/limits.md):
             # while it may lead, ask it first; it redirects when a replica leads.
             tso = f"{self.embedded.address},{tso}"
         return direct_manager(

@@ -355,7 +355,7 @@ def test_a_second_oracle_during_a_restart_fails_fast_and_the_history_stays_clean
 ) -> None:
     """Rule S7 under careless restarts: each new oracle starts while the old one serves.
 
-    (The name is what docs/design.md cites; the newcomer no longer fails, it follows.)
+    (The name is what docs/design/protocol.md cites; the newcomer no longer fails, it follows.)
 
     Before leader leases the newcomer had to exit on the store's file lock; now a second
     ``percolake serve`` on the store is a replica. It starts, finds the old oracle's
@@ -662,7 +662,7 @@ def test_an_embedded_oracle_beside_replicas_keeps_timestamps_unique_and_in_order
     if first_fault == "leader-kill":
         # (After a pause a replica has usually taken over too, but not always on SQLite:
         # paused inside a write, the embedded oracle keeps the file's write lock, see
-        # design.md's known limits.)
+        # docs/design/limits.md.)
         assert first["healed"]["leader_after"]["name"].startswith("replica-"), first
         assert first["healed"].get("restart_refused") == "embedded", first
     assert_leader_changed(report, at_least=2)

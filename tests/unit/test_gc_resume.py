@@ -1,7 +1,7 @@
 """Resumable garbage-collection passes (issue 17): a pass that dies leaves a cursor in
 the ``_gc`` row ``cursor``, and the next pass, in this process or another, resumes it
 at the cursor's safe point, sweeping only the cells after it (rules S8, S9; see
-"Resumable passes" in docs/design.md)."""
+"Resumable passes" in docs/design/gc.md)."""
 
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ def test_an_interrupted_pass_is_resumed_from_its_cursor_by_a_new_collector(
     assert read_state(tm.store)[0].collected_below == full.safe_point
     # Left, as after any pass that died: the entries of the writers whose every version
     # the interrupted attempt deleted (hidden below the safe point) and whose entries it
-    # never reached. No pass meets them again (docs/design.md, Known limits).
+    # never reached. No pass meets them again (docs/design/limits.md, Known limits).
     left = _entries(tm.store, [ts for pair in writers.values() for ts in pair])
     assert sorted(left) == sorted(hidden_before)
     assert _read_all(tm, TABLES) == expected

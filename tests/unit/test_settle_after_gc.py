@@ -1,5 +1,5 @@
 """Settling a writer whose transactions-table entry garbage collection may have collected
-(issue 30, item 1; rules S6 and S9 in docs/design.md, "Settling after collection").
+(issue 30, item 1; rules S6 and S9 in docs/design/gc.md, "Settling after collection").
 
 A committed writer's entry is deleted once a pass stamped its versions below a safe
 point it published first. From then on "no entry" no longer means "never committed",
