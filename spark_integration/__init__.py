@@ -1,7 +1,7 @@
 """Lakehouse tables on percolake: every commit of a Spark job is one transaction.
 
 See CONTRACT.md ("Lakehouse tables") for the API and DESIGN.md ("Spark") for what
-it guarantees; ``_model`` documents how the metadata is laid out in cells.
+it guarantees; ``engine.model`` documents how the metadata is laid out in cells.
 
 The Spark side (``Lakehouse``, ``write_cells``, the ``percolake`` data source and
 its ``register(spark)``) is imported on first use, so the
@@ -14,17 +14,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from spark_integration._errors import (
+from spark_integration.engine import (
     ChangeCommitError,
+    ColumnStats,
+    Commit,
     ConcurrentModificationError,
+    DataFile,
+    ExpireResult,
     LakehouseError,
+    Retention,
     TableExistsError,
     TableNotFoundError,
     VersionNotFoundError,
     VersionVacuumedError,
 )
-from spark_integration._model import ColumnStats, Commit, DataFile
-from spark_integration._retention import ExpireResult, Retention
 
 if TYPE_CHECKING:
     from spark_integration._cells import write_cells

@@ -24,8 +24,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from spark_integration._hook import parse_partition
-from spark_integration._model import FileEntry, FileStats
 from spark_integration._stats import file_stats
+from spark_integration.engine.model import FileEntry, FileStats
 
 #: Row groups of at most this many rows (Spark's writer makes groups of ~128 MB; for
 #: narrow rows this is about that, and readers can still skip groups by statistics).

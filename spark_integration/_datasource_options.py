@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from spark_integration._model import TABLE_NAME
+from spark_integration.engine.model import TABLE_NAME
 
 DEFAULT_GATEWAY = "127.0.0.1:7070"
 

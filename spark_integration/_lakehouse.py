@@ -17,9 +17,6 @@ from typing import TYPE_CHECKING
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from spark_integration import failpoints as fp
-from spark_integration._catalog import Catalog, CommitRequest, now_ms
-from spark_integration._errors import LakehouseError, TableExistsError
 from spark_integration._hook import (
     STAGING_PREFIX,
     Job,
@@ -28,7 +25,14 @@ from spark_integration._hook import (
     new_job,
     write_parquet,
 )
-from spark_integration._model import (
+from spark_integration._reads import read_version
+from spark_integration._remote import RemoteCatalog
+from spark_integration._schema import check_dataframe_schema, check_table_schema, parse_schema
+from spark_integration._vacuum import sweep
+from spark_integration.engine import lakehouse_failpoints as fp
+from spark_integration.engine.catalog import Catalog, CommitRequest, now_ms
+from spark_integration.engine.errors import LakehouseError, TableExistsError
+from spark_integration.engine.model import (
     APPEND,
     CATALOG_NAME,
     OVERWRITE,
@@ -39,11 +43,7 @@ from spark_integration._model import (
     FileStats,
     TableMeta,
 )
-from spark_integration._reads import read_version
-from spark_integration._remote import RemoteCatalog
-from spark_integration._retention import ExpireResult, Retention
-from spark_integration._schema import check_dataframe_schema, check_table_schema, parse_schema
-from spark_integration._vacuum import sweep
+from spark_integration.engine.retention import ExpireResult, Retention
 from txn import Manager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager
@@ -477,7 +477,7 @@ class Lakehouse:
         self._catalog.set_retention(_check_name(name), retention)
 
     def expire(self, name: str) -> ExpireResult:
-        """Expire what the table's retention no longer keeps (``spark_integration._retention``).
+        """Expire what the table's retention no longer keeps (``engine.retention``).
 
         Versions replaced longer than ``log_retention_s`` ago stop being readable
         (:class:`VersionNotFoundError` says they expired) and leave history; their log

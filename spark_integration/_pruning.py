@@ -52,7 +52,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from spark_integration._model import ColumnStats, FileStats
+from spark_integration.engine.model import ColumnStats, FileStats
 
 #: Spark's default string order (byte order of UTF-8, which is Python's code point
 #: order); a column with another collation compares differently and is left alone.

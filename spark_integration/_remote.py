@@ -1,7 +1,7 @@
 """The catalog through a gateway's ``LakehouseService``: what ``Lakehouse`` uses on a
 remote manager.
 
-Same methods as :class:`~spark_integration._catalog.Catalog`, each one call (or one
+Same methods as :class:`~spark_integration.engine.catalog.Catalog`, each one call (or one
 stream) to the gateway, which runs the catalog next to the store. Only commits need
 more than one call: a commit whose reply is lost (the gateway died, the network
 failed, the gateway could not settle its outcome) is sent again with the same
@@ -19,26 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from spark_integration import failpoints as fp
-from spark_integration._catalog import (
-    RETRY_BASE_S,
-    Catalog,
-    CommitRequest,
-    Committed,
-    HistoryEntry,
-    Prepared,
-)
-from spark_integration._model import (
-    OVERWRITE,
-    EntryFactory,
-    FileEntry,
-    Layout,
-    LogRecord,
-    TableMeta,
-    decode_stats,
-)
-from spark_integration._retention import ExpireResult, Retention
-from spark_integration._vacuum_plan import VacuumPlan
 from spark_integration._wire import (
     OPERATIONS,
     entries_to_pb,
@@ -52,6 +32,26 @@ from spark_integration._wire import (
     partition_from_pb,
     retention_to_pb,
 )
+from spark_integration.engine import lakehouse_failpoints as fp
+from spark_integration.engine.catalog import (
+    RETRY_BASE_S,
+    Catalog,
+    CommitRequest,
+    Committed,
+    HistoryEntry,
+    Prepared,
+)
+from spark_integration.engine.model import (
+    OVERWRITE,
+    EntryFactory,
+    FileEntry,
+    Layout,
+    LogRecord,
+    TableMeta,
+    decode_stats,
+)
+from spark_integration.engine.retention import ExpireResult, Retention
+from spark_integration.engine.vacuum_plan import VacuumPlan
 from txn.errors import CommitUnknownError
 from txn.remote import RemoteTransactionManager
 from wire.errors import OracleFencedError

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_integration._model import ColumnStats, FileStats, StatValue
+from spark_integration.engine.model import ColumnStats, FileStats, StatValue
 
 #: Longer strings keep no bounds: a long min or max would bloat every listing of the
 #: file, and a truncated max would no longer bound anything.

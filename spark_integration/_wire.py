@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from spark_integration._model import (
+from spark_integration.engine.model import (
     APPEND,
     OVERWRITE,
     FileEntry,
@@ -19,7 +19,7 @@ from spark_integration._model import (
     decode_stats,
     encode_stats,
 )
-from spark_integration._retention import Retention
+from spark_integration.engine.retention import Retention
 from wire.v1 import lakehouse_pb2 as pb
 
 OPERATIONS = {APPEND: pb.COMMIT_OPERATION_APPEND, OVERWRITE: pb.COMMIT_OPERATION_OVERWRITE}

@@ -80,7 +80,6 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_integration._catalog import now_ms
 from spark_integration._datasource_files import (
     FileToRead,
     read_files,
@@ -99,20 +98,21 @@ from spark_integration._datasource_options import (
     stream_write_options,
     write_options,
 )
-from spark_integration._errors import (
+from spark_integration._hook import new_job
+from spark_integration._pruning import Candidate, prune
+from spark_integration._remote import RemoteCatalog
+from spark_integration._schema import check_dataframe_schema
+from spark_integration._session import reach_every_session, workers_run_this_python
+from spark_integration.engine.catalog import now_ms
+from spark_integration.engine.errors import (
     ChangeCommitError,
     TableExistsError,
     TableNotFoundError,
     VersionNotFoundError,
     VersionVacuumedError,
 )
-from spark_integration._hook import new_job
-from spark_integration._model import APPEND, OVERWRITE, FileEntry, Head, TableMeta
-from spark_integration._pruning import Candidate, prune
-from spark_integration._remote import RemoteCatalog
-from spark_integration._retention import describe_s
-from spark_integration._schema import check_dataframe_schema
-from spark_integration._session import reach_every_session, workers_run_this_python
+from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, Head, TableMeta
+from spark_integration.engine.retention import describe_s
 from txn import TransactionManager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager

@@ -39,16 +39,6 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from spark_integration._catalog import Catalog, CommitRequest, Committed
-from spark_integration._model import (
-    CATALOG_NAME,
-    OVERWRITE,
-    TABLE_NAME,
-    FileEntry,
-    TableMeta,
-)
-from spark_integration._retention import Retention
-from spark_integration._vacuum_plan import VacuumPlan
 from spark_integration._wire import (
     OPERATION_NAMES,
     entry_from_pb,
@@ -62,6 +52,16 @@ from spark_integration._wire import (
     meta_to_pb,
     retention_from_pb,
 )
+from spark_integration.engine.catalog import Catalog, CommitRequest, Committed
+from spark_integration.engine.model import (
+    CATALOG_NAME,
+    OVERWRITE,
+    TABLE_NAME,
+    FileEntry,
+    TableMeta,
+)
+from spark_integration.engine.retention import Retention
+from spark_integration.engine.vacuum_plan import VacuumPlan
 from txn import TransactionManager
 from wire.rpc import abort_with
 from wire.v1 import lakehouse_pb2 as pb

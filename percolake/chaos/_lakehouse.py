@@ -261,7 +261,7 @@ class LakehouseAppends(Workload):
         # The catalog's history, not Lakehouse.history: it names the transaction of each
         # version. Commits through a gateway's service record no commit timestamp (the
         # gateway looks it up in the transactions table), so look them up here too.
-        catalog = importlib.import_module("spark_integration._catalog").Catalog(
+        catalog = importlib.import_module("spark_integration.engine").Catalog(
             manager,
             "chaos",
             commit_ts_of=manager.outcome_of if isinstance(manager, TransactionManager) else None,

@@ -1,7 +1,7 @@
 """The metadata layer: table metadata in percolake transactions, no Spark involved.
 
 Every change to a table is one percolake transaction that writes the table's
-head cell (see ``_model`` for the layout). Two changes of one table therefore
+head cell (see ``model`` for the layout). Two changes of one table therefore
 always conflict on the head (first committer wins), and the loser retries on
 a fresh snapshot where it re-checks what it depends on:
 
@@ -21,7 +21,7 @@ for a failed commit and delete or re-append the files of a version that stands.
 
 This module holds the :class:`Catalog` (its retry loop, reads and commits), the
 one entry point the rest of the package uses; checkpoints live in
-``_checkpoints`` and vacuum's plan and fence in ``_vacuum_plan``.
+``checkpoints`` and vacuum's plan and fence in ``vacuum_plan``.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from spark_integration import failpoints as fp
-from spark_integration._checkpoints import checkpoint_due, list_gen, write_checkpoint
-from spark_integration._errors import (
+from spark_integration.engine import lakehouse_failpoints as fp
+from spark_integration.engine.checkpoints import checkpoint_due, list_gen, write_checkpoint
+from spark_integration.engine.errors import (
     ConcurrentModificationError,
     TableExistsError,
     TableNotFoundError,
     VersionNotFoundError,
 )
-from spark_integration._model import (
+from spark_integration.engine.model import (
     APPEND,
     CREATE,
     OVERWRITE,
@@ -55,7 +55,7 @@ from spark_integration._model import (
     LogRecord,
     TableMeta,
 )
-from spark_integration._retention import (
+from spark_integration.engine.retention import (
     STEP_ROWS,
     ExpireResult,
     Retention,
@@ -66,7 +66,7 @@ from spark_integration._retention import (
     read_retention,
     write_retention,
 )
-from spark_integration._vacuum_plan import VacuumPlan, fence_vacuum, plan_vacuum
+from spark_integration.engine.vacuum_plan import VacuumPlan, fence_vacuum, plan_vacuum
 from storage_adapters import Cell, KVStore
 from txn import Manager, Transaction, TransactionManager, TransactionStatus
 from txn._retry import RetriesExhaustedError, RetryPolicy, run_transaction
@@ -566,7 +566,7 @@ class Catalog:
 
     def history(self, name: str) -> list[HistoryEntry]:
         """Every version in order, with the files each one added and removed; expired
-        versions (see ``_retention``) are left out."""
+        versions (see ``retention``) are left out."""
         with self._tm.begin() as tx:
             self._read_head(tx, name)
             expired_below = read_expiry(tx, self.layout, name).readable_from
@@ -921,7 +921,7 @@ class Catalog:
         First publishes the new bounds (one transaction; it writes the head only when
         versions newly expire), then deletes in transactions of at most
         ``STEP_ROWS`` cells until nothing is left or about ``max_rows`` cells went
-        (``None``: no limit; the rest goes next time). See ``_retention``. Safe to
+        (``None``: no limit; the rest goes next time). See ``retention``. Safe to
         run in several processes at once: every bound only rises, and two passes
         conflict on the table's expiry cell, so one of them retries.
         """

@@ -1,7 +1,7 @@
 """Checkpoints: when a version gets one, writing it, and listing files from the newest one.
 
 A checkpoint packs a generation's files as of one version into a few chunk cells
-(see ``_model`` for the layout), so listing reads a handful of cells plus the rows
+(see ``model`` for the layout), so listing reads a handful of cells plus the rows
 added after it. Checkpoints are derived data, written after the commit as its
 follow-up work (see ``Catalog._after_commit``); a missing one only makes listing
 scan more rows.
@@ -15,8 +15,8 @@ import logging
 from collections.abc import Iterator
 from typing import TypeVar
 
-from spark_integration._errors import LakehouseError
-from spark_integration._model import (
+from spark_integration.engine.errors import LakehouseError
+from spark_integration.engine.model import (
     Checkpoint,
     EntryFactory,
     FileEntry,

@@ -188,7 +188,7 @@ class Head:
     ``vacuum_cutoff_ms``: the latest cutoff of a vacuum; files of a job that
     started before it may have been removed, so such a job must not commit.
     ``min_readable_version``: versions below it are no longer readable: vacuum
-    removed their files, or retention expired them (see ``_retention``).
+    removed their files, or retention expired them (see ``retention``).
     ``last_ms``: the lowest log time the next commit may take: the latest commit's,
     or above a time that ``version_at`` answered for since (it raises it, so the
     answer stays true). Log times never go backwards even when a committer's

@@ -54,8 +54,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spark_integration._errors import LakehouseError
-from spark_integration._model import CREATE, Checkpoint, Generation, Head, Layout, LogRecord
+from spark_integration.engine.errors import LakehouseError
+from spark_integration.engine.model import CREATE, Checkpoint, Generation, Head, Layout, LogRecord
 
 if TYPE_CHECKING:
     from txn import ReadTransaction, Transaction

@@ -13,8 +13,8 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from spark_integration._checkpoints import list_gen
-from spark_integration._model import FileEntry, Generation, Head, Layout, TableMeta
+from spark_integration.engine.checkpoints import list_gen
+from spark_integration.engine.model import FileEntry, Generation, Head, Layout, TableMeta
 from txn import Transaction
 
 

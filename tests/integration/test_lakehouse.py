@@ -28,7 +28,7 @@ from spark_integration import (
     VersionNotFoundError,
     write_cells,
 )
-from spark_integration import failpoints as fp
+from spark_integration.engine import lakehouse_failpoints as fp
 from txn import TransactionConfig, TransactionManager
 from txn.errors import TransactionConflictError
 

@@ -19,9 +19,9 @@ pytest.importorskip("pyspark")
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_integration import Lakehouse, Retention
-from spark_integration._model import Layout
 from spark_integration._remote import RemoteCatalog
-from spark_integration._retention import COL_RETENTION
+from spark_integration.engine.model import Layout
+from spark_integration.engine.retention import COL_RETENTION
 from storage_adapters import open_store
 from tests.servers import ServerProcess
 from txn import TransactionManager

@@ -37,8 +37,8 @@ from hypothesis.stateful import (
 )
 
 from spark_integration import ConcurrentModificationError, VersionNotFoundError
-from spark_integration._catalog import Catalog, CommitRequest, _GroupAttempt
-from spark_integration._model import APPEND, OVERWRITE, FileEntry, LogRecord, TableMeta
+from spark_integration.engine.catalog import Catalog, CommitRequest, _GroupAttempt
+from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, LogRecord, TableMeta
 from txn import GarbageCollector, Transaction, TransactionConfig, TransactionManager
 from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import TransactionAbortedError

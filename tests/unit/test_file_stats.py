@@ -19,11 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-import spark_integration._checkpoints as checkpoints_module
+import spark_integration.engine.checkpoints as checkpoints_module
 from spark_integration import DataFile, Lakehouse
 from spark_integration._datasource_files import write_batches
 from spark_integration._hook import STAGING_PREFIX
-from spark_integration._model import (
+from spark_integration._stats import MAX_STAT_CHARS, file_stats
+from spark_integration._wire import entry_from_pb, entry_to_pb
+from spark_integration.engine.model import (
     ColumnStats,
     FileEntry,
     Layout,
@@ -33,8 +35,6 @@ from spark_integration._model import (
     encode_chunk,
     encode_stats,
 )
-from spark_integration._stats import MAX_STAT_CHARS, file_stats
-from spark_integration._wire import entry_from_pb, entry_to_pb
 from txn import TransactionManager
 from wire.v1 import lakehouse_pb2 as pb
 

@@ -14,9 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from spark_integration._catalog import Catalog, CommitRequest, Committed
-from spark_integration._errors import ConcurrentModificationError
-from spark_integration._model import APPEND, OVERWRITE, FileEntry, Layout, LogRecord, TableMeta
+from spark_integration.engine.catalog import Catalog, CommitRequest, Committed
+from spark_integration.engine.errors import ConcurrentModificationError
+from spark_integration.engine.model import (
+    APPEND,
+    OVERWRITE,
+    FileEntry,
+    Layout,
+    LogRecord,
+    TableMeta,
+)
 from spark_integration.server import GroupCommitter, LakehouseLimits, _Member, _Queue
 from txn import TransactionConfig, TransactionManager
 

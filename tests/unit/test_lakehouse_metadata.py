@@ -22,7 +22,7 @@ pytest.importorskip("pyspark")
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import spark_integration
-import spark_integration._checkpoints as checkpoints_module
+import spark_integration.engine.checkpoints as checkpoints_module
 from spark_integration import (
     Commit,
     ConcurrentModificationError,
@@ -31,10 +31,10 @@ from spark_integration import (
     TableNotFoundError,
     VersionNotFoundError,
 )
-from spark_integration._catalog import Catalog
 from spark_integration._hook import STAGING_PREFIX, job_started_ms, new_job, parse_partition
-from spark_integration._model import APPEND, OVERWRITE, FileEntry, Layout
 from spark_integration._vacuum import sweep
+from spark_integration.engine.catalog import Catalog
+from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, Layout
 from storage_adapters import StoreTimeoutError
 from txn import EmbeddedTransaction, Transaction, TransactionConfig, TransactionManager
 from txn import failpoints as txn_fp

@@ -22,9 +22,9 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-import spark_integration._catalog as catalog_module
-import spark_integration._checkpoints as checkpoints_module
 import spark_integration._lakehouse as lakehouse_module
+import spark_integration.engine.catalog as catalog_module
+import spark_integration.engine.checkpoints as checkpoints_module
 from spark_integration import (
     DataFile,
     ExpireResult,
@@ -33,10 +33,10 @@ from spark_integration import (
     TableNotFoundError,
     VersionNotFoundError,
 )
-from spark_integration._catalog import Catalog, HistoryEntry
 from spark_integration._hook import STAGING_PREFIX
-from spark_integration._model import APPEND, OVERWRITE, FileEntry, Layout, TableMeta
-from spark_integration._retention import (
+from spark_integration.engine.catalog import Catalog, HistoryEntry
+from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, Layout, TableMeta
+from spark_integration.engine.retention import (
     DAY_S,
     JOB_MARK_MIN_RETENTION_S,
     ExpiryState,

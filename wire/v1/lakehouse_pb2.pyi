@@ -198,7 +198,7 @@ Global___BatchMark: _TypeAlias = BatchMark  # noqa: Y015
 @_typing.final
 class Retention(_message.Message):
     """A table's retention properties, in seconds (each finite and >= 0; see
-    spark_integration/_retention.py): how long a replaced version stays readable, and
+    spark_integration/engine/retention.py): how long a replaced version stays readable, and
     how long a batch mark keeps a replay of its batch from committing again.
     """
 
