@@ -4,7 +4,7 @@ Like :mod:`wire.errors`, this module sits below every building block (the layer
 contract in ``pyproject.toml``): it imports nothing of percolake, so the oracle
 (``tso``), the lock server (``lockserver``) and the transaction layer (``txn``) record
 into it directly, and ``percolake serve --metrics-listen HOST:PORT`` exposes it
-(:func:`serve_metrics`). Every metric is named ``percolake_*``; README.md ("Metrics")
+(:func:`serve_metrics`). Every metric is named ``percolake_*``; docs/operations.md ("Metrics")
 says what each one counts.
 
 Recording is cheap: the hot paths use children bound to their labels once (the
