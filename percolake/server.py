@@ -27,8 +27,8 @@ from lockserver.lock_service import LockServicer, RemoteLockService
 from percolake.replica import DEFAULT_FAILOVER_S, ControlPlane
 from percolake.status import SERVICE_NAME as CONTROL_SERVICE
 from percolake.status import ControlServicer
-from spark_integration.server import SERVICE_NAME as LAKEHOUSE_SERVICE
-from spark_integration.server import LakehouseLimits, LakehouseServicer, serve_lakehouse
+from spark_integration.service import SERVICE_NAME as LAKEHOUSE_SERVICE
+from spark_integration.service import LakehouseLimits, LakehouseServicer, serve_lakehouse
 from storage_adapters import KVStore, StoreError, open_store
 from tso import OracleAlreadyRunningError, TimestampBatcher, TimestampOracle
 from tso._lease import DEFAULT_LEASE_MS, LEADER_TABLE, check_lease_ms

@@ -5,7 +5,7 @@ it guarantees; ``engine.model`` documents how the metadata is laid out in cells.
 
 The Spark side (``Lakehouse``, ``write_cells``, the ``percolake`` data source and
 its ``register(spark)``) is imported on first use, so the
-gateway's lakehouse service (``spark_integration.server``), which needs only the
+gateway's lakehouse service (``spark_integration.service.servicer``), which needs only the
 metadata layer, starts without loading PySpark and pyarrow.
 """
 

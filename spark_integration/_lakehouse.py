@@ -26,7 +26,6 @@ from spark_integration._hook import (
     write_parquet,
 )
 from spark_integration._reads import read_version
-from spark_integration._remote import RemoteCatalog
 from spark_integration._schema import check_dataframe_schema, check_table_schema, parse_schema
 from spark_integration._vacuum import sweep
 from spark_integration.engine import lakehouse_failpoints as fp
@@ -44,6 +43,7 @@ from spark_integration.engine.model import (
     TableMeta,
 )
 from spark_integration.engine.retention import ExpireResult, Retention
+from spark_integration.service.client import RemoteCatalog
 from txn import Manager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager

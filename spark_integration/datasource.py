@@ -100,7 +100,6 @@ from spark_integration._datasource_options import (
 )
 from spark_integration._hook import new_job
 from spark_integration._pruning import Candidate, prune
-from spark_integration._remote import RemoteCatalog
 from spark_integration._schema import check_dataframe_schema
 from spark_integration._session import reach_every_session, workers_run_this_python
 from spark_integration.engine.catalog import now_ms
@@ -113,6 +112,7 @@ from spark_integration.engine.errors import (
 )
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, Head, TableMeta
 from spark_integration.engine.retention import describe_s
+from spark_integration.service.client import RemoteCatalog
 from txn import TransactionManager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager

@@ -349,7 +349,7 @@ _SAFE_TO_RETRY = [
         for m in ("Begin", "Get", "GetMany", "Scan", "Write", "Abort", "Attach", "Status")
     ),
     # The lakehouse's reads. Its commits are idempotent by job id and re-sent by the
-    # client itself (spark_integration._remote), which also bounds them by a deadline.
+    # client itself (spark_integration.service.client), which also bounds them by a deadline.
     *(
         {"service": "percolake.v1.LakehouseService", "method": m}
         for m in ("GetTable", "ListTables", "ListFiles", "History", "PlanVacuum")

@@ -107,8 +107,9 @@ from typing import Any, Final
 import grpc
 
 from percolake.chaos._config import TEST_GC_GRACE_ENV
-from spark_integration.engine.catalog import Catalog, CommitRequest
-from spark_integration.server import GroupCommitter, LakehouseLimits, LakehouseServicer, _Queue
+from spark_integration.engine import Catalog, CommitRequest
+from spark_integration.service import GroupCommitter, LakehouseLimits, LakehouseServicer
+from spark_integration.service.group_commit import _Queue
 from txn import GarbageCollector, GcLoop, TransactionStatus
 from txn._gc import GcReport
 from txn._lowering import state_to_pb

@@ -31,7 +31,7 @@ from percolake.chaos.failpoints_serve import (
 from percolake.chaos.unsafe import unsafe_build_from_env
 from percolake.serve_args import add_serve_arguments
 from percolake.server import serve_from_args
-from spark_integration.server import LakehouseServicer
+from spark_integration.service import LakehouseServicer
 from txn.gateway import TransactionServicer
 
 

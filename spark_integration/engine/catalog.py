@@ -271,7 +271,7 @@ class Catalog:
     ``failpoints`` (tests only) is shared with the :class:`Lakehouse` that owns the
     catalog; the catalog hits the points from ``fp.SETTLE_COMMIT`` on.
     ``follow_ups`` and ``commit_ts_of`` are for the gateway's catalog (see
-    ``spark_integration.server``).
+    ``spark_integration.service.servicer``).
     """
 
     def __init__(

@@ -19,9 +19,9 @@ pytest.importorskip("pyspark")
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_integration import Lakehouse, Retention
-from spark_integration._remote import RemoteCatalog
 from spark_integration.engine.model import Layout
 from spark_integration.engine.retention import COL_RETENTION
+from spark_integration.service.client import RemoteCatalog
 from storage_adapters import open_store
 from tests.servers import ServerProcess
 from txn import TransactionManager
@@ -168,7 +168,7 @@ def test_a_gateway_that_drops_the_retention_gets_it_set_in_a_second_transaction(
         return send(request, *args, **kwargs)
 
     catalog._stub.CreateTable = older_gateway  # type: ignore[assignment]
-    with caplog.at_level("WARNING", logger="spark_integration._remote"):
+    with caplog.at_level("WARNING", logger="spark_integration.service.client"):
         lh.create_table("events", SCHEMA, "day", retention=Retention(3600, 60))
     assert lh.retention("events") == Retention(3600, 60)
     assert "without its retention" in caplog.text

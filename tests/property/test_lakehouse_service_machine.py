@@ -67,7 +67,7 @@ from spark_integration import (
 )
 from spark_integration._hook import STAGING_PREFIX
 from spark_integration.engine.model import APPEND, FileEntry
-from spark_integration._remote import RemoteCatalog
+from spark_integration.service.client import RemoteCatalog
 from storage_adapters import open_store
 from tests.servers import steered_server
 from tso.timestamp_service import RemoteTimestampSource

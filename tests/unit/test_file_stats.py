@@ -24,7 +24,6 @@ from spark_integration import DataFile, Lakehouse
 from spark_integration._datasource_files import write_batches
 from spark_integration._hook import STAGING_PREFIX
 from spark_integration._stats import MAX_STAT_CHARS, file_stats
-from spark_integration._wire import entry_from_pb, entry_to_pb
 from spark_integration.engine.model import (
     ColumnStats,
     FileEntry,
@@ -35,6 +34,7 @@ from spark_integration.engine.model import (
     encode_chunk,
     encode_stats,
 )
+from spark_integration.service.convert import entry_from_pb, entry_to_pb
 from txn import TransactionManager
 from wire.v1 import lakehouse_pb2 as pb
 

@@ -24,7 +24,7 @@ from spark_integration.engine.model import (
     LogRecord,
     TableMeta,
 )
-from spark_integration.server import GroupCommitter, LakehouseLimits, _Member, _Queue
+from spark_integration.service.group_commit import GroupCommitter, LakehouseLimits, _Member, _Queue
 from txn import TransactionConfig, TransactionManager
 
 pytestmark = pytest.mark.unit

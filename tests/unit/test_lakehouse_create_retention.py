@@ -16,11 +16,11 @@ import grpc
 import pytest
 
 from spark_integration import Retention
-from spark_integration._wire import retention_from_pb, retention_to_pb
 from spark_integration.engine.catalog import Catalog
 from spark_integration.engine.model import Layout
 from spark_integration.engine.retention import COL_RETENTION
-from spark_integration.server import LakehouseServicer
+from spark_integration.service import LakehouseServicer
+from spark_integration.service.convert import retention_from_pb, retention_to_pb
 from txn import TransactionManager
 from wire.rpc import INVALID_ARGUMENT, REASON_KEY
 from wire.v1 import lakehouse_pb2 as pb

@@ -19,19 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from spark_integration._wire import (
-    OPERATIONS,
-    entries_to_pb,
-    entry_from_pb,
-    head_from_pb,
-    head_to_pb,
-    mark_from_pb,
-    mark_to_pb,
-    meta_from_pb,
-    meta_to_pb,
-    partition_from_pb,
-    retention_to_pb,
-)
 from spark_integration.engine import lakehouse_failpoints as fp
 from spark_integration.engine.catalog import (
     RETRY_BASE_S,
@@ -52,6 +39,19 @@ from spark_integration.engine.model import (
 )
 from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.engine.vacuum_plan import VacuumPlan
+from spark_integration.service.convert import (
+    OPERATIONS,
+    entries_to_pb,
+    entry_from_pb,
+    head_from_pb,
+    head_to_pb,
+    mark_from_pb,
+    mark_to_pb,
+    meta_from_pb,
+    meta_to_pb,
+    partition_from_pb,
+    retention_to_pb,
+)
 from txn.errors import CommitUnknownError
 from txn.remote import RemoteTransactionManager
 from wire.errors import OracleFencedError

@@ -1,7 +1,7 @@
 """The lakehouse metadata on the wire: model objects to ``lakehouse.proto`` messages and back.
 
-Shared by the gateway's service (``spark_integration.server``) and its client
-(``spark_integration._remote``). Checks of what a client sends live in the service,
+Shared by the gateway's service (``spark_integration.service.servicer``) and its client
+(``spark_integration.service.client``). Checks of what a client sends live in the service,
 at the edge; decoding what the gateway sends trusts it.
 """
 

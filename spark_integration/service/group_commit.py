@@ -1,0 +1,175 @@
+"""Group commit: appends to one table that arrive together share one transaction.
+
+A lakehouse commit is a read-modify-write of the table's head row, so commits of one
+table serialise on it. Appends to one table that arrive while a commit of that table
+is in flight queue up, and the next transaction commits all of them: one transaction
+writes N consecutive versions, each with its own log record, files and marks
+(``Catalog.commit_group``), so N writers pay for one commit point. A group is cut
+at ``max_group_commits`` requests or ``max_group_bytes``; an overwrite always
+commits alone (it depends on the version before it). Each caller gets its own
+version, its own check failure, or, when the transaction's outcome stays unknown,
+its own ``commit-unknown``; sending the same request again (same ``job_id``) then
+returns the version it committed, or commits it now if it did not. Several
+gateways on one store stay correct: grouping happens inside one gateway, and
+between gateways the head row's conflict still decides (first committer wins, the
+loser retries).
+
+Nothing here knows gRPC: the servicer (``service.servicer``) hands each checked
+request to :meth:`GroupCommitter.commit` and waits for its own result.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from spark_integration.engine import Catalog, CommitRequest, Committed
+from spark_integration.engine.model import OVERWRITE
+
+
+@dataclass(frozen=True)
+class LakehouseLimits:
+    """Bounds of one group commit."""
+
+    max_group_commits: int = 64
+    max_group_bytes: int = 4 * 1024 * 1024
+    #: How long a group may wait for more members (see ``GroupCommitter._gather``).
+    max_group_wait_ms: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_group_commits < 1:
+            raise ValueError("max_group_commits must be at least 1")
+        if self.max_group_bytes < 1:
+            raise ValueError("max_group_bytes must be at least 1")
+        if not 0 <= self.max_group_wait_ms <= 1000:
+            raise ValueError("max_group_wait_ms must be between 0 and 1000")
+
+
+@dataclass(eq=False)
+class _Member:
+    request: CommitRequest
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Committed | None = None
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class _Queue:
+    pending: deque[_Member] = field(default_factory=deque)
+    running: bool = False
+    last_size: int = 0  # members of the table's last group
+    last_commit_s: float = 0.0  # how long that group's commit took
+
+
+class GroupCommitter:
+    """Commits of one table from this gateway, queued and committed in groups.
+
+    Each table with commits waiting has one worker thread; it takes the longest
+    group the limits allow from the head of the queue, commits it, hands every
+    member its result, and exits when the queue is empty.
+
+    Writers that were answered together come back together, a round trip apart: the
+    first of them would otherwise start a group of one and the others queue behind
+    it. So a group waits a little for more members (:meth:`_gather`), only while it
+    is smaller than the table's last group, and never longer than a quarter of the
+    last commit took (nor ``max_group_wait_ms``): on a store where a commit takes
+    100 ms, a few milliseconds of waiting double a group.
+    """
+
+    def __init__(self, limits: LakehouseLimits) -> None:
+        self._limits = limits
+        #: Guards every queue; notified when a request is queued.
+        self._lock = threading.Condition()
+        self._queues: dict[tuple[str, str], _Queue] = {}
+
+    def commit(self, catalog: Catalog, name: str, request: CommitRequest) -> Committed:
+        member = _Member(request)
+        key = (catalog.layout.catalog, name)
+        with self._lock:
+            queue = self._queues.setdefault(key, _Queue())
+            queue.pending.append(member)
+            start = not queue.running
+            queue.running = True
+            self._lock.notify_all()
+        if start:
+            threading.Thread(
+                target=self._drain,
+                args=(catalog, name, queue),
+                name=f"percolake-lakehouse-commit-{name}",
+                daemon=True,
+            ).start()
+        member.done.wait()
+        if member.error is not None:
+            raise member.error
+        assert member.result is not None
+        return member.result
+
+    # Hooks for test builds of the gateway (``percolake.chaos.failpoints_serve``): a
+    # group about to be committed, and one committed whose members are not yet told.
+
+    def before_group(self, name: str, requests: list[CommitRequest]) -> None:
+        """Called with each group before its transaction begins."""
+
+    def after_group(self, name: str, requests: list[CommitRequest]) -> None:
+        """Called with each group after its transaction committed, before any reply."""
+
+    def _take(self, queue: _Queue) -> list[_Member]:
+        """The next group: overwrites alone, appends up to the limits (under the lock)."""
+        first = queue.pending.popleft()
+        group = [first]
+        if first.request.operation == OVERWRITE:
+            return group
+        size = first.request.size_bytes()
+        while queue.pending and len(group) < self._limits.max_group_commits:
+            nxt = queue.pending[0]
+            if nxt.request.operation == OVERWRITE:
+                break
+            size += nxt.request.size_bytes()
+            if size > self._limits.max_group_bytes:
+                break
+            group.append(queue.pending.popleft())
+        return group
+
+    def _gather(self, queue: _Queue) -> None:
+        """Wait (under the lock) for a group as big as the last, within the bounds."""
+        if queue.pending[0].request.operation == OVERWRITE:
+            return
+        wait_s = min(self._limits.max_group_wait_ms / 1000, queue.last_commit_s / 4)
+        want = min(queue.last_size, self._limits.max_group_commits)
+        deadline = time.monotonic() + wait_s
+        while len(queue.pending) < want:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._lock.wait(left)
+
+    def _drain(self, catalog: Catalog, name: str, queue: _Queue) -> None:
+        while True:
+            with self._lock:
+                if not queue.pending:
+                    queue.running = False
+                    return
+                self._gather(queue)
+                group = self._take(queue)
+            started = time.monotonic()
+            try:
+                self.before_group(name, [m.request for m in group])
+                results = catalog.commit_group(name, [m.request for m in group])
+                self.after_group(name, [m.request for m in group])
+            except BaseException as exc:  # the transaction's failure is every member's
+                # BaseException too: a worker that died here would leave its callers
+                # waiting forever and the queue marked running.
+                for member in group:
+                    member.error = exc
+                    member.done.set()
+                continue
+            with self._lock:
+                queue.last_size, queue.last_commit_s = len(group), time.monotonic() - started
+            for member, result in zip(group, results, strict=True):
+                if isinstance(result, BaseException):
+                    member.error = result
+                else:
+                    member.result = result
+                member.done.set()
