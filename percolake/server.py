@@ -33,8 +33,7 @@ from storage_adapters import KVStore, StoreError, open_store
 from tso import OracleAlreadyRunningError, TimestampBatcher, TimestampOracle
 from tso._lease import DEFAULT_LEASE_MS, LEADER_TABLE, check_lease_ms
 from tso.timestamp_service import RemoteTimestampSource, TimestampServicer
-from txn import GarbageCollector, GcLoop, TransactionConfig, TransactionManager
-from txn._committer import STEPS
+from txn import COMMIT_STEPS, GarbageCollector, GcLoop, TransactionConfig, TransactionManager
 from txn._services import LockService, TimestampSource
 from txn.gateway import GatewayLimits, TransactionServicer
 from wire.errors import PercolakeError
@@ -111,10 +110,10 @@ class ServeConfig:
     #: ``HOST:PORT`` of the Prometheus metrics endpoint (None: off).
     metrics_listen: str | None = None
     #: Test builds only (``python -m percolake.chaos.serve``), to show that the checks
-    #: catch what they break: commit steps other than ``STEPS``, oracles that do not
+    #: catch what they break: commit steps other than ``COMMIT_STEPS``, oracles that do not
     #: claim their store (rule S7), and a gateway with test fail points. The installed
     #: command never sets them.
-    commit_steps: tuple[str, ...] = STEPS
+    commit_steps: tuple[str, ...] = COMMIT_STEPS
     oracle_claims: bool = True
     leader_checks_lease: bool = True
     #: Test builds only: opens the store (the chaos build models a store across a network).
@@ -705,7 +704,7 @@ def serve_from_args(
     args: argparse.Namespace,
     parser: argparse.ArgumentParser,
     *,
-    commit_steps: tuple[str, ...] = STEPS,
+    commit_steps: tuple[str, ...] = COMMIT_STEPS,
     oracle_claims: bool = True,
     leader_checks_lease: bool = True,
     store_opener: Callable[[str], KVStore] = open_store,

@@ -1,4 +1,4 @@
-"""The commit protocol of DESIGN.md, steps 1-7, with rules S1-S6.
+"""The commit protocol of docs/design/protocol.md, steps 1-7, with rules S1-S6.
 
 1. lock the written cells and the transaction's commit lock (liveness only, S5);
 2. write every buffered version at ``start_ts``;
@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from lockserver import LockToken
 from storage_adapters import Cell, StoreError, VersionWrite
@@ -68,12 +68,6 @@ def _each_table(
             raise error
 
 
-#: The protocol's steps in the order DESIGN.md prescribes.
-STEPS = ("lock", "write", "check", "commit_ts", "validate", "commit_point", "release")
-
-#: Each step's latency histogram (``percolake_commit_step_seconds``), bound once.
-_STEP_SECONDS = {step: metrics.COMMIT_STEP_SECONDS.labels(step=step) for step in STEPS}
-
 #: What a conflict means, by the step that found it (the abort reasons of the metrics).
 _CONFLICT_REASONS = {"lock": "lock_timeout", "validate": "validation", "commit_point": "lock_lost"}
 
@@ -86,16 +80,16 @@ def _abort_reason(step: str, exc: TransactionAbortedError) -> str:
     return "other"
 
 
-class Commit:
-    """One transaction's commit, as explicit steps. It owns the commit's state.
+class CommitAttempt:
+    """One transaction's attempt to commit, as explicit steps. It owns the commit's state.
 
     It is handed plain values (the start timestamp, the writes, the read set) and
     never reaches back into the transaction; the transaction reads ``status`` and
     ``commit_ts`` from here once it has handed over. :meth:`run` performs every
-    step; tests may call :meth:`step` to interleave the steps of several
-    transactions. ``steps`` exists so that a test can build a deliberately broken
-    protocol (for example ``check`` before ``write``, no ``lock``) and show that
-    the checks catch it; production always uses ``STEPS``.
+    step of :data:`PROTOCOL` in order; tests may call :meth:`step` to interleave the
+    steps of several transactions. ``steps`` names the steps to run, so that a test
+    can build a deliberately broken protocol (for example ``check`` before ``write``,
+    no ``lock``) and show that the checks catch it; production always runs ``COMMIT_STEPS``.
     """
 
     def __init__(
@@ -105,13 +99,13 @@ class Commit:
         writes: WriteBuffer,
         reads: ReadSet | None,
         *,
-        steps: tuple[str, ...] = STEPS,
+        steps: tuple[str, ...] | None = None,
     ) -> None:
         self._rt = rt
         self.start_ts = start_ts
         self._writes = writes
         self._reads = reads
-        self._steps = steps
+        self._steps = PROTOCOL if steps is None else steps_named(steps)
         self._next = 0
         self._token: LockToken | None = None
         self._wrote = False
@@ -125,7 +119,7 @@ class Commit:
 
     @property
     def next_step(self) -> str | None:
-        return self._steps[self._next] if self._next < len(self._steps) else None
+        return self._steps[self._next].name if self._next < len(self._steps) else None
 
     def run(self) -> int:
         while self.step():
@@ -136,13 +130,13 @@ class Commit:
 
     def step(self) -> bool:
         """Perform the next step; ``False`` once the transaction has committed."""
-        name = self.next_step
-        if name is None:
+        if self._next >= len(self._steps):
             return False
+        name, perform = self._steps[self._next]
         start_ts = self.start_ts
         began = self._step_began = time.perf_counter()
         try:
-            getattr(self, "_" + name)()
+            perform(self)
         except TransactionAbortedError as exc:
             self._fail(TransactionStatus.ABORTED)
             metrics.record_abort(_abort_reason(name, exc))
@@ -239,6 +233,44 @@ class Commit:
     def _release(self) -> None:
         _release(self._rt, self._token)
         self._rt.failpoints.hit(fp.AFTER_RELEASE, self.start_ts)
+
+
+class CommitStep(NamedTuple):
+    """One step of the protocol: its name (the metrics label, and how a test build
+    names it) and the method of :class:`CommitAttempt` that performs it."""
+
+    name: str
+    perform: Callable[[CommitAttempt], None]
+
+
+#: The protocol's steps in the order docs/design/protocol.md prescribes (S2: write
+#: before check; S4: commit_ts after write; S1: the commit point is step 6).
+PROTOCOL: tuple[CommitStep, ...] = (
+    CommitStep("lock", CommitAttempt._lock),
+    CommitStep("write", CommitAttempt._write),
+    CommitStep("check", CommitAttempt._check),
+    CommitStep("commit_ts", CommitAttempt._commit_ts),
+    CommitStep("validate", CommitAttempt._validate),
+    CommitStep("commit_point", CommitAttempt._commit_point),
+    CommitStep("release", CommitAttempt._release),
+)
+
+#: The steps' names in protocol order: how a caller names them (``commit_steps``).
+COMMIT_STEPS: tuple[str, ...] = tuple(step.name for step in PROTOCOL)
+
+_STEP_BY_NAME: dict[str, CommitStep] = {step.name: step for step in PROTOCOL}
+
+
+def steps_named(names: tuple[str, ...]) -> tuple[CommitStep, ...]:
+    """The steps ``names`` names, in that order; ``ValueError`` for a name not in the protocol."""
+    unknown = set(names) - set(COMMIT_STEPS)
+    if unknown:
+        raise ValueError(f"unknown commit steps {sorted(unknown)}; the steps are {COMMIT_STEPS}")
+    return tuple(_STEP_BY_NAME[name] for name in names)
+
+
+#: Each step's latency histogram (``percolake_commit_step_seconds``), bound once.
+_STEP_SECONDS = {step: metrics.COMMIT_STEP_SECONDS.labels(step=step) for step in COMMIT_STEPS}
 
 
 def _lock(rt: Runtime, start_ts: int, writes: WriteBuffer) -> LockToken | None:

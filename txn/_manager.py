@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 from storage_adapters import Cell, KVStore, StoreError, open_store
 from tso import OracleFencedError, TimestampBatcher, TimestampOracle
 from txn._args import check_isolation, check_txn_id
-from txn._committer import STEPS
+from txn._committer import COMMIT_STEPS
 from txn._config import TransactionConfig
 from txn._isolation import Isolation, TransactionStatus
 from txn._retry import RetryPolicy, run_transaction
@@ -47,9 +47,9 @@ class TransactionManager:
         config: TransactionConfig | None = None,
         *,
         owns: tuple[object, ...] = (),
-        commit_steps: tuple[str, ...] = STEPS,
+        commit_steps: tuple[str, ...] = COMMIT_STEPS,
     ) -> None:
-        """``commit_steps`` other than ``STEPS`` build a deliberately broken protocol,
+        """``commit_steps`` other than ``COMMIT_STEPS`` build a deliberately broken protocol,
         for tests that show the checks catch one; nothing else may pass it."""
         self._rt = Runtime.build(
             store, timestamps, locks, config or TransactionConfig(), commit_steps=commit_steps

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from storage_adapters import Cell, StoreError
 from txn._args import check_cell, check_cells, check_put, check_scan
 from txn._buffer import WriteBuffer
-from txn._committer import Commit
+from txn._committer import CommitAttempt
 from txn._isolation import Isolation, TransactionStatus
 from txn.errors import ServiceUnavailableError, TransactionClosedError
 from wire import metrics
@@ -69,7 +69,7 @@ class EmbeddedTransaction:
         self._status = TransactionStatus.ACTIVE
         self._read_only_commit_ts: int | None = None
         #: Once handed over, the commit owns the outcome; see ``status``.
-        self._commit: Commit | None = None
+        self._commit: CommitAttempt | None = None
         self._writes = WriteBuffer()
         self._reads = ReadSet() if isolation is Isolation.SERIALIZABLE else None
         self.scans_started = 0
@@ -249,14 +249,14 @@ class EmbeddedTransaction:
             return self.start_ts
         return self.committer().run()
 
-    def committer(self, *, steps: tuple[str, ...] | None = None) -> Commit:
+    def committer(self, *, steps: tuple[str, ...] | None = None) -> CommitAttempt:
         """The commit as explicit steps, for tests that interleave transactions.
 
         ``commit()`` is ``committer().run()``. ``steps`` defaults to the runtime's
-        (``STEPS``, unless a test built the manager with a broken protocol).
+        (``COMMIT_STEPS``, unless a test built the manager with a broken protocol).
         """
         self._check_active()
-        self._commit = Commit(
+        self._commit = CommitAttempt(
             self._rt,
             self.start_ts,
             self._writes,
@@ -290,8 +290,3 @@ class EmbeddedTransaction:
             self.commit()
         else:
             self.abort()
-
-
-#: The name this class had before ``txn.Transaction`` became the protocol both
-#: managers' transactions satisfy.
-Transaction = EmbeddedTransaction

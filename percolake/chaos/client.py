@@ -34,6 +34,7 @@ from percolake.chaos._ops import Completion, Phase
 from percolake.chaos._workload import ClientContext, make_workload
 from percolake.chaos.unsafe import unsafe_build_from_env
 from txn import (
+    COMMIT_STEPS,
     Isolation,
     Manager,
     Transaction,
@@ -41,7 +42,6 @@ from txn import (
     TransactionManager,
     TransactionStatus,
 )
-from txn._committer import STEPS
 from txn._retry import RetryPolicy, run_transaction
 from wire.rpc import ServiceUnavailableError
 
@@ -119,11 +119,11 @@ def direct_manager(
     config: RunConfig,
     timeout_s: float,
     *,
-    commit_steps: tuple[str, ...] = STEPS,
+    commit_steps: tuple[str, ...] = COMMIT_STEPS,
 ) -> TransactionManager:
     """A manager running the protocol in this process, with the run's short timeouts.
 
-    ``commit_steps`` other than ``STEPS``: the broken test build (see ``unsafe``).
+    ``commit_steps`` other than ``COMMIT_STEPS``: the broken test build (see ``unsafe``).
     """
     from lockserver.lock_service import RemoteLockService
     from storage_adapters import open_store

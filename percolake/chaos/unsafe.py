@@ -37,7 +37,7 @@ from percolake.chaos._config import (
     LEADER_IGNORES_LEASE_ENV,
     NO_ORACLE_CLAIM_ENV,
 )
-from txn._committer import STEPS
+from txn import COMMIT_STEPS
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ BROKEN_COMMIT_STEPS: Final[tuple[str, ...]] = (
 class UnsafeBuild:
     """What a test build breaks on purpose; the default breaks nothing."""
 
-    commit_steps: tuple[str, ...] = STEPS
+    commit_steps: tuple[str, ...] = COMMIT_STEPS
     oracle_claims: bool = True
     leader_checks_lease: bool = True
 
@@ -78,7 +78,7 @@ def unsafe_build_from_env(environ: Mapping[str, str] | None = None) -> UnsafeBui
             "it exists only to prove that chaos tests catch anomalies",
             BROKEN_PROTOCOL_ENV,
             ",".join(BROKEN_COMMIT_STEPS),
-            ",".join(STEPS),
+            ",".join(COMMIT_STEPS),
         )
     if env.get(NO_ORACLE_CLAIM_ENV) == "1":
         build = replace(build, oracle_claims=False)

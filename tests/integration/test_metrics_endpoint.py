@@ -14,8 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from percolake.server import RunningServer, ServeConfig
 from tests.servers import ServerProcess
-from txn import TransactionManager
-from txn._committer import STEPS
+from txn import COMMIT_STEPS, TransactionManager
 from txn.errors import TransactionConflictError
 
 pytestmark = pytest.mark.integration
@@ -75,7 +74,7 @@ def test_the_endpoint_shows_the_workload_it_served(tmp_path: Path) -> None:
         assert after[("percolake_commit_unknown_total", ())] == 0
         # A begin and a commit_ts for each commit, and more for the others.
         assert after[("percolake_timestamps_served_total", ())] >= 2 * commits
-        for step in STEPS:
+        for step in COMMIT_STEPS:
             assert after[("percolake_commit_step_seconds_count", (("step", step),))] == commits
             assert after[("percolake_commit_step_seconds_sum", (("step", step),))] > 0
         assert after[("percolake_commit_seconds_count", ())] == commits

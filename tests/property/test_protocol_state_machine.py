@@ -32,9 +32,16 @@ from lockserver import LockTable
 from percolake.checker import check_history
 from storage_adapters import StoreTimeoutError, open_store
 from tso import TimestampBatcher, TimestampOracle
-from txn import GarbageCollector, Isolation, Transaction, TransactionConfig, TransactionManager
+from txn import (
+    COMMIT_STEPS,
+    CommitAttempt,
+    GarbageCollector,
+    Isolation,
+    Transaction,
+    TransactionConfig,
+    TransactionManager,
+)
 from txn import failpoints as fp
-from txn._committer import STEPS, Commit
 from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError, SnapshotTooOldError, TransactionAbortedError
 
@@ -64,12 +71,12 @@ class Open:
     tx: Transaction
     process: int
     ops: list[list[Any]] = field(default_factory=list)
-    commit: Commit | None = None
+    commit: CommitAttempt | None = None
 
 
 class ProtocolMachine(RuleBasedStateMachine):
     isolation: ClassVar[Isolation] = Isolation.SNAPSHOT
-    steps: ClassVar[tuple[str, ...]] = STEPS
+    steps: ClassVar[tuple[str, ...]] = COMMIT_STEPS
     store_url: ClassVar[str] = "memory://"
     #: The broken collection: stamps are never written, entries are deleted anyway.
     stamps: ClassVar[bool] = True

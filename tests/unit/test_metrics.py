@@ -15,9 +15,8 @@ from prometheus_client import REGISTRY
 from lockserver import LockTable
 from storage_adapters import StoreTimeoutError, StoreUnavailableError, open_store
 from tso._lease import LeaderLease
-from txn import GarbageCollector, Isolation, TransactionConfig, TransactionManager
+from txn import COMMIT_STEPS, GarbageCollector, Isolation, TransactionConfig, TransactionManager
 from txn import failpoints as fp
-from txn._committer import STEPS
 from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError, TransactionAbortedError, TransactionConflictError
 from txn.gateway import TransactionServicer
@@ -58,7 +57,7 @@ def _samples() -> list[tuple[str, dict[str, str]]]:
         ("percolake_lock_wait_seconds_sum", {}),
     ]
     out += [("percolake_aborts_total", {"reason": r}) for r in metrics.ABORT_REASONS]
-    out += [("percolake_commit_step_seconds_count", {"step": s}) for s in STEPS]
+    out += [("percolake_commit_step_seconds_count", {"step": s}) for s in COMMIT_STEPS]
     out += [("percolake_store_errors_total", {"op": op}) for op in ("write", "commit_point")]
     for outcome in metrics.FAILED_COMMIT_OUTCOMES:
         out += [
@@ -108,7 +107,7 @@ def test_a_known_workload_is_counted_exactly(tm: TransactionManager) -> None:
     )
     assert deltas("percolake_commit_unknown_total") == 0
     # Step latencies are those of the commits that committed: one sample per step each.
-    for step in STEPS:
+    for step in COMMIT_STEPS:
         assert deltas("percolake_commit_step_seconds_count", step=step) == committed, step
     assert deltas("percolake_commit_seconds_count") == committed
     # The embedded manager takes its timestamps one call at a time, each a range of one.
