@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench._results import Result, summarize
 from spark_integration import Lakehouse, register
-from spark_integration._session import local_session
+from spark_integration.spark.session import local_session
 from txn import TransactionManager
 
 ANCHOR = 'df.write.format("parquet") of the same DataFrame, same local[2] session, same run'

@@ -73,8 +73,8 @@ from bench._lakehouse_anchors import (
 from bench._load import run_threads
 from bench._results import Growth, Latency, Result, summarize
 from spark_integration import DataFile, Lakehouse
-from spark_integration._session import local_session
 from spark_integration.engine import lakehouse_failpoints as fp
+from spark_integration.spark.session import local_session
 from txn import TransactionManager
 
 log = logging.getLogger(__name__)

@@ -126,7 +126,7 @@ def run_pipeline(workdir: Path, out: TextIO) -> int:
     from pyspark.sql.types import LongType
 
     from spark_integration import Lakehouse
-    from spark_integration._session import local_session
+    from spark_integration.spark.session import local_session
     from txn import TransactionManager
 
     def say(line: str = "") -> None:

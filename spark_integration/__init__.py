@@ -1,12 +1,16 @@
 """Lakehouse tables on percolake: every commit of a Spark job is one transaction.
 
-See CONTRACT.md ("Lakehouse tables") for the API and DESIGN.md ("Spark") for what
-it guarantees; ``engine.model`` documents how the metadata is laid out in cells.
+See docs/lakehouse.md for the API and docs/design/lakehouse.md for what it
+guarantees. One sub-package per deployment side, each importing only those below:
 
-The Spark side (``Lakehouse``, ``write_cells``, the ``percolake`` data source and
-its ``register(spark)``) is imported on first use, so the
-gateway's lakehouse service (``spark_integration.service.servicer``), which needs only the
-metadata layer, starts without loading PySpark and pyarrow.
+* ``spark``: the Spark client (``Lakehouse``, the ``percolake`` data source, the
+  commit hook, ``write_cells``), run by Spark drivers and executors;
+* ``service``: the gateway's gRPC ``LakehouseService`` and its client;
+* ``engine``: the metadata engine (``engine.model`` lays it out in cells), with
+  neither Spark nor gRPC.
+
+The Spark side is imported on first use, so the gateway's lakehouse service, which
+needs only the engine, starts without loading PySpark and pyarrow.
 """
 
 from __future__ import annotations
@@ -30,15 +34,15 @@ from spark_integration.engine import (
 )
 
 if TYPE_CHECKING:
-    from spark_integration._cells import write_cells
-    from spark_integration._lakehouse import Lakehouse
-    from spark_integration.datasource import PercolakeDataSource, register
+    from spark_integration.spark.cells import write_cells
+    from spark_integration.spark.datasource import PercolakeDataSource, register
+    from spark_integration.spark.lakehouse import Lakehouse
 
 _LAZY = {
-    "Lakehouse": "spark_integration._lakehouse",
-    "PercolakeDataSource": "spark_integration.datasource",
-    "register": "spark_integration.datasource",
-    "write_cells": "spark_integration._cells",
+    "Lakehouse": "spark_integration.spark.lakehouse",
+    "PercolakeDataSource": "spark_integration.spark.datasource",
+    "register": "spark_integration.spark.datasource",
+    "write_cells": "spark_integration.spark.cells",
 }
 
 

@@ -3,7 +3,7 @@
 ``Catalog.vacuum_plan`` reads, at one snapshot, the files every version inside
 the retention can read (:func:`plan_vacuum`); ``Catalog.vacuum_fence`` then
 publishes the cutoff in the table's head (:func:`fence_vacuum`), so that no job
-that started before it can commit; only then does ``_vacuum`` (the file side)
+that started before it can commit; only then does ``spark.vacuum_sweep`` (the file side)
 remove what the plan does not keep. Like the catalog, no Spark is involved.
 """
 

@@ -18,12 +18,11 @@ import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_integration import DataFile, Lakehouse
-from spark_integration._hook import new_job
+from spark_integration.spark.hook import new_job
 from storage_adapters import open_store
 from tests.servers import ServerProcess
 from txn import TransactionManager
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState
-from txn._status import TXN_TABLE, txn_key
+from txn.tables import GC_TABLE, STATE_KEY, TXN_TABLE, GcState, txn_key
 
 pytestmark = pytest.mark.integration
 

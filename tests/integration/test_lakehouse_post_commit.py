@@ -37,9 +37,9 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 import spark_integration.engine.checkpoints as checkpoints_module
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
-from spark_integration._hook import new_job
 from spark_integration.engine import lakehouse_failpoints as fp
 from spark_integration.engine.model import Layout
+from spark_integration.spark.hook import new_job
 from storage_adapters import StoreError, StoreTimeoutError
 from tests.servers import ServerProcess
 from tso import OracleFencedError

@@ -23,14 +23,14 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_integration import DataFile, Lakehouse, Retention, VersionNotFoundError
 from spark_integration.engine.catalog import Catalog
-from spark_integration._hook import STAGING_PREFIX
 from spark_integration.engine.model import Layout
+from spark_integration.spark.hook import STAGING_PREFIX
 from storage_adapters import Cell, open_store
 from tests.servers import ServerProcess
 from tso.timestamp_service import RemoteTimestampSource
 from txn import GarbageCollector, TransactionManager
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.remote import RemoteTransactionManager
+from txn.tables import GC_TABLE, STATE_KEY, GcState
 
 pytestmark = pytest.mark.integration
 

@@ -41,10 +41,10 @@ from percolake.chaos._lakehouse import LakehouseAppends, ServiceLakehouses
 from percolake.chaos.client import FailoverManager
 from percolake.chaos.failpoints_serve import fired_path, write_lakehouse_control
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
-from spark_integration._hook import STAGING_PREFIX
 from spark_integration.engine.catalog import Catalog
 from spark_integration.engine.model import APPEND, CREATE
 from spark_integration.service.client import RemoteCatalog
+from spark_integration.spark.hook import STAGING_PREFIX
 from tests.servers import ServerProcess, steered_server
 from txn import TransactionManager
 from txn.remote import RemoteTransactionManager

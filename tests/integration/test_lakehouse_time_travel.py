@@ -23,9 +23,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_integration import DataFile, Lakehouse, VersionNotFoundError
-from spark_integration._hook import new_job
 from spark_integration.engine.catalog import Catalog, CommitRequest, _GroupAttempt
 from spark_integration.engine.model import APPEND, FileEntry
+from spark_integration.spark.hook import new_job
 from tests.servers import ServerProcess
 from txn import TransactionConfig, TransactionManager
 from txn.errors import TransactionAbortedError

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
-from spark_integration._hook import new_job
+from spark_integration.spark.hook import new_job
 from tests.servers import ServerProcess
 from txn import TransactionConfig, TransactionManager
 from txn.remote import RemoteTransactionManager

@@ -65,16 +65,16 @@ from spark_integration import (
     Lakehouse,
     VersionNotFoundError,
 )
-from spark_integration._hook import STAGING_PREFIX
 from spark_integration.engine.model import APPEND, FileEntry
 from spark_integration.service.client import RemoteCatalog
+from spark_integration.spark.hook import STAGING_PREFIX
 from storage_adapters import open_store
 from tests.servers import steered_server
 from tso.timestamp_service import RemoteTimestampSource
 from txn import GarbageCollector, TransactionManager
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError
 from txn.remote import RemoteTransactionManager
+from txn.tables import GC_TABLE, STATE_KEY, GcState
 
 pytestmark = [pytest.mark.property, pytest.mark.integration]
 

@@ -72,17 +72,17 @@ import spark_integration.engine.checkpoints as checkpoints_module
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse, VersionNotFoundError
 from spark_integration.engine import lakehouse_failpoints as fp
 from spark_integration.engine.catalog import Catalog
-from spark_integration._hook import Job, new_job
 from spark_integration.engine.model import APPEND, OVERWRITE
+from spark_integration.spark.hook import Job, new_job
 from storage_adapters import KVStore, StoreTimeoutError, open_store
 from tests.integration.test_lakehouse_post_commit import ERRORS, ClientFaults
 from tests.servers import ServerProcess
 from tso.timestamp_service import RemoteTimestampSource
 from txn import GarbageCollector, TransactionConfig, TransactionManager
 from txn import failpoints as txn_fp
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError, TransactionAbortedError
 from txn.remote import RemoteTransactionManager
+from txn.tables import GC_TABLE, STATE_KEY, GcState
 
 pytestmark = pytest.mark.property
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from spark_integration._datasource_files import FileToRead, read_files, write_batches
+from spark_integration.spark.datasource.files import FileToRead, read_files, write_batches
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_integration._datasource_options import (
+from spark_integration.spark.datasource.options import (
     DEFAULT_GATEWAY,
     parse_timestamp_ms,
     query_id_of_checkpoint,

@@ -40,9 +40,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from spark_integration._pruning import Candidate, prune
-from spark_integration.datasource import _PUSHDOWN_WORKER, _planning_with_pushdown
 from spark_integration.engine.model import ColumnStats
+from spark_integration.spark.datasource.pruning import Candidate, prune
+from spark_integration.spark.datasource.source import _PUSHDOWN_WORKER, _planning_with_pushdown
 
 pytestmark = pytest.mark.unit
 

@@ -20,13 +20,13 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-import spark_integration.datasource as datasource
+import spark_integration.spark.datasource.source as datasource
 from spark_integration import Retention, VersionNotFoundError
-from spark_integration._datasource_options import StreamReadOptions
-from spark_integration._hook import STAGING_PREFIX
-from spark_integration.datasource import PercolakeStreamReader, _StreamSplit
 from spark_integration.engine.catalog import Catalog
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, TableMeta
+from spark_integration.spark.datasource.options import StreamReadOptions
+from spark_integration.spark.datasource.source import PercolakeStreamReader, _StreamSplit
+from spark_integration.spark.hook import STAGING_PREFIX
 from txn import TransactionManager
 
 pytestmark = pytest.mark.unit

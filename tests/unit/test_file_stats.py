@@ -21,9 +21,6 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import spark_integration.engine.checkpoints as checkpoints_module
 from spark_integration import DataFile, Lakehouse
-from spark_integration._datasource_files import write_batches
-from spark_integration._hook import STAGING_PREFIX
-from spark_integration._stats import MAX_STAT_CHARS, file_stats
 from spark_integration.engine.model import (
     ColumnStats,
     FileEntry,
@@ -35,6 +32,9 @@ from spark_integration.engine.model import (
     encode_stats,
 )
 from spark_integration.service.convert import entry_from_pb, entry_to_pb
+from spark_integration.spark.datasource.files import write_batches
+from spark_integration.spark.file_stats import MAX_STAT_CHARS, file_stats
+from spark_integration.spark.hook import STAGING_PREFIX
 from txn import TransactionManager
 from wire.v1 import lakehouse_pb2 as pb
 

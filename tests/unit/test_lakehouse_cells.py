@@ -15,7 +15,7 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql import Row
 
-from spark_integration._cells import PartitionWriter, encode_row_key, encode_value
+from spark_integration.spark.cells import PartitionWriter, encode_row_key, encode_value
 from txn import Transaction, TransactionManager
 
 pytestmark = pytest.mark.unit

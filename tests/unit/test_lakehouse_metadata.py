@@ -31,10 +31,10 @@ from spark_integration import (
     TableNotFoundError,
     VersionNotFoundError,
 )
-from spark_integration._hook import STAGING_PREFIX, job_started_ms, new_job, parse_partition
-from spark_integration._vacuum import sweep
 from spark_integration.engine.catalog import Catalog
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, Layout
+from spark_integration.spark.hook import STAGING_PREFIX, job_started_ms, new_job, parse_partition
+from spark_integration.spark.vacuum_sweep import sweep
 from storage_adapters import StoreTimeoutError
 from txn import EmbeddedTransaction, Transaction, TransactionConfig, TransactionManager
 from txn import failpoints as txn_fp

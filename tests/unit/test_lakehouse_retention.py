@@ -22,9 +22,9 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-import spark_integration._lakehouse as lakehouse_module
 import spark_integration.engine.catalog as catalog_module
 import spark_integration.engine.checkpoints as checkpoints_module
+import spark_integration.spark.lakehouse as lakehouse_module
 from spark_integration import (
     DataFile,
     ExpireResult,
@@ -33,7 +33,6 @@ from spark_integration import (
     TableNotFoundError,
     VersionNotFoundError,
 )
-from spark_integration._hook import STAGING_PREFIX
 from spark_integration.engine.catalog import Catalog, HistoryEntry
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, Layout, TableMeta
 from spark_integration.engine.retention import (
@@ -42,9 +41,10 @@ from spark_integration.engine.retention import (
     ExpiryState,
     read_expiry,
 )
+from spark_integration.spark.hook import STAGING_PREFIX
 from storage_adapters import Cell
 from txn import GarbageCollector, TransactionConfig, TransactionManager
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState
+from txn.tables import GC_TABLE, STATE_KEY, GcState
 
 pytestmark = pytest.mark.unit
 

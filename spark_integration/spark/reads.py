@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StringType, StructField, StructType
 
-from spark_integration._schema import JOB_COLUMN, quote
 from spark_integration.engine.model import FileEntry
+from spark_integration.spark.schema import JOB_COLUMN, quote
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession as ConnectSession

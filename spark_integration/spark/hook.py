@@ -25,8 +25,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from spark_integration._schema import JOB_COLUMN, quote
 from spark_integration.engine.model import FileEntry
+from spark_integration.spark.schema import JOB_COLUMN, quote
 
 log = logging.getLogger(__name__)
 

@@ -17,17 +17,6 @@ from typing import TYPE_CHECKING
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from spark_integration._hook import (
-    STAGING_PREFIX,
-    Job,
-    collect_files,
-    job_started_ms,
-    new_job,
-    write_parquet,
-)
-from spark_integration._reads import read_version
-from spark_integration._schema import check_dataframe_schema, check_table_schema, parse_schema
-from spark_integration._vacuum import sweep
 from spark_integration.engine import lakehouse_failpoints as fp
 from spark_integration.engine.catalog import Catalog, CommitRequest, now_ms
 from spark_integration.engine.errors import LakehouseError, TableExistsError
@@ -44,6 +33,17 @@ from spark_integration.engine.model import (
 )
 from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.service.client import RemoteCatalog
+from spark_integration.spark.hook import (
+    STAGING_PREFIX,
+    Job,
+    collect_files,
+    job_started_ms,
+    new_job,
+    write_parquet,
+)
+from spark_integration.spark.reads import read_version
+from spark_integration.spark.schema import check_dataframe_schema, check_table_schema, parse_schema
+from spark_integration.spark.vacuum_sweep import sweep
 from txn import Manager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager
@@ -358,7 +358,7 @@ class Lakehouse:
         ``written_since_ms`` is when the oldest file was written; a vacuum with a
         later cutoff may have removed it, and the commit then fails. By default it
         is what vacuum goes by: the start time in the oldest job folder's name (as
-        :func:`~spark_integration._hook.new_job` names them), or for folders whose
+        :func:`~spark_integration.spark.hook.new_job` names them), or for folders whose
         name carries none, the oldest file's mtime. The files are never deleted
         here, whatever happens: they are the caller's until a version names them.
         """
@@ -691,7 +691,7 @@ def _oldest_job_start_ms(location: str, entries: Sequence[FileEntry]) -> int:
 
     Vacuum removes a job folder's unreferenced files once the start time in its name
     is older than the cutoff, and the commit fence compares the very same number
-    with the cutoff, so no clock can make the two disagree (see ``_vacuum``). In a
+    with the cutoff, so no clock can make the two disagree (see ``vacuum_sweep``). In a
     folder whose name carries no start time vacuum goes by file mtimes instead, so
     the oldest mtime stands in. Files that are not on disk cannot be removed: they
     count as written now, which also covers a commit with no files.

@@ -43,7 +43,7 @@ plain values; each driver-side step opens its own connection to the gateway.
 - **Filters.** With ``spark.sql.python.filterPushdown.enabled`` the reader takes the
   query's filters (``pushFilters``): filters on partition columns drop files by their
   partition values and are not applied again; filters on data columns skip files whose
-  column statistics prove no row matches and stay for Spark (``_pruning``). PySpark
+  column statistics prove no row matches and stay for Spark (``pruning``). PySpark
   fails every read of a reader with ``pushFilters`` when that setting is off, and a
   source cannot read the session's settings, so that reader is handed only to the
   worker Spark runs when it is on (``_planning_with_pushdown``).
@@ -80,28 +80,6 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_integration._datasource_files import (
-    FileToRead,
-    read_files,
-    split_files,
-    write_batches,
-)
-from spark_integration._datasource_options import (
-    PARTITION_OVERWRITE_CONF,
-    STREAM_READ_OPTIONS,
-    ReadOptions,
-    StreamReadOptions,
-    dynamic_overwrite_refused,
-    query_id_of_checkpoint,
-    read_options,
-    stream_read_options,
-    stream_write_options,
-    write_options,
-)
-from spark_integration._hook import new_job
-from spark_integration._pruning import Candidate, prune
-from spark_integration._schema import check_dataframe_schema
-from spark_integration._session import reach_every_session, workers_run_this_python
 from spark_integration.engine.catalog import now_ms
 from spark_integration.engine.errors import (
     ChangeCommitError,
@@ -113,6 +91,28 @@ from spark_integration.engine.errors import (
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, Head, TableMeta
 from spark_integration.engine.retention import describe_s
 from spark_integration.service.client import RemoteCatalog
+from spark_integration.spark.datasource.files import (
+    FileToRead,
+    read_files,
+    split_files,
+    write_batches,
+)
+from spark_integration.spark.datasource.options import (
+    PARTITION_OVERWRITE_CONF,
+    STREAM_READ_OPTIONS,
+    ReadOptions,
+    StreamReadOptions,
+    dynamic_overwrite_refused,
+    query_id_of_checkpoint,
+    read_options,
+    stream_read_options,
+    stream_write_options,
+    write_options,
+)
+from spark_integration.spark.datasource.pruning import Candidate, prune
+from spark_integration.spark.hook import new_job
+from spark_integration.spark.schema import check_dataframe_schema
+from spark_integration.spark.session import reach_every_session, workers_run_this_python
 from txn import TransactionManager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager
@@ -245,7 +245,7 @@ def _prepare_table(catalog: _Catalog, opts: Any, schema: StructType) -> TableMet
 
 
 def _create(catalog: _Catalog, opts: Any, schema: StructType) -> TableMeta:
-    from spark_integration._lakehouse import Lakehouse
+    from spark_integration.spark.lakehouse import Lakehouse
 
     # The catalog's own manager: Lakehouse checks names, schema and location as usual.
     lh = Lakehouse(catalog.manager, opts.warehouse, catalog=CATALOG)
@@ -521,7 +521,7 @@ class PercolakePushdownReader(PercolakeReader):
 
     Filters on partition columns are decided per file and not returned; filters on
     data columns skip files whose column statistics prove no row matches, and go back
-    to Spark for the rows of the files kept (see ``_pruning``).
+    to Spark for the rows of the files kept (see ``pruning``).
     """
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
@@ -932,7 +932,7 @@ def register(spark: SparkSession | ConnectSession) -> None:
     ``pyspark_*`` modules finds ``pyspark_percolake``, also in a Connect server) when
     the JVM started with ``$PYSPARK_PYTHON`` naming this environment's Python
     (``local_session`` sets it). For a classic session ``register`` also covers what
-    that lookup cannot (see ``_session``): it makes the workers run this interpreter
+    that lookup cannot (see ``spark.session``): it makes the workers run this interpreter
     when the user chose none, and makes the source reach the sessions
     ``spark.newSession()`` makes and writes from other threads.
     """

@@ -17,7 +17,7 @@ import logging
 import os
 from pathlib import Path
 
-from spark_integration._hook import STAGING_PREFIX, is_data_file, job_started_ms
+from spark_integration.spark.hook import STAGING_PREFIX, is_data_file, job_started_ms
 
 log = logging.getLogger(__name__)
 

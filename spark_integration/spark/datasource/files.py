@@ -23,9 +23,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from spark_integration._hook import parse_partition
-from spark_integration._stats import file_stats
 from spark_integration.engine.model import FileEntry, FileStats
+from spark_integration.spark.file_stats import file_stats
+from spark_integration.spark.hook import parse_partition
 
 #: Row groups of at most this many rows (Spark's writer makes groups of ~128 MB; for
 #: narrow rows this is about that, and readers can still skip groups by statistics).
