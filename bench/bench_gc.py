@@ -310,7 +310,7 @@ def gc_pass(url: str, address: str) -> Any:
 def last_pass(url: str) -> dict[str, Any]:
     """The last pass's report as the ``_gc`` state row records it."""
     from storage_adapters import open_store
-    from txn._safepoint import read_state
+    from txn.tables import read_state
 
     store = open_store(url)
     try:

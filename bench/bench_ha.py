@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench._results import Figure, Result, summarize
-from tso._lease import DEFAULT_LEASE_MS, DRIFT_MARGIN, LEADER_TABLE, LeaseRecord
+from tso import DEFAULT_LEASE_MS, DRIFT_MARGIN, LEADER_TABLE, LeaseRecord
 
 if TYPE_CHECKING:
     from storage_adapters import KVStore

@@ -1,6 +1,7 @@
 """The lock server: leased exclusive locks for liveness (rule S5), never for safety."""
 
 from lockserver._table import (
+    MAX_DESCRIPTOR_BYTES,
     MAX_LEASE_MS,
     LockTable,
     LockTableClosedError,
@@ -8,4 +9,11 @@ from lockserver._table import (
 )
 from wire.errors import StaleTokenError
 
-__all__ = ["MAX_LEASE_MS", "LockTable", "LockTableClosedError", "LockToken", "StaleTokenError"]
+__all__ = [
+    "MAX_DESCRIPTOR_BYTES",
+    "MAX_LEASE_MS",
+    "LockTable",
+    "LockTableClosedError",
+    "LockToken",
+    "StaleTokenError",
+]

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from percolake import __version__
-from percolake.serve_args import add_serve_arguments
+from percolake.serve.arguments import add_serve_arguments
 
 log = logging.getLogger("percolake")
 
@@ -164,8 +164,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--timeout-s", type=float, default=5.0, help="how long each address may take to answer"
     )
 
-    from percolake.cassandra import add_cassandra_commands
-    from percolake.chaos.cli import add_chaos_commands
+    from percolake.tools.cassandra import add_cassandra_commands
+    from percolake.tools.chaos.cli import add_chaos_commands
 
     add_cassandra_commands(commands)
     add_chaos_commands(commands)
@@ -214,8 +214,7 @@ def _gc(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from tqdm import tqdm  # a core dependency: progress bars belong to the core CLI
 
     from storage_adapters import open_store
-    from txn import GarbageCollector
-    from txn._safepoint import DEFAULT_GRACE_MS
+    from txn import DEFAULT_GRACE_MS, GarbageCollector
 
     try:
         store = open_store(args.store)
@@ -245,7 +244,7 @@ def _gc(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from percolake.status import run_status
+    from percolake.serve.status import run_status
     from wire.rpc import TlsConfig, parse_addresses, resolve_token
 
     try:
@@ -291,19 +290,19 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.command == "check":
-        from percolake.checker import run_check
+        from percolake.tools.checker import run_check
 
         return run_check(args.history, args.model, as_json=args.json, out=sys.stdout)
     if args.command == "chaos":
-        from percolake.chaos.cli import run_chaos_command
+        from percolake.tools.chaos.cli import run_chaos_command
 
         return run_chaos_command(args)
     if args.command == "cassandra":
-        from percolake.cassandra import run_cassandra_command
+        from percolake.tools.cassandra import run_cassandra_command
 
         return run_cassandra_command(args)
     if args.command == "serve":
-        from percolake.server import serve_from_args
+        from percolake.serve.command import serve_from_args
 
         return serve_from_args(args, parser)
     if args.command == "gc":
@@ -316,10 +315,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from pathlib import Path
 
         if args.tour:
-            from percolake.demo import run_demo
+            from percolake.tools.demo import run_demo
 
             return run_demo(Path(args.workdir or ".percolake"), sys.stdout)
-        from percolake.pipeline import default_workdir, run_pipeline
+        from percolake.tools.pipeline import default_workdir, run_pipeline
 
         return run_pipeline(Path(args.workdir) if args.workdir else default_workdir(), sys.stdout)
     parser.error(f"unknown command {args.command!r}")

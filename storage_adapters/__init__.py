@@ -15,24 +15,42 @@ import importlib
 from urllib.parse import urlsplit
 
 from storage_adapters._base import (
+    MAX_CELL_KEY_BYTES,
+    MAX_PAGE_SIZE,
+    MAX_ROW_BYTES,
+    MAX_SYSTEM_KEY_BYTES,
+    MAX_SYSTEM_VALUE_BYTES,
     MAX_TIMESTAMP,
+    MAX_VALUE_BYTES,
     CasResult,
     Cell,
+    Claim,
     KVStore,
     ScanEntry,
     StoreClaimedError,
     Version,
     VersionStamp,
     VersionWrite,
+    check_cell,
+    check_cells,
+    check_scan_bounds,
     check_table,
+    check_value,
 )
 from wire.errors import StoreError, StoreTimeoutError, StoreUnavailableError
 
 __all__ = [
     "AVAILABLE_STORES",
+    "MAX_CELL_KEY_BYTES",
+    "MAX_PAGE_SIZE",
+    "MAX_ROW_BYTES",
+    "MAX_SYSTEM_KEY_BYTES",
+    "MAX_SYSTEM_VALUE_BYTES",
     "MAX_TIMESTAMP",
+    "MAX_VALUE_BYTES",
     "CasResult",
     "Cell",
+    "Claim",
     "KVStore",
     "ScanEntry",
     "StoreClaimedError",
@@ -42,7 +60,11 @@ __all__ = [
     "Version",
     "VersionStamp",
     "VersionWrite",
+    "check_cell",
+    "check_cells",
+    "check_scan_bounds",
     "check_table",
+    "check_value",
     "open_store",
 ]
 

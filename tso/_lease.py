@@ -58,8 +58,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from storage_adapters import KVStore, StoreError
-from storage_adapters._base import Claim, StoreClaimedError
+from storage_adapters import Claim, KVStore, StoreClaimedError, StoreError
 from wire import metrics
 
 log = logging.getLogger(__name__)

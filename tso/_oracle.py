@@ -8,8 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from storage_adapters import KVStore, StoreError
-from storage_adapters._base import Claim, StoreClaimedError
+from storage_adapters import Claim, KVStore, StoreClaimedError, StoreError
 from wire import metrics
 from wire.errors import OracleFencedError
 

@@ -1,6 +1,6 @@
 """Snapshot-isolated and serializable transactions over any ``KVStore``.
 
-See CONTRACT.md for the API and DESIGN.md for the protocol and its safety rules.
+See README.md for the API and docs/design/protocol.md for the protocol and its safety rules.
 """
 
 from txn._api import Manager, ReadTransaction, Transaction
@@ -9,20 +9,30 @@ from txn._config import TransactionConfig
 from txn._gc import GarbageCollector, GcLoop, GcReport
 from txn._isolation import Isolation, TransactionStatus
 from txn._manager import TransactionManager
+from txn._retry import RetriesExhaustedError, RetryPolicy, run_transaction
+from txn._safepoint import DEFAULT_GRACE_MS, Registration
+from txn._services import LockService, TimestampSource
 from txn._transaction import EmbeddedTransaction
 
 __all__ = [
     "COMMIT_STEPS",
+    "DEFAULT_GRACE_MS",
     "CommitAttempt",
     "EmbeddedTransaction",
     "GarbageCollector",
     "GcLoop",
     "GcReport",
     "Isolation",
+    "LockService",
     "Manager",
     "ReadTransaction",
+    "Registration",
+    "RetriesExhaustedError",
+    "RetryPolicy",
+    "TimestampSource",
     "Transaction",
     "TransactionConfig",
     "TransactionManager",
     "TransactionStatus",
+    "run_transaction",
 ]

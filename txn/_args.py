@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from storage_adapters import Cell, check_table
-from storage_adapters._base import check_cell as check_store_cell
-from storage_adapters._base import check_cells as check_store_cells
-from storage_adapters._base import check_scan_bounds, check_value
+from storage_adapters import Cell, check_scan_bounds, check_table, check_value
+from storage_adapters import check_cell as check_store_cell
+from storage_adapters import check_cells as check_store_cells
 from txn._isolation import Isolation
 
 

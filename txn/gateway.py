@@ -23,7 +23,6 @@ import grpc
 from storage_adapters import Cell
 from txn._args import check_cell, check_put
 from txn._isolation import TransactionStatus
-from txn._lowering import isolation_from_pb, isolation_to_pb, state_to_pb
 from txn._manager import TransactionManager
 from txn._status import ABORTED, mark_attached, was_attached
 from txn._transaction import EmbeddedTransaction
@@ -35,6 +34,7 @@ from txn.errors import (
     TransactionLimitError,
     TransactionNotFoundError,
 )
+from txn.lowering import isolation_from_pb, isolation_to_pb, state_to_pb
 from wire import metrics
 from wire.rpc import GatewayDrainingError, abort_with
 from wire.v1 import transaction_pb2 as pb

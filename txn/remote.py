@@ -25,7 +25,6 @@ from txn._args import (
 )
 from txn._config import TransactionConfig
 from txn._isolation import Isolation, TransactionStatus
-from txn._lowering import isolation_from_pb, isolation_to_pb, state_from_pb
 from txn._retry import RetryPolicy, run_transaction
 from txn.errors import (
     CommitUnknownError,
@@ -36,6 +35,7 @@ from txn.errors import (
     TransactionError,
     TransactionNotFoundError,
 )
+from txn.lowering import isolation_from_pb, isolation_to_pb, state_from_pb
 from wire.rpc import (
     Connection,
     RpcError,

@@ -1,6 +1,6 @@
 """Short chaos runs: real processes, real faults, checked histories (``percolake chaos``).
 
-Each test runs ``python -m percolake.chaos run`` as a separate process, exactly as an
+Each test runs ``python -m percolake.tools.chaos run`` as a separate process, exactly as an
 operator would, and reads the report it writes. The runs are short (seconds), so
 these tests show that the harness works and that the system survives its faults;
 ``make chaos`` runs the long ones. The broken-build tests show that the harness can
@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from percolake.chaos._network import namespace_support
-from percolake.checker import check_file, check_timestamp_file
+from percolake.tools.chaos._network import namespace_support
+from percolake.tools.checker import check_file, check_timestamp_file
 from storage_adapters import open_store
-from txn._safepoint import read_state
+from txn.tables import read_state
 
 pytestmark = pytest.mark.chaos
 
@@ -43,7 +43,7 @@ def chaos_run(out: Path, *args: str, duration_s: int, expect_exit: int = 0) -> d
     command = [
         sys.executable,
         "-m",
-        "percolake.chaos",
+        "percolake.tools.chaos",
         "run",
         "--duration-s",
         str(duration_s),
@@ -576,7 +576,7 @@ def test_the_fault_schedule_is_a_function_of_the_seed(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "percolake.chaos",
+                "percolake.tools.chaos",
                 "plan",
                 "--workload",
                 "bank",
@@ -620,7 +620,7 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
         ["--workload", "timestamps", "--replicas", "3", "--leader-lease-ms", "50"],
     ):
         result = subprocess.run(
-            [sys.executable, "-m", "percolake.chaos", "run", "--out", str(tmp_path), *args],
+            [sys.executable, "-m", "percolake.tools.chaos", "run", "--out", str(tmp_path), *args],
             cwd=ROOT,
             capture_output=True,
             text=True,

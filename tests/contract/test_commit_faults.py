@@ -10,8 +10,8 @@ from lockserver import LockTable
 from storage_adapters import StoreError, StoreTimeoutError, StoreUnavailableError
 from txn import TransactionManager, TransactionStatus
 from txn import failpoints as fp
-from txn._status import ABORTED
 from txn.errors import CommitUnknownError, TransactionConflictError
+from txn.tables import ABORTED
 
 pytestmark = pytest.mark.contract
 

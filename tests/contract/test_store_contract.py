@@ -9,22 +9,20 @@ from collections.abc import Callable
 import pytest
 
 from storage_adapters import (
-    MAX_TIMESTAMP,
-    Cell,
-    KVStore,
-    ScanEntry,
-    Version,
-    VersionStamp,
-    VersionWrite,
-    open_store,
-)
-from storage_adapters._base import (
     MAX_CELL_KEY_BYTES,
     MAX_ROW_BYTES,
     MAX_SYSTEM_KEY_BYTES,
     MAX_SYSTEM_VALUE_BYTES,
+    MAX_TIMESTAMP,
     MAX_VALUE_BYTES,
+    Cell,
+    KVStore,
+    ScanEntry,
     StoreClaimedError,
+    Version,
+    VersionStamp,
+    VersionWrite,
+    open_store,
 )
 from storage_adapters.memory import MemoryStore
 

@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from storage_adapters import MAX_TIMESTAMP, Cell, KVStore, ScanEntry, Version, VersionWrite
-from storage_adapters._base import MAX_CELL_KEY_BYTES, VersionStamp
+from storage_adapters import (
+    MAX_CELL_KEY_BYTES,
+    MAX_TIMESTAMP,
+    Cell,
+    KVStore,
+    ScanEntry,
+    Version,
+    VersionStamp,
+    VersionWrite,
+)
 
 pytestmark = pytest.mark.contract
 

@@ -8,13 +8,11 @@ import uuid
 
 import pytest
 
-from percolake.cassandra import CassandraCluster
-from storage_adapters import Cell, VersionWrite, open_store
-from storage_adapters._base import VersionStamp
+from percolake.tools.cassandra import CassandraCluster
+from storage_adapters import Cell, VersionStamp, VersionWrite, open_store
 from txn import GarbageCollector, TransactionConfig, TransactionManager
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState
-from txn._status import TXN_TABLE, txn_key
 from txn.errors import SnapshotTooOldError
+from txn.tables import GC_TABLE, STATE_KEY, TXN_TABLE, GcState, txn_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.cassandra]
 

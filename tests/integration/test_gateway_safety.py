@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from storage_adapters._base import MAX_CELL_KEY_BYTES
+from storage_adapters import MAX_CELL_KEY_BYTES
 from tests.servers import ServerProcess
 from txn import Isolation, TransactionManager, TransactionStatus
 from txn.errors import (

@@ -18,9 +18,9 @@ import pytest
 from storage_adapters import Cell, open_store
 from tests.servers import ServerProcess
 from txn import TransactionManager
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState, read_state
 from txn.errors import SnapshotTooOldError, TransactionAbortedError
 from txn.remote import RemoteTransactionManager
+from txn.tables import GC_TABLE, STATE_KEY, GcState, read_state
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ import pytest
 
 from storage_adapters import open_store
 from tests.servers import ServerProcess
-from tso._lease import LEADER_TABLE, LeaseRecord
+from tso import LEADER_TABLE, LeaseRecord
 from txn import TransactionManager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager

@@ -16,15 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from percolake.chaos.failpoints_serve import COMMIT_REPLY
+from percolake.tools.chaos.failpoints_serve import COMMIT_REPLY
 from storage_adapters import Cell, open_store
 from tests.property._remote_harness import control_handle, failpoint_gateway, steer
 from tests.servers import ServerProcess
 from txn import TransactionManager, TransactionStatus
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState
-from txn._status import TXN_TABLE, txn_key
 from txn.errors import CommitUnknownError, OutcomeForgottenError, TransactionAbortedError
 from txn.remote import RemoteTransactionManager
+from txn.tables import GC_TABLE, STATE_KEY, TXN_TABLE, GcState, txn_key
 from wire.v1 import transaction_pb2 as pb
 
 pytestmark = pytest.mark.integration

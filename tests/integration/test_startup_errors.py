@@ -14,7 +14,7 @@ import pytest
 
 from storage_adapters import open_store
 from tests.integration.test_grpc import _make_certs
-from tso._lease import LEADER_TABLE
+from tso import LEADER_TABLE
 from txn import TransactionManager
 
 pytestmark = pytest.mark.integration

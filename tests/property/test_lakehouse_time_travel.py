@@ -3,7 +3,7 @@
 Hypothesis interleaves, on one store, commit attempts of several committers whose
 clocks are skewed against each other (each a ``Catalog`` with its own ``clock_ms``),
 split into their two halves: the attempt that reads the head and takes the log time
-(``_GroupAttempt.run``, buffered in an open transaction) and, any number of steps
+(``GroupAttempt.run``, buffered in an open transaction) and, any number of steps
 later, its commit. Between them go ``version_at`` questions from any catalog at
 times up to its own clock, garbage collection passes at retention 0, and readers
 that forget what they knew (the resolver's cache cleared, fresh catalogs).
@@ -37,11 +37,13 @@ from hypothesis.stateful import (
 )
 
 from spark_integration import ConcurrentModificationError, VersionNotFoundError
-from spark_integration.engine.catalog import Catalog, CommitRequest, _GroupAttempt
+from spark_integration.engine import Catalog, CommitRequest
+from spark_integration.engine.commit import GroupAttempt
+from spark_integration.engine.history import History
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, LogRecord, TableMeta
 from txn import GarbageCollector, Transaction, TransactionConfig, TransactionManager
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import TransactionAbortedError
+from txn.tables import GC_TABLE, STATE_KEY, GcState
 
 pytestmark = pytest.mark.property
 
@@ -132,7 +134,7 @@ class TimeTravelMachine(RuleBasedStateMachine):
             base_version=self.head if overwrite else None,
         )
         tx = self.tm.begin()
-        (staged,) = _GroupAttempt(self.catalogs[who], TABLE, tx).run([request])
+        (staged,) = GroupAttempt(self.catalogs[who].tables, TABLE, tx).run([request])
         if isinstance(staged, ConcurrentModificationError):  # a stale overwrite base
             tx.abort()
             return
@@ -280,14 +282,14 @@ def test_history_without_the_stamps_is_caught(monkeypatch: pytest.MonkeyPatch) -
     """The machine finds the bug of issue 30, item 2, without knowing it: a history
     that looks commit timestamps up only in the transactions table loses them once a
     pass collected the entries and the reader forgot its cache."""
-    find = Catalog._find_commit_tss
+    find = History._find_commit_tss
 
     def without_stamps(
-        self: Catalog, name: str, records: dict[int, LogRecord], commit_tss: dict[int, int]
+        self: History, name: str, records: dict[int, LogRecord], commit_tss: dict[int, int]
     ) -> None:
         self._stamps = None
         find(self, name, records, commit_tss)
 
-    monkeypatch.setattr(Catalog, "_find_commit_tss", without_stamps)
+    monkeypatch.setattr(History, "_find_commit_tss", without_stamps)
     with pytest.raises(AssertionError, match="commit timestamp"):
         _run(_memory, FIND_ONLY)

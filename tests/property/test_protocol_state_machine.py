@@ -29,7 +29,7 @@ from hypothesis.stateful import (
 )
 
 from lockserver import LockTable
-from percolake.checker import check_history
+from percolake.tools.checker import check_history
 from storage_adapters import StoreTimeoutError, open_store
 from tso import TimestampBatcher, TimestampOracle
 from txn import (
@@ -42,8 +42,8 @@ from txn import (
     TransactionManager,
 )
 from txn import failpoints as fp
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError, SnapshotTooOldError, TransactionAbortedError
+from txn.tables import GC_TABLE, STATE_KEY, GcState
 
 pytestmark = pytest.mark.property
 

@@ -6,8 +6,8 @@ import pytest
 
 from storage_adapters import VersionWrite
 from txn import TransactionManager
-from txn._status import ABORTED, TXN_TABLE, encode_outcome, txn_key
 from txn.errors import TransactionConflictError
+from txn.tables import ABORTED, TXN_TABLE, encode_outcome, txn_key
 
 pytestmark = pytest.mark.unit
 

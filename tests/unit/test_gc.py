@@ -14,16 +14,19 @@ import pytest
 from storage_adapters import MAX_TIMESTAMP, Cell, KVStore, VersionWrite, open_store
 from txn import GarbageCollector, TransactionConfig, TransactionManager
 from txn import failpoints as fp
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState, read_state
-from txn._status import (
+from txn.errors import SnapshotTooOldError, TransactionAbortedError, TransactionConflictError
+from txn.tables import (
     ABORTED,
+    GC_TABLE,
     OWN_ABORTED_VALUE,
+    STATE_KEY,
     TXN_TABLE,
+    GcState,
     decode_outcome,
     encode_outcome,
+    read_state,
     txn_key,
 )
-from txn.errors import SnapshotTooOldError, TransactionAbortedError, TransactionConflictError
 
 pytestmark = pytest.mark.unit
 

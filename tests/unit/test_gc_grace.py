@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from txn import GarbageCollector, TransactionConfig, TransactionManager
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState, read_state
+from txn.tables import GC_TABLE, STATE_KEY, GcState, read_state
 
 pytestmark = pytest.mark.unit
 

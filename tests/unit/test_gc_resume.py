@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 from storage_adapters import Cell, KVStore, StoreError
 from txn import GarbageCollector, TransactionConfig, TransactionManager
 from txn._gc import CURSOR_KEY, GcCursor
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState, read_state
-from txn._status import TXN_TABLE, decode_outcome, txn_key
 from txn.errors import TransactionAbortedError
+from txn.tables import GC_TABLE, STATE_KEY, TXN_TABLE, GcState, decode_outcome, read_state, txn_key
 
 pytestmark = pytest.mark.unit
 

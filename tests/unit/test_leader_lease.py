@@ -18,12 +18,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from percolake.replica import ControlPlane
-from storage_adapters import KVStore, open_store
-from storage_adapters._base import Claim
-from tso import TimestampOracle, _lease
-from tso._lease import DRIFT_MARGIN, LEADER_TABLE, LeaderLease, LeaseRecord
-from tso._oracle import ORACLE_ROLE, OracleAlreadyRunningError
+from percolake.serve.replica import ControlPlane
+from storage_adapters import Claim, KVStore, open_store
+from tso import (
+    DRIFT_MARGIN,
+    LEADER_TABLE,
+    ORACLE_ROLE,
+    LeaderLease,
+    LeaseRecord,
+    OracleAlreadyRunningError,
+    TimestampOracle,
+    _lease,
+)
 from wire.errors import OracleFencedError
 
 pytestmark = pytest.mark.unit
@@ -386,7 +392,7 @@ _PATHS = ("dir/store.db", "link.db", "dir-link/store.db")
 
 class _Process:
     """One process of the model: a replica of ``percolake serve`` (a claim per term, an
-    oracle per term, as :class:`percolake.replica.ControlPlane` builds them) or an
+    oracle per term, as :class:`percolake.serve.replica.ControlPlane` builds them) or an
     embedded oracle (a claim for life, its own lease, :class:`_Embedded`)."""
 
     def __init__(self, root: Path, path: str, world: World, rate: float, embedded: bool) -> None:

@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from percolake.replica import ControlPlane
+from percolake.serve.replica import ControlPlane
 from storage_adapters import StoreError, open_store
-from tso._lease import LeaderLease
+from tso import LeaderLease
 
 pytestmark = pytest.mark.unit
 
@@ -54,10 +54,10 @@ def test_a_failed_first_round_names_the_replica_by_address(
         raise StoreError("connection refused (injected)")
 
     monkeypatch.setattr(store, "get_system", down)
-    with caplog.at_level(logging.WARNING, logger="percolake.replica"):
+    with caplog.at_level(logging.WARNING, logger="percolake.serve.replica"):
         plane.start("127.0.0.1:7073")
     plane.close()
-    messages = [r.getMessage() for r in caplog.records if r.name == "percolake.replica"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "percolake.serve.replica"]
     assert messages[0] == (
         "127.0.0.1:7073: first leader election round failed: connection refused (injected)"
     ), messages

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from lockserver import LockTable, LockTableClosedError, LockToken, StaleTokenError
-from percolake.replica import ControlPlane
+from percolake.serve.replica import ControlPlane
 from storage_adapters import open_store
-from tso._lease import LEADER_TABLE, LeaseRecord
+from tso import LEADER_TABLE, LeaseRecord
 from wire.errors import ServiceUnavailableError
 
 pytestmark = pytest.mark.unit

@@ -14,12 +14,12 @@ from prometheus_client import REGISTRY
 
 from lockserver import LockTable
 from storage_adapters import StoreTimeoutError, StoreUnavailableError, open_store
-from tso._lease import LeaderLease
+from tso import LeaderLease
 from txn import COMMIT_STEPS, GarbageCollector, Isolation, TransactionConfig, TransactionManager
 from txn import failpoints as fp
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState
 from txn.errors import CommitUnknownError, TransactionAbortedError, TransactionConflictError
 from txn.gateway import TransactionServicer
+from txn.tables import GC_TABLE, STATE_KEY, GcState
 from wire import metrics
 from wire.v1 import transaction_pb2 as pb
 

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from percolake.replica import ControlPlane
+from percolake.serve.replica import ControlPlane
 from storage_adapters import StoreError, open_store
-from tso._lease import WARNING_INTERVAL_S, LeaderLease, RateLimitedWarning
+from tso import WARNING_INTERVAL_S, LeaderLease, RateLimitedWarning
 from wire.rpc import NoLeaderError
 
 pytestmark = pytest.mark.unit

@@ -22,8 +22,7 @@ import pytest
 
 from lockserver import LockTable
 from storage_adapters import open_store
-from tso import BOUND_KEY, TSO_TABLE, TimestampBatcher, TimestampOracle
-from tso._oracle import OracleAlreadyRunningError
+from tso import BOUND_KEY, TSO_TABLE, OracleAlreadyRunningError, TimestampBatcher, TimestampOracle
 from txn import TransactionManager
 
 pytestmark = pytest.mark.unit

@@ -5,9 +5,15 @@ from __future__ import annotations
 import pytest
 
 from storage_adapters import StoreTimeoutError
-from txn import Isolation, TransactionManager, TransactionStatus
+from txn import (
+    Isolation,
+    RetriesExhaustedError,
+    RetryPolicy,
+    TransactionManager,
+    TransactionStatus,
+    run_transaction,
+)
 from txn import failpoints as fp
-from txn._retry import RetriesExhaustedError, RetryPolicy, run_transaction
 from txn.errors import CommitUnknownError, TransactionConflictError
 
 pytestmark = pytest.mark.unit

@@ -17,9 +17,18 @@ import pytest
 
 from storage_adapters import CasResult, Cell, KVStore, VersionStamp, VersionWrite, open_store
 from txn import GarbageCollector, TransactionConfig, TransactionManager, TransactionStatus
-from txn._safepoint import GC_TABLE, STATE_KEY, GcState, read_state
-from txn._status import ABORTED, TXN_TABLE, StatusResolver, encode_outcome, txn_key
+from txn._status import StatusResolver
 from txn.errors import CommitUnknownError, OutcomeForgottenError, TransactionAbortedError
+from txn.tables import (
+    ABORTED,
+    GC_TABLE,
+    STATE_KEY,
+    TXN_TABLE,
+    GcState,
+    encode_outcome,
+    read_state,
+    txn_key,
+)
 
 pytestmark = pytest.mark.unit
 

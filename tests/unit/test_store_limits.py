@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage_adapters._base import (
+from storage_adapters import (
     MAX_CELL_KEY_BYTES,
     MAX_PAGE_SIZE,
     MAX_ROW_BYTES,
@@ -27,8 +27,8 @@ from storage_adapters._base import (
     MAX_SYSTEM_VALUE_BYTES,
     MAX_VALUE_BYTES,
     VersionWrite,
-    clamp_scan_bounds,
 )
+from storage_adapters._base import clamp_scan_bounds
 
 pytestmark = pytest.mark.unit
 

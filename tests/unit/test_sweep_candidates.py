@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage_adapters import Cell, KVStore, Version, VersionWrite
-from storage_adapters._base import VersionStamp
+from storage_adapters import Cell, KVStore, Version, VersionStamp, VersionWrite
 from storage_adapters.memory import MemoryStore
 from storage_adapters.sqlite import SQLiteStore
 

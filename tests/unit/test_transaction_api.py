@@ -8,18 +8,20 @@ from typing import Any
 
 import pytest
 
-from lockserver import LockTable
-from lockserver._table import MAX_DESCRIPTOR_BYTES
+from lockserver import MAX_DESCRIPTOR_BYTES, LockTable
 from storage_adapters import (
+    MAX_CELL_KEY_BYTES,
+    MAX_ROW_BYTES,
+    MAX_VALUE_BYTES,
     CasResult,
     Cell,
+    Claim,
     KVStore,
     ScanEntry,
     Version,
     VersionStamp,
     VersionWrite,
 )
-from storage_adapters._base import MAX_CELL_KEY_BYTES, MAX_ROW_BYTES, MAX_VALUE_BYTES, Claim
 from storage_adapters.memory import MemoryStore
 from tso import TimestampBatcher, TimestampOracle
 from txn import (
@@ -31,7 +33,6 @@ from txn import (
 )
 from txn import failpoints as fp
 from txn._services import cell_lock
-from txn._status import ABORTED, TXN_TABLE, decode_outcome
 from txn.errors import (
     CommitUnknownError,
     TransactionAbortedError,
@@ -39,6 +40,7 @@ from txn.errors import (
     TransactionConflictError,
     TransactionError,
 )
+from txn.tables import ABORTED, TXN_TABLE, decode_outcome
 
 pytestmark = pytest.mark.unit
 

@@ -12,12 +12,12 @@ from storage_adapters import KVStore, StoreTimeoutError, open_store
 from storage_adapters.memory import MemoryStore
 from tso import (
     TSO_TABLE,
+    OracleAlreadyRunningError,
     OracleFencedError,
     TimestampBatcher,
     TimestampOracle,
     TimestampRange,
 )
-from tso._oracle import OracleAlreadyRunningError
 
 pytestmark = pytest.mark.unit
 
