@@ -9,7 +9,8 @@ the service and the Spark side use.
 
 from __future__ import annotations
 
-from spark_integration.engine.catalog import Catalog, CommitRequest, Committed, now_ms
+from spark_integration.engine.catalog import Catalog, now_ms
+from spark_integration.engine.commit import CommitRequest, Committed
 from spark_integration.engine.errors import (
     ChangeCommitError,
     ConcurrentModificationError,
@@ -19,6 +20,7 @@ from spark_integration.engine.errors import (
     VersionNotFoundError,
     VersionVacuumedError,
 )
+from spark_integration.engine.history import HistoryEntry
 from spark_integration.engine.model import ColumnStats, Commit, DataFile
 from spark_integration.engine.retention import ExpireResult, Retention
 
@@ -32,6 +34,7 @@ __all__ = [
     "ConcurrentModificationError",
     "DataFile",
     "ExpireResult",
+    "HistoryEntry",
     "LakehouseError",
     "Retention",
     "TableExistsError",

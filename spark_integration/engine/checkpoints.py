@@ -3,7 +3,7 @@
 A checkpoint packs a generation's files as of one version into a few chunk cells
 (see ``model`` for the layout), so listing reads a handful of cells plus the rows
 added after it. Checkpoints are derived data, written after the commit as its
-follow-up work (see ``Catalog._after_commit``); a missing one only makes listing
+follow-up work (see ``follow_ups``); a missing one only makes listing
 scan more rows.
 """
 
@@ -105,7 +105,7 @@ def list_gen(
 def write_checkpoint(tm: Manager, layout: Layout, name: str, gen: int, version: int) -> None:
     """Pack generation ``gen``'s files as of ``version`` into chunk cells.
 
-    Follow-up work (see ``Catalog._follow_up``): any other failure propagates to it.
+    Follow-up work (see ``FollowUps.run``): any other failure propagates to it.
     """
     try:
         with tm.begin() as tx:

@@ -19,15 +19,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from spark_integration.engine import Catalog, CommitRequest, Committed, HistoryEntry
 from spark_integration.engine import lakehouse_failpoints as fp
-from spark_integration.engine.catalog import (
-    RETRY_BASE_S,
-    Catalog,
-    CommitRequest,
-    Committed,
-    HistoryEntry,
-    Prepared,
-)
+from spark_integration.engine.catalog import Prepared
 from spark_integration.engine.model import (
     OVERWRITE,
     EntryFactory,
@@ -38,6 +32,7 @@ from spark_integration.engine.model import (
     decode_stats,
 )
 from spark_integration.engine.retention import ExpireResult, Retention
+from spark_integration.engine.table_access import RETRY_BASE_S
 from spark_integration.engine.vacuum_plan import VacuumPlan
 from spark_integration.service.convert import (
     OPERATIONS,

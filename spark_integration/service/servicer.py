@@ -13,7 +13,7 @@ at the edge and turns the catalog's answers into protobuf messages.
 The commit's follow-up work (checkpoints, expiry) runs on a background thread after
 the reply. The gateway records no commit timestamps: history finds each one in the
 transactions table, or in the commit stamp of the log record's version once garbage
-collection deleted the entry (``Catalog._find_commit_tss``), so a restarted gateway
+collection deleted the entry (``History._find_commit_tss``), so a restarted gateway
 after a collection pass shows the same history.
 """
 

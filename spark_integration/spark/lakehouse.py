@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from spark_integration.engine import Catalog, CommitRequest, now_ms
 from spark_integration.engine import lakehouse_failpoints as fp
-from spark_integration.engine.catalog import Catalog, CommitRequest, now_ms
 from spark_integration.engine.errors import LakehouseError, TableExistsError
 from spark_integration.engine.model import (
     APPEND,

@@ -22,7 +22,7 @@ pytest.importorskip("pyspark")
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_integration import DataFile, Lakehouse, Retention, VersionNotFoundError
-from spark_integration.engine.catalog import Catalog
+from spark_integration.engine import Catalog
 from spark_integration.engine.model import Layout
 from spark_integration.spark.hook import STAGING_PREFIX
 from storage_adapters import Cell, open_store

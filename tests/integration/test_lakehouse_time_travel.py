@@ -23,7 +23,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_integration import DataFile, Lakehouse, VersionNotFoundError
-from spark_integration.engine.catalog import Catalog, CommitRequest, _GroupAttempt
+from spark_integration.engine import Catalog, CommitRequest
+from spark_integration.engine.commit import GroupAttempt
 from spark_integration.engine.model import APPEND, FileEntry
 from spark_integration.spark.hook import new_job
 from tests.servers import ServerProcess
@@ -136,7 +137,7 @@ def test_an_answer_given_while_a_commit_was_in_flight_stays_the_answer(
 
     Interleaving, with a real ``percolake serve``: a commit attempt (a catalog driving
     the gateway's transactions, as a second gateway or ``gateway_catalog=False``
-    would) reads the head and takes its log time ``L`` (``_GroupAttempt.run``); then
+    would) reads the head and takes its log time ``L`` (``GroupAttempt.run``); then
     ``version_at(T)`` for a ``T`` after ``L`` is asked through the gateway's
     ``GetTable``: the log shows versions 0 and 1 only, so it answers 1; then the
     attempt reaches its commit point and version 2 lands with log time ``L <= T``.
@@ -151,7 +152,7 @@ def test_an_answer_given_while_a_commit_was_in_flight_stays_the_answer(
         append(lh, 1)
         writer = Catalog(tm, catalog_name)
         tx = tm.begin()
-        (staged,) = _GroupAttempt(writer, "t", tx).run([_request(2)])
+        (staged,) = GroupAttempt(writer.tables, "t", tx).run([_request(2)])
         assert not isinstance(staged, BaseException) and staged.version == 2
         at = tick()  # after the attempt's log time
         assert lh.version_at("t", at) == 1

@@ -70,8 +70,8 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 import spark_integration.engine.checkpoints as checkpoints_module
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse, VersionNotFoundError
+from spark_integration.engine import Catalog
 from spark_integration.engine import lakehouse_failpoints as fp
-from spark_integration.engine.catalog import Catalog
 from spark_integration.engine.model import APPEND, OVERWRITE
 from spark_integration.spark.hook import Job, new_job
 from storage_adapters import KVStore, StoreTimeoutError, open_store

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_integration.engine.catalog import Catalog, CommitRequest, Committed
+from spark_integration.engine import Catalog, CommitRequest, Committed
 from spark_integration.engine.errors import ConcurrentModificationError
 from spark_integration.engine.model import (
     APPEND,

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from spark_integration import Retention
-from spark_integration.engine.catalog import Catalog
+from spark_integration.engine import Catalog
 from spark_integration.engine.model import Layout
 from spark_integration.engine.retention import COL_RETENTION
 from spark_integration.service import LakehouseServicer

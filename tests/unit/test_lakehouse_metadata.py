@@ -31,7 +31,7 @@ from spark_integration import (
     TableNotFoundError,
     VersionNotFoundError,
 )
-from spark_integration.engine.catalog import Catalog
+from spark_integration.engine import Catalog
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, Layout
 from spark_integration.spark.hook import STAGING_PREFIX, job_started_ms, new_job, parse_partition
 from spark_integration.spark.vacuum_sweep import sweep
@@ -145,14 +145,15 @@ def test_append_that_loses_the_head_retries_on_the_new_version(
     lakehouse_tm.failpoints.enable(
         txn_fp.AFTER_LOCK, txn_fp.pause(30, until=release_a, reached=a_locked), times=1
     )
-    read_head = b._catalog._read_head
+    assert isinstance(b._catalog, Catalog)
+    read_head = b._catalog.tables.read_head
 
     def read_head_then_signal(tx: Transaction, name: str) -> Any:
         head = read_head(tx, name)
         b_read.set()
         return head
 
-    b._catalog._read_head = read_head_then_signal  # type: ignore[method-assign]
+    b._catalog.tables.read_head = read_head_then_signal  # type: ignore[method-assign]
 
     def commit_b() -> int:
         assert a_locked.wait(30)

@@ -33,7 +33,7 @@ from spark_integration import (
     TableNotFoundError,
     VersionNotFoundError,
 )
-from spark_integration.engine.catalog import Catalog, HistoryEntry
+from spark_integration.engine import Catalog, HistoryEntry
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, Layout, TableMeta
 from spark_integration.engine.retention import (
     DAY_S,

@@ -1,0 +1,329 @@
+"""Commits: a job's files become the table's next version, in one transaction.
+
+A commit reads the table's head, checks what it depends on, writes its version's
+log record, file rows and marks, advances the head, and commits; the loser of a
+race at the head retries on a fresh snapshot (``table_access``), where it re-checks:
+
+* a blind append depends on nothing but the table existing, so it always
+  retries until it wins;
+* an overwrite depends on the version it replaced: if the head moved, it fails
+  with :class:`ConcurrentModificationError` instead of dropping the new files;
+* every job depends on vacuum not having removed its files: a job that started
+  before the cutoff of a vacuum that committed first fails the same way;
+* an ``(app_id, batch_id)`` mark is read and written in the same transaction,
+  so a replay racing its original serialises behind it and finds its mark.
+
+Once committed, the follow-up work of the new versions (``follow_ups``) runs and
+never raises. The path of an append reads top-down: :class:`Commits` runs a
+:class:`GroupAttempt` in a transaction (``table_access``), which writes cells laid
+out by ``model``; then ``follow_ups`` records, checkpoints (``checkpoints``) and
+expires (``expiry``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spark_integration.engine.errors import ConcurrentModificationError, TableExistsError
+from spark_integration.engine.follow_ups import FollowUps, NewVersion
+from spark_integration.engine.model import (
+    APPEND,
+    CREATE,
+    OVERWRITE,
+    FileEntry,
+    Generation,
+    Head,
+    Layout,
+    LogRecord,
+    TableMeta,
+)
+from spark_integration.engine.retention import Retention, write_retention
+from spark_integration.engine.table_access import TableAccess
+from txn import Transaction
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    version: int
+    commit_ts: int | None
+    replayed: bool  # the (app_id, batch_id) had committed before: nothing was added
+    group_size: int = 1  # how many commits shared the transaction
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    """One job's commit: ``files`` as the table's next version."""
+
+    operation: str  # APPEND or OVERWRITE
+    files: tuple[FileEntry, ...]
+    job_id: str  # unique per job: its idempotency key
+    job_started_ms: int
+    app_id: str | None = None
+    batch_id: int | str | None = None
+    base_version: int | None = None  # overwrites: the version replaced
+
+    def size_bytes(self) -> int:
+        """About what the request writes, to bound a group."""
+        return 256 + sum(64 + len(f.path) for f in self.files)
+
+
+#: What a request came to in a commit attempt (see :class:`GroupAttempt`).
+NEW, OWN, REPLAY = "new", "own", "replay"
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    kind: str  # NEW: written now; OWN: its job_id committed before; REPLAY: its mark did
+    version: int
+    job_id: str
+    gen: int
+    gen_start: int
+
+    def new_version(self) -> NewVersion:
+        return NewVersion(self.version, self.job_id, self.gen, self.gen_start)
+
+
+class GroupAttempt:
+    """One attempt at committing requests as consecutive versions, in ``tx``.
+
+    Pure per attempt (the retry loop runs it again on a fresh transaction): the
+    head is read once and advanced in memory from request to request.
+    """
+
+    def __init__(self, tables: TableAccess, name: str, tx: Transaction) -> None:
+        self.tables = tables
+        self.layout = tables.layout
+        self.name = name
+        self.tx = tx
+
+    def _read_marks(self, requests: Sequence[CommitRequest]) -> dict[bytes, int]:
+        """Every job and batch mark the requests could find, in one round trip."""
+        rows: list[bytes] = []
+        for r in requests:
+            rows.append(Layout.job_mark_row(self.name, r.job_id))
+            if r.app_id is not None and r.batch_id is not None:
+                rows.append(Layout.mark_row(self.name, r.app_id, r.batch_id))
+        found = self.tx.get_many(self.layout.marks, [(row, Layout.COL_MARK) for row in rows])
+        return {row: int(raw) for (row, _), raw in found.items()}
+
+    def run(self, requests: Sequence[CommitRequest]) -> list[Staged | ConcurrentModificationError]:
+        name, layout, tx = self.name, self.layout, self.tx
+        head = start = self.tables.read_head(tx, name)
+        # Mark row -> version: those committed before, then those of this group.
+        marks = self._read_marks(requests)
+        out: list[Staged | ConcurrentModificationError] = []
+        for r in requests:
+            job_row = Layout.job_mark_row(name, r.job_id)
+            done = marks.get(job_row)
+            if done is not None:
+                out.append(Staged(OWN, done, r.job_id, head.gen, head.gen_start))
+                continue
+            mark_row = None
+            if r.app_id is not None and r.batch_id is not None:
+                mark_row = Layout.mark_row(name, r.app_id, r.batch_id)
+                done = marks.get(mark_row)
+                if done is not None:
+                    out.append(Staged(REPLAY, done, r.job_id, head.gen, head.gen_start))
+                    continue
+            if r.base_version is not None and head.version != r.base_version:
+                out.append(
+                    ConcurrentModificationError(
+                        f"{r.operation.lower()} of table {name!r} was based on version "
+                        f"{r.base_version}, but version {head.version} committed meanwhile; "
+                        "nothing was committed (retry the job on the new version)"
+                    )
+                )
+                continue
+            if r.job_started_ms < head.vacuum_cutoff_ms:
+                out.append(
+                    ConcurrentModificationError(
+                        f"a vacuum of table {name!r} with cutoff {head.vacuum_cutoff_ms} ms "
+                        f"ran while this job (started {r.job_started_ms} ms) was writing, and "
+                        "may have removed its files; nothing was committed (retry the job)"
+                    )
+                )
+                continue
+            head = self._write(head, r, job_row, mark_row)
+            marks[job_row] = head.version
+            if mark_row is not None:
+                marks[mark_row] = head.version
+            out.append(Staged(NEW, head.version, r.job_id, head.gen, head.gen_start))
+        if head is not start:
+            tx.put(layout.head, Layout.name_row(name), Layout.COL_HEAD, head.encode())
+        return out
+
+    def _write(self, head: Head, r: CommitRequest, job_row: bytes, mark_row: bytes | None) -> Head:
+        """Write ``r`` as the version after ``head``; returns the head after it."""
+        name, layout, tx = self.name, self.layout, self.tx
+        version = head.version + 1
+        # The log time: never below the head's, which a time-travel answer raised
+        # above the time it answered for (see ``History.version_at``).
+        ms = max(self.tables.clock_ms(), head.last_ms)
+        if r.operation == OVERWRITE:
+            gen, gen_start = head.gen + 1, version
+            tx.put(
+                layout.gens,
+                Layout.gen_row(name, gen),
+                Layout.COL_GEN,
+                Generation(gen, version, ms).encode(),
+            )
+        else:
+            gen, gen_start = head.gen, head.gen_start
+        for index, entry in enumerate(r.files):
+            tx.put(
+                layout.files,
+                Layout.file_row(name, gen, version, index),
+                Layout.COL_FILE,
+                entry.encode(),
+            )
+        record = LogRecord(
+            version,
+            r.operation,
+            ms,
+            gen,
+            len(r.files),
+            r.job_id,
+            r.app_id,
+            r.batch_id,
+            tx.start_ts,
+        )
+        tx.put(layout.log, Layout.log_row(name, version), Layout.COL_RECORD, record.encode())
+        stamp = str(version).encode()
+        tx.put(layout.marks, job_row, Layout.COL_MARK, stamp)
+        if mark_row is not None:
+            tx.put(layout.marks, mark_row, Layout.COL_MARK, stamp)
+        return Head(version, gen, gen_start, ms, head.vacuum_cutoff_ms, head.min_readable_version)
+
+
+class Commits:
+    """Table creation and commits of one catalog, each one transaction at the head."""
+
+    def __init__(self, tables: TableAccess, follow_ups: FollowUps) -> None:
+        self._tables = tables
+        self._follow_ups = follow_ups
+
+    def create(
+        self, meta: TableMeta, job_id: str, retention: Retention | None = None
+    ) -> int | None:
+        """Create the table at version 0; returns the commit timestamp.
+
+        ``retention``: the table's retention properties (``None``: the defaults),
+        written in the same transaction.
+        """
+        name, layout = meta.name, self._tables.layout
+
+        def attempt(tx: Transaction) -> int:
+            row = Layout.name_row(name)
+            if tx.get(layout.tables, row, Layout.COL_META) is not None:
+                raise TableExistsError(f"table {name!r} already exists")
+            ms = self._tables.clock_ms()
+            tx.put(layout.tables, row, Layout.COL_META, meta.encode())
+            tx.put(layout.head, row, Layout.COL_HEAD, Head(0, 0, 0, ms).encode())
+            tx.put(layout.gens, Layout.gen_row(name, 0), Layout.COL_GEN, _gen0(ms))
+            record = LogRecord(0, CREATE, ms, 0, 0, job_id, None, None, tx.start_ts)
+            tx.put(layout.log, Layout.log_row(name, 0), Layout.COL_RECORD, record.encode())
+            if retention is not None:
+                write_retention(tx, layout, name, retention)
+            return 0
+
+        _, commit_ts = self._tables.transact(attempt, what=f"create table {name!r}", job_id=job_id)
+        # The commit point is behind us: nothing below may raise.
+        self._follow_ups.run(name, [NewVersion(0, job_id, 0, 0)], commit_ts)
+        return commit_ts
+
+    def commit_files(self, name: str, request: CommitRequest) -> Committed:
+        """Commit ``request`` as the next version, in one transaction."""
+        with self._tables.head_turn(name):
+            (result,) = self.commit_group(name, [request])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def commit_group(
+        self, name: str, requests: Sequence[CommitRequest]
+    ) -> list[Committed | ConcurrentModificationError]:
+        """Commit every request as its own consecutive version, in one transaction.
+
+        See ``Catalog.commit_group``; follow-up work is scheduled, never raised.
+        """
+        for request in requests:
+            _check_request(request)
+        if not requests:
+            return []
+        what = (
+            f"{requests[0].operation.lower()} to table {name!r}"
+            if len(requests) == 1
+            else f"group commit of {len(requests)} appends to table {name!r}"
+        )
+        staged, commit_ts = self._tables.transact(
+            lambda tx: GroupAttempt(self._tables, name, tx).run(requests),
+            what=what,
+            job_id=requests[0].job_id,
+        )
+        out: list[Committed | ConcurrentModificationError] = []
+        fresh: list[NewVersion] = []
+        for outcome in staged:
+            if isinstance(outcome, ConcurrentModificationError):
+                out.append(outcome)
+            elif outcome.kind == NEW:
+                fresh.append(outcome.new_version())
+                out.append(Committed(outcome.version, commit_ts, False, len(requests)))
+            else:
+                replayed = outcome.kind == REPLAY
+                out.append(Committed(outcome.version, None, replayed, len(requests)))
+        if fresh:
+            # The commit point is behind us: nothing below may raise.
+            self._follow_ups.schedule(name, fresh, commit_ts)
+        return out
+
+    def commit_tables(self, commits: Sequence[tuple[str, CommitRequest]]) -> list[Committed]:
+        """Commit files to several tables in one transaction: all of them, or none.
+
+        See ``Catalog.commit_tables``.
+        """
+        names = [name for name, _ in commits]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a multi-table commit names a table more than once: {names}")
+        for _, request in commits:
+            _check_request(request)
+        if not commits:
+            return []
+
+        def attempt(tx: Transaction) -> list[Staged]:
+            out: list[Staged] = []
+            for name, request in commits:
+                (staged,) = GroupAttempt(self._tables, name, tx).run([request])
+                if isinstance(staged, ConcurrentModificationError):
+                    raise staged
+                out.append(staged)
+            return out
+
+        what = f"commit to tables {', '.join(repr(n) for n in names)}"
+        with contextlib.ExitStack() as turns:
+            for name in sorted(names):  # one order for every caller: no deadlock
+                turns.enter_context(self._tables.head_turn(name))
+            staged, commit_ts = self._tables.transact(
+                attempt, what=what, job_id=commits[0][1].job_id
+            )
+        out: list[Committed] = []
+        for (name, _), outcome in zip(commits, staged, strict=True):
+            fresh = outcome.kind == NEW
+            out.append(
+                Committed(outcome.version, commit_ts if fresh else None, outcome.kind == REPLAY)
+            )
+            if fresh:
+                self._follow_ups.schedule(name, [outcome.new_version()], commit_ts)  # never raises
+        return out
+
+
+def _check_request(request: CommitRequest) -> None:
+    if request.operation not in (APPEND, OVERWRITE):
+        raise ValueError(f"unknown operation {request.operation!r}")
+    if request.operation == OVERWRITE and request.base_version is None:
+        raise ValueError("an overwrite needs the base_version it replaces")
+
+
+def _gen0(ms: int) -> bytes:
+    return Generation(0, 0, ms).encode()
