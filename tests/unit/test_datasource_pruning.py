@@ -41,8 +41,8 @@ from pyspark.sql.types import (
 )
 
 from spark_integration.engine.model import ColumnStats
+from spark_integration.spark.datasource.batch_read import _PUSHDOWN_WORKER, planning_with_pushdown
 from spark_integration.spark.datasource.pruning import Candidate, prune
-from spark_integration.spark.datasource.source import _PUSHDOWN_WORKER, _planning_with_pushdown
 
 pytestmark = pytest.mark.unit
 
@@ -205,8 +205,8 @@ def test_float_statistics_are_never_trusted() -> None:
 
 
 def test_the_pushdown_reader_goes_only_to_sparks_pushdown_worker() -> None:
-    assert not _planning_with_pushdown()
-    worker_globals = {"__name__": _PUSHDOWN_WORKER, "ask": _planning_with_pushdown}
+    assert not planning_with_pushdown()
+    worker_globals = {"__name__": _PUSHDOWN_WORKER, "ask": planning_with_pushdown}
     assert eval("ask()", worker_globals) is True
-    other = {"__name__": "pyspark.sql.worker.plan_data_source_read", "ask": _planning_with_pushdown}
+    other = {"__name__": "pyspark.sql.worker.plan_data_source_read", "ask": planning_with_pushdown}
     assert eval("ask()", other) is False

@@ -20,12 +20,13 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-import spark_integration.spark.datasource.source as datasource
-from spark_integration import Retention, VersionNotFoundError
-from spark_integration.engine.catalog import Catalog
+import spark_integration.spark.datasource.stream_read as stream_read
+from spark_integration import Retention, VersionNotFoundError, VersionVacuumedError
+from spark_integration.engine import Catalog
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, TableMeta
+from spark_integration.spark.datasource.gateway import CATALOG
 from spark_integration.spark.datasource.options import StreamReadOptions
-from spark_integration.spark.datasource.source import PercolakeStreamReader, _StreamSplit
+from spark_integration.spark.datasource.stream_read import PercolakeStreamReader, _StreamSplit
 from spark_integration.spark.hook import STAGING_PREFIX
 from txn import TransactionManager
 
@@ -69,7 +70,7 @@ class Table:
 @pytest.fixture
 def table(monkeypatch: pytest.MonkeyPatch) -> Iterator[Table]:
     tm = TransactionManager.embedded("memory://")
-    catalog = Catalog(tm, datasource.CATALOG)
+    catalog = Catalog(tm, CATALOG)
 
     @contextmanager
     def gateway(address: str) -> Iterator[Catalog]:
@@ -77,7 +78,7 @@ def table(monkeypatch: pytest.MonkeyPatch) -> Iterator[Table]:
 
     # The reader asks the gateway for heads, history and retention; here the
     # catalog answers itself (the same methods as the remote one).
-    monkeypatch.setattr(datasource, "_gateway", gateway)
+    monkeypatch.setattr(stream_read, "open_gateway", gateway)
     yield Table(catalog)
     tm.close()
 
@@ -209,5 +210,5 @@ def test_a_stream_restarted_on_a_snapshot_vacuum_fenced_off_still_says_vacuum(
     assert table.catalog.prepare("t").head.min_readable_version == 3
     assert [e.record.version for e in table.catalog.history("t")] == [0, 1, 2, 3]
 
-    with pytest.raises(datasource.VersionVacuumedError, match="vacuum removed its files"):
+    with pytest.raises(VersionVacuumedError, match="vacuum removed its files"):
         reader().latestOffset(start, reader().getDefaultReadLimit())
