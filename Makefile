@@ -47,7 +47,7 @@ test: $(STAMP) tools cassandra-jars ## set up everything (Cassandra from Maven C
 
 .PHONY: cassandra-jars
 cassandra-jars: $(STAMP) ## fetch Apache Cassandra's jars from Maven Central into ~/.cache/percolake
-	$(PY) -m percolake.cassandra fetch
+	$(PY) -m percolake.tools.cassandra fetch
 
 .PHONY: protos
 protos: $(STAMP) ## regenerate the committed gRPC code from proto/

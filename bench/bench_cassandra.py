@@ -65,7 +65,7 @@ def cassandra_url(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from percolake.cassandra import CassandraCluster
+    from percolake.tools.cassandra import CassandraCluster
 
     with tempfile.TemporaryDirectory(prefix="percolake-bench-") as tmp:
         native, storage, jmx = _free_ports(3)

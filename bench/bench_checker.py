@@ -1,6 +1,6 @@
 """Time ``percolake check`` on 100k-transaction list-append histories.
 
-Histories come from ``percolake.checker.synthetic``: concurrent clients over a
+Histories come from ``percolake.tools.checker.synthetic``: concurrent clients over a
 multi-version store with percolake's rules. Timed end to end like the CLI (read and
 parse the file, infer, search cycles):
 
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench._results import Figure, Growth, Result, measure
-from percolake.checker import Report, check_file
-from percolake.checker.synthetic import Workload, simulate, write_history
+from percolake.tools.checker import Report, check_file
+from percolake.tools.checker.synthetic import Workload, simulate, write_history
 
 ANCHOR = (
     "target: 100k transactions well under 30 s on 2 cores; Elle (Kingsbury and Alvaro, "

@@ -593,7 +593,7 @@ def store_url(store: str, root: Path) -> Iterator[str]:
     if store == SQLITE:
         yield f"sqlite:///{root}/store.db"
         return
-    from percolake.cassandra import CassandraCluster
+    from percolake.tools.cassandra import CassandraCluster
     from storage_adapters import open_store
 
     nodes = 3 if store == CASSANDRA3 else 1

@@ -1,6 +1,6 @@
 """Pytest plugin: one real Apache Cassandra node for the session, an empty store per test.
 
-``cassandra_cluster`` (session) starts a node through ``percolake.cassandra`` in a
+``cassandra_cluster`` (session) starts a node through ``percolake.tools.cassandra`` in a
 temporary directory on free ports (fetching the jars into the shared cache the first
 time, which takes about half a minute) and stops it when the session ends.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from percolake.cassandra import CassandraCluster, CassandraError
+from percolake.tools.cassandra import CassandraCluster, CassandraError
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ _SECOND_SIGNAL_AFTER_S = 0.2
 #: ``percolake serve``, and the chaos test build of it (the same arguments, plus the
 #: test-only switches its environment variables turn on).
 SERVE = ("percolake", "serve")
-TEST_BUILD_SERVE = ("percolake.chaos.serve",)
+TEST_BUILD_SERVE = ("percolake.tools.chaos.serve",)
 
 
 class ServerProcess:
@@ -132,9 +132,9 @@ def steered_server(
     lakehouse_control: Path | None = None,
 ) -> ServerProcess:
     """A server of the test build with its gateway fail points on
-    (``percolake.chaos.failpoints_serve``); ``lakehouse_control`` names the control
+    (``percolake.tools.chaos.failpoints_serve``); ``lakehouse_control`` names the control
     file that steers the lakehouse service's group commits."""
-    from percolake.chaos.failpoints_serve import LAKEHOUSE_CONTROL_ENV, SERVE_FAILPOINTS_ENV
+    from percolake.tools.chaos.failpoints_serve import LAKEHOUSE_CONTROL_ENV, SERVE_FAILPOINTS_ENV
 
     env = {SERVE_FAILPOINTS_ENV: "1"}
     if lakehouse_control is not None:

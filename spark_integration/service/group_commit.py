@@ -106,7 +106,7 @@ class GroupCommitter:
         assert member.result is not None
         return member.result
 
-    # Hooks for test builds of the gateway (``percolake.chaos.failpoints_serve``): a
+    # Hooks for test builds of the gateway (``percolake.tools.chaos.failpoints_serve``): a
     # group about to be committed, and one committed whose members are not yet told.
 
     def before_group(self, name: str, requests: list[CommitRequest]) -> None:

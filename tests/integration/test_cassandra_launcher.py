@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from percolake.cassandra import CassandraCluster, main
-from percolake.cassandra.launcher import DEFAULT_VERSION
+from percolake.tools.cassandra import CassandraCluster, main
+from percolake.tools.cassandra.launcher import DEFAULT_VERSION
 from storage_adapters import (
     MAX_TIMESTAMP,
     Cell,
@@ -268,7 +268,7 @@ def test_cli_starts_reports_and_stops_a_node_from_separate_calls(tmp_path: Path)
         assert startup_s < 120
         out = io.StringIO()
         status = argparse.Namespace(cassandra_command="status", dir=base)
-        from percolake.cassandra import run_cassandra_command
+        from percolake.tools.cassandra import run_cassandra_command
 
         assert run_cassandra_command(status, out) == 0
         assert f"127.0.0.1:{native}" in out.getvalue() and " up" in out.getvalue()

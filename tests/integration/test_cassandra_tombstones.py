@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from percolake.cassandra import CassandraCluster
+from percolake.tools.cassandra import CassandraCluster
 from storage_adapters import Cell, KVStore, ScanEntry, Version, VersionWrite, open_store
 from storage_adapters.cassandra import CassandraStore
 from tests.cassandra_plugin import LOW_TOMBSTONE_FAILURE_THRESHOLD

@@ -16,7 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from percolake.checker import check_history
+from percolake.tools.checker import check_history
 from tests.servers import ServerProcess
 from txn import Isolation, TransactionManager, TransactionStatus
 from txn.errors import (

@@ -16,7 +16,7 @@ import time
 import pytest
 from grpc_health.v1 import health_pb2
 
-from percolake.cassandra.launcher import CassandraCluster
+from percolake.tools.cassandra.launcher import CassandraCluster
 from tests.integration.test_health import NOT_SERVING, SERVING, TXN, check
 from tests.servers import ServerProcess
 from txn import TransactionManager

@@ -4,8 +4,8 @@ Writers are separate processes (``multiprocessing`` spawn), each with its own re
 manager, committing one-file metadata-only appends through ``Lakehouse.append_files``
 as Spark drivers would. Gateways are real ``percolake serve`` processes; where a test
 must make something happen at a given point of a group commit, the gateway is the test
-build (``python -m percolake.chaos.serve``), whose group committer a control file
-steers (:mod:`percolake.chaos.failpoints_serve`): form the first group only once K
+build (``python -m percolake.tools.chaos.serve``), whose group committer a control file
+steers (:mod:`percolake.tools.chaos.failpoints_serve`): form the first group only once K
 requests are queued (so it has K members, every run), or block a group before its
 transaction or after its commit point while the test kills the gateway.
 
@@ -37,9 +37,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from percolake.chaos._lakehouse import LakehouseAppends, ServiceLakehouses
-from percolake.chaos.client import FailoverManager
-from percolake.chaos.failpoints_serve import fired_path, write_lakehouse_control
+from percolake.tools.chaos._lakehouse import LakehouseAppends, ServiceLakehouses
+from percolake.tools.chaos.client import FailoverManager
+from percolake.tools.chaos.failpoints_serve import fired_path, write_lakehouse_control
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
 from spark_integration.engine.catalog import Catalog
 from spark_integration.engine.model import APPEND, CREATE

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from percolake.server import RunningServer, ServeConfig
+from percolake.serve.config import ServeConfig
+from percolake.serve.running import RunningServer
 from tests.servers import ServerProcess
 from txn import COMMIT_STEPS, TransactionManager
 from txn.errors import TransactionConflictError

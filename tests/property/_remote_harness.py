@@ -1,9 +1,9 @@
 """A real gateway process with the test-only fail points on, and the clients' side of them.
 
-The gateway is ``python -m percolake.chaos.serve`` (exactly ``percolake serve`` plus
+The gateway is ``python -m percolake.tools.chaos.serve`` (exactly ``percolake serve`` plus
 the test switches) with ``PERCOLAKE_TEST_SERVE_FAILPOINTS=1``; a test steers the fail
 points of one transaction through an attached handle (see
-:mod:`percolake.chaos.failpoints_serve`), so the transaction's own client calls stay
+:mod:`percolake.tools.chaos.failpoints_serve`), so the transaction's own client calls stay
 the public API, unchanged. Controls of the whole gateway (a garbage-collection pass,
 forgetting a finished transaction) travel in a throwaway transaction
 (:func:`gateway_control`).
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from percolake.chaos.failpoints_serve import (
+from percolake.tools.chaos.failpoints_serve import (
     BROKEN_SETTLE_ENV,
     CONTROL_TABLE,
     GC_PASS,
@@ -36,7 +36,7 @@ def failpoint_gateway(
 ) -> ServerProcess:
     """A started gateway of the test build with its fail points on (all roles);
     ``broken_settle``: ``safe-point`` or ``read-only``, a build that settles as before
-    issue 30 (broken on purpose, see :func:`~percolake.chaos.failpoints_serve.
+    issue 30 (broken on purpose, see :func:`~percolake.tools.chaos.failpoints_serve.
     steered_gateway_class`)."""
     return ServerProcess(
         "all",

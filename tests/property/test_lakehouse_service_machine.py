@@ -4,7 +4,7 @@ Hypothesis interleaves appends (alone, or several at once from different clients
 that they meet in a group), replays of committed ``(app_id, batch_id)``s, vacuums and
 commits their fence refuses, with faults injected inside a real gateway process of
 the test build (its group committer obeys a control file, see
-:mod:`percolake.chaos.failpoints_serve`):
+:mod:`percolake.tools.chaos.failpoints_serve`):
 
 * the next group's replies are lost after its commit point, or before its
   transaction began (every member is answered ``commit-unknown``; the clients send
@@ -54,7 +54,7 @@ from hypothesis.stateful import (
 )
 from pyspark.sql.types import LongType, StructField, StructType
 
-from percolake.chaos.failpoints_serve import (
+from percolake.tools.chaos.failpoints_serve import (
     fired_path,
     read_lakehouse_control,
     write_lakehouse_control,

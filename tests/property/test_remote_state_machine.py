@@ -53,8 +53,8 @@ What is checked:
   writer never commits after a commit changed a key it read (so a scan consumed in
   part is validated exactly as far as it was consumed).
 
-The gateway is ``python -m percolake.chaos.serve`` with the test-only fail points of
-:mod:`percolake.chaos.failpoints_serve` (queued commits, lost replies, small scan
+The gateway is ``python -m percolake.tools.chaos.serve`` with the test-only fail points of
+:mod:`percolake.tools.chaos.failpoints_serve` (queued commits, lost replies, small scan
 batches computed in lockstep with the client's pulls, without which a gateway reads
 a small scan to its end before the client pulled its first row). A gateway starts in
 about 0.3 s, too slow for one per example at hundreds of examples: examples share the
@@ -83,7 +83,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from percolake.chaos.failpoints_serve import (
+from percolake.tools.chaos.failpoints_serve import (
     BROKEN_SETTLE_ENV,
     COMMIT_DELAY_MS,
     COMMIT_REPLY,
@@ -92,7 +92,7 @@ from percolake.chaos.failpoints_serve import (
     SCAN_NEXT,
     STATUS_LATE,
 )
-from percolake.checker import check_history
+from percolake.tools.checker import check_history
 from tests.property._remote_harness import (
     control_handle,
     failpoint_gateway,

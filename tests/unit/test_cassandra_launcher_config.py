@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from percolake.cassandra import ClusterLayout, add_cassandra_commands, main
-from percolake.cassandra.launcher import java_command, node_config, render_yaml
+from percolake.tools.cassandra import ClusterLayout, add_cassandra_commands, main
+from percolake.tools.cassandra.launcher import java_command, node_config, render_yaml
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The lakehouse chaos workload's version check (``percolake.chaos._lakehouse``) on
+"""The lakehouse chaos workload's version check (``percolake.tools.chaos._lakehouse``) on
 hand-made version histories: a group commit (consecutive versions of one transaction)
 is whole whether or not its log records carry a commit timestamp, and a transaction
 whose versions have another one's in between is flagged. With expiry (the table's log
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from percolake.chaos._config import RunConfig
-from percolake.chaos._lakehouse import LakehouseAppends, digest, partial_jobs
-from percolake.chaos._ops import FINAL_PROCESS
-from percolake.chaos._workload import CheckResult
+from percolake.tools.chaos._config import RunConfig
+from percolake.tools.chaos._lakehouse import LakehouseAppends, digest, partial_jobs
+from percolake.tools.chaos._ops import FINAL_PROCESS
+from percolake.tools.chaos._workload import CheckResult
 
 pytestmark = pytest.mark.unit
 

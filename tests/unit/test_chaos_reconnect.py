@@ -1,5 +1,5 @@
 """The chaos build's store that answers late after a pause of its process
-(``percolake.chaos._reconnect``): a store across a network reconnecting, on SQLite."""
+(``percolake.tools.chaos._reconnect``): a store across a network reconnecting, on SQLite."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from percolake.chaos._reconnect import (
+from percolake.tools.chaos._reconnect import (
     PAUSE_GAP_S,
     ReconnectingStore,
     reconnect_ms_from_env,

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import percolake.checker
+import percolake.tools.checker
 from percolake import cli
-from percolake.checker import (
+from percolake.tools.checker import (
     EXIT_ANOMALIES,
     EXIT_BAD_INPUT,
     EXIT_VALID,
@@ -29,7 +29,7 @@ from percolake.checker import (
     parse_history,
     run_check,
 )
-from percolake.checker.synthetic import Workload, simulate, write_history
+from percolake.tools.checker.synthetic import Workload, simulate, write_history
 
 pytestmark = pytest.mark.unit
 
@@ -474,7 +474,7 @@ def test_public_exports() -> None:
         "Report",
         "Anomaly",
         "HistoryError",
-    } <= set(percolake.checker.__all__)
+    } <= set(percolake.tools.checker.__all__)
 
 
 # --- properties -----------------------------------------------------------------------

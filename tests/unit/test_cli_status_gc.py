@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from percolake.cli import main
-from percolake.status import (
+from percolake.serve.status import (
     TLS_FAILED,
     UNAUTHENTICATED,
     UNREACHABLE,

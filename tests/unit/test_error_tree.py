@@ -70,7 +70,7 @@ def test_every_exception_the_product_defines_derives_from_the_one_root() -> None
 
 
 def test_the_serve_start_up_error_is_under_the_root() -> None:
-    from percolake.server import StartupError
+    from percolake.serve.startup import StartupError
 
     assert issubclass(StartupError, PercolakeError)
     assert issubclass(StartupError, ValueError)

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from grpc_health.v1 import health, health_pb2
 
-from percolake.replica import TAKEOVER_LEASES, ControlPlane
-from percolake.server import HealthMonitor
+from percolake.serve.health import HealthMonitor
+from percolake.serve.replica import TAKEOVER_LEASES, ControlPlane
 from storage_adapters import KVStore, StoreError, open_store
 from tso import TimestampOracle
 

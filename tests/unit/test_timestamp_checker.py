@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from percolake.checker import (
+from percolake.tools.checker import (
     TimestampHistoryError,
     check_timestamp_history,
     is_timestamp_history,

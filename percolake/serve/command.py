@@ -1,0 +1,124 @@
+"""``percolake serve`` itself: its arguments made a :class:`ServeConfig`, the server run
+until a signal, its drain, and the exit codes (docs/operations.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from percolake.serve.config import DEFAULT_LISTEN, DEFAULT_STORE, ServeConfig
+from percolake.serve.running import RunningServer
+from percolake.serve.startup import StartupError, check_tls_files
+from percolake.serve.testing import TestBuild
+from spark_integration.service import LakehouseLimits
+from tso import OracleAlreadyRunningError
+from txn import TransactionConfig
+from txn.gateway import GatewayLimits
+from wire.rpc import TlsConfig, resolve_token
+
+# The name operators filter on (docs/operations.md) since serve was one module.
+log = logging.getLogger("percolake.server")
+
+#: ``percolake serve`` could not start: another oracle already serves the store (S7).
+EXIT_STORE_IN_USE = 3
+#: ``percolake serve`` could not start as configured (a flag's TLS files, ports).
+EXIT_BAD_FLAG = 2
+#: The signals that drain and stop ``percolake serve``.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def serve(config: ServeConfig, build: TestBuild | None = None) -> int:
+    """Run until SIGTERM, SIGINT or SIGHUP, then drain (:meth:`RunningServer.stop`) and
+    exit 0. SIGHUP drains too: a hang-up should not leave the lease to run out. A
+    second signal during the drain ends it at once. ``build``: a test build's switches
+    (:mod:`percolake.serve.testing`); the installed command passes none."""
+    stop_requested, hurry = threading.Event(), threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if stop_requested.is_set():
+            log.info("received %s again; ending the drain now", name)
+            hurry.set()
+            return
+        log.info("received %s; draining for up to %.1f s, then stopping", name, config.grace_s)
+        stop_requested.set()
+
+    # Before the server starts: a signal as soon as it is ready (its ready file
+    # written) must find the handler, not kill the process with the lease held.
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, on_signal)
+    running = RunningServer(config, hurry, build)
+    stop_requested.wait()
+    running.stop()
+    # Stopped: nothing is left to drain. Python restores the default handlers while it
+    # shuts down, and a late signal would then end a clean stop with -SIGTERM instead
+    # of 0; ignored signals are left ignored.
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    return 0
+
+
+def serve_from_args(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    *,
+    build: TestBuild | None = None,
+) -> int:
+    """Validate the arguments (exit 2 naming the problem, before listening) and serve.
+
+    ``build`` exists for the chaos test build only (:mod:`percolake.serve.testing`).
+    """
+    try:
+        tls = None
+        if args.tls_cert or args.tls_key or args.tls_client_ca:
+            tls = check_tls_files(args.tls_cert, args.tls_key, args.tls_client_ca)
+        config = ServeConfig(
+            role=args.role,
+            store_url=args.store or DEFAULT_STORE,
+            listen=args.listen or DEFAULT_LISTEN,
+            locks_on_store=args.role == "locks" and args.store is not None,
+            leader_lease_ms=args.leader_lease_ms,
+            tso_address=args.tso,
+            locks_address=args.locks,
+            token=resolve_token(token_file=args.token_file),
+            tls=tls,
+            client_tls=TlsConfig(ca_file=args.tls_ca) if args.tls_ca else None,
+            max_message_bytes=args.max_message_mb * 1024 * 1024,
+            limits=GatewayLimits(
+                max_buffered_writes=args.max_writes_per_txn,
+                max_open_transactions=args.max_open_txns,
+                idle_timeout_s=args.idle_timeout_s,
+            ),
+            lakehouse_limits=LakehouseLimits(
+                max_group_commits=args.max_group_commits,
+                max_group_bytes=args.max_group_kb * 1024,
+                max_group_wait_ms=args.max_group_wait_ms,
+            ),
+            txn_config=TransactionConfig(
+                lease_ms=args.lease_ms,
+                lock_wait_ms=args.lock_wait_ms,
+                resolve_wait_ms=args.resolve_wait_ms,
+            ),
+            grace_s=args.grace_s,
+            ready_file=args.ready_file,
+            gc_interval_s=args.gc_interval_s,
+            gc_retention_s=args.gc_retention_s,
+            metrics_listen=args.metrics_listen,
+        )
+    except StartupError as exc:
+        sys.stderr.write(f"percolake serve: {exc}\n")
+        return EXIT_BAD_FLAG
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        return serve(config, build)
+    except StartupError as exc:
+        sys.stderr.write(f"percolake serve: {exc}\n")
+        return EXIT_BAD_FLAG
+    except OracleAlreadyRunningError as exc:
+        sys.stderr.write(f"percolake serve: {exc}\n")
+        return EXIT_STORE_IN_USE

@@ -1,0 +1,7 @@
+"""``python -m percolake.tools.cassandra start|stop|status|fetch``."""
+
+import sys
+
+from percolake.tools.cassandra.launcher import main
+
+sys.exit(main())

@@ -1,0 +1,27 @@
+"""Jepsen-style chaos runs: real processes, real faults, checked histories.
+
+``percolake chaos run --workload list-append|bank|lakehouse|timestamps --nemesis
+kill,pause,...`` starts a cluster of real processes on loopback (store, oracle, lock
+server, gateways, client processes; with ``--replicas N`` N replicas of ``percolake
+serve`` on the store instead of the oracle and the lock server, and the leader faults
+``leader-kill``, ``leader-pause``, ``leader-partition``, ``rolling-restart``), injects
+faults on a seeded schedule while the clients record every operation, heals
+everything, reads the final state and checks the history:
+
+* list-append with ``percolake.tools.checker`` (snapshot isolation or serializable), plus a
+  final read that must hold every acknowledged append;
+* bank: every full read sums to the total, the final balances add up;
+* lakehouse: every version a reader sees is whole, acknowledged commits are kept,
+  replays add nothing;
+* timestamps (AtlasDB TimeLock's Jepsen test): every timestamp a client received is
+  unique and in real-time order, whichever replica served it;
+* for every workload, the oracle's timestamps: unique, increasing, across restarts.
+
+The run writes ``history.jsonl`` (or the workload's log), ``report.json`` and
+``plot.png`` to its folder. See :mod:`percolake.tools.chaos.cli`.
+"""
+
+from percolake.tools.chaos._config import NEMESES, WORKLOADS, RunConfig
+from percolake.tools.chaos.cli import add_chaos_commands, run_chaos_command
+
+__all__ = ["NEMESES", "WORKLOADS", "RunConfig", "add_chaos_commands", "run_chaos_command"]
