@@ -482,7 +482,6 @@ class KVStore(abc.ABC):
         cell no backend can store (``MAX_CELL_KEY_BYTES``) is refused.
         """
 
-    @abc.abstractmethod
     def scan(
         self,
         table: str,
@@ -502,7 +501,26 @@ class KVStore(abc.ABC):
         ``MAX_PAGE_SIZE`` per request); the iterator is lazy and not a consistent
         snapshot of concurrent writes at or above ``below_ts``. The bounds may be
         of any length: they are compared with stored keys, never stored.
+
+        The arguments are checked here, when ``scan`` is called rather than when the
+        iterator is first advanced, so every backend refuses a bad scan alike; the
+        backend's :meth:`_scan` does the reading.
         """
+        page_size = check_scan(table, start_row, end_row, below_ts, start_column, page_size)
+        return self._scan(table, start_row, end_row, below_ts, start_column, page_size)
+
+    @abc.abstractmethod
+    def _scan(
+        self,
+        table: str,
+        start_row: bytes,
+        end_row: bytes | None,
+        below_ts: int,
+        start_column: bytes,
+        page_size: int,
+    ) -> Iterator[ScanEntry]:
+        """:meth:`scan` with its arguments checked and ``page_size`` at most
+        ``MAX_PAGE_SIZE``: the backend's reading, lazy like the iterator it returns."""
 
     @abc.abstractmethod
     def get_version_timestamps(

@@ -167,7 +167,6 @@ from storage_adapters._base import (
     check_cells,
     check_deletes,
     check_limit,
-    check_scan,
     check_stamps,
     check_system_key,
     check_system_write,
@@ -602,25 +601,23 @@ class CassandraStore(KVStore):
                 out[keys[_bytes(key)]] = Version(ts, _value(value, deleted), commit_ts)
         return out
 
-    def scan(
+    def _scan(
         self,
         table: str,
         start_row: bytes,
         end_row: bytes | None,
         below_ts: int,
-        *,
-        start_column: bytes = b"",
-        page_size: int = 1000,
+        start_column: bytes,
+        page_size: int,
     ) -> Iterator[ScanEntry]:
-        # check_scan caps page_size at CQL's 32-bit LIMIT.
-        page_size = check_scan(table, start_row, end_row, below_ts, start_column, page_size)
+        # KVStore.scan capped page_size at MAX_PAGE_SIZE, CQL's 32-bit LIMIT.
         self._check_open()
         # A bound longer than any stored key selects what its prefix selects (see
         # clamp_scan_bounds): send the prefix, once per shard and page, not the bound.
         start_row, start_column, end_row = clamp_scan_bounds(start_row, start_column, end_row)
-        return self._scan(table, start_row, end_row, below_ts, start_column, page_size)
+        return self._scan_shards(table, start_row, end_row, below_ts, start_column, page_size)
 
-    def _scan(
+    def _scan_shards(
         self,
         table: str,
         start_row: bytes,

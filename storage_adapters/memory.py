@@ -95,19 +95,6 @@ class MemoryStore(KVStore):
                     out[cell] = version._replace(commit_ts=stamps.get((*cell, version.ts)))
         return out
 
-    def scan(
-        self,
-        table: str,
-        start_row: bytes,
-        end_row: bytes | None,
-        below_ts: int,
-        *,
-        start_column: bytes = b"",
-        page_size: int = 1000,
-    ) -> Iterator[ScanEntry]:
-        page_size = check_scan(table, start_row, end_row, below_ts, start_column, page_size)
-        return self._scan(table, start_row, end_row, below_ts, start_column, page_size)
-
     def _scan(
         self,
         table: str,

@@ -270,19 +270,6 @@ class SQLiteStore(KVStore):
                     out[cell] = Version(found[0], found[1], found[2])
         return out
 
-    def scan(
-        self,
-        table: str,
-        start_row: bytes,
-        end_row: bytes | None,
-        below_ts: int,
-        *,
-        start_column: bytes = b"",
-        page_size: int = 1000,
-    ) -> Iterator[ScanEntry]:
-        page_size = check_scan(table, start_row, end_row, below_ts, start_column, page_size)
-        return self._scan(table, start_row, end_row, below_ts, start_column, page_size)
-
     def _scan(
         self,
         table: str,

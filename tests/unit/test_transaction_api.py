@@ -343,8 +343,18 @@ class _RecordingStore(KVStore):
     ) -> dict[Cell, Version]:
         return self.inner.get_latest(table, cells, below_ts)
 
-    def scan(self, *args: Any, **kwargs: Any) -> Iterator[ScanEntry]:
-        return self.inner.scan(*args, **kwargs)
+    def _scan(
+        self,
+        table: str,
+        start_row: bytes,
+        end_row: bytes | None,
+        below_ts: int,
+        start_column: bytes,
+        page_size: int,
+    ) -> Iterator[ScanEntry]:
+        return self.inner.scan(
+            table, start_row, end_row, below_ts, start_column=start_column, page_size=page_size
+        )
 
     def get_version_timestamps(self, *args: Any, **kwargs: Any) -> dict[Cell, list[int]]:
         return self.inner.get_version_timestamps(*args, **kwargs)

@@ -27,7 +27,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
-from storage_adapters import CasResult, Claim, KVStore, VersionStamp, VersionWrite, open_store
+from storage_adapters import (
+    CasResult,
+    Claim,
+    KVStore,
+    ScanEntry,
+    VersionStamp,
+    VersionWrite,
+    open_store,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +127,19 @@ class ReconnectingStore(KVStore):
         self._wait()
         return self._inner.get_latest(*args, **kwargs)
 
-    def scan(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+    def _scan(
+        self,
+        table: str,
+        start_row: bytes,
+        end_row: bytes | None,
+        below_ts: int,
+        start_column: bytes,
+        page_size: int,
+    ) -> Iterator[ScanEntry]:
         self._wait()
-        return self._inner.scan(*args, **kwargs)
+        return self._inner.scan(
+            table, start_row, end_row, below_ts, start_column=start_column, page_size=page_size
+        )
 
     def get_version_timestamps(self, *args: Any, **kwargs: Any) -> Any:
         self._wait()
