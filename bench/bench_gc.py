@@ -289,7 +289,7 @@ def gc_pass(url: str, address: str) -> Any:
     from storage_adapters import open_store
     from tso.timestamp_service import RemoteTimestampSource
     from txn import GarbageCollector
-    from wire.rpc import Connection
+    from wire.channels import Connection
 
     conn = Connection(address)
     store = open_store(url)

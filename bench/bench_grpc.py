@@ -19,7 +19,7 @@ from tests.servers import ServerProcess
 from tso.aio import AsyncTimestampSource
 from tso.timestamp_service import RemoteTimestampSource
 from txn import TransactionManager
-from wire.rpc import Connection
+from wire.channels import Connection
 
 PERCOLATOR_ORACLE = "Percolator (OSDI'10): about 2M timestamps/s from one oracle, with batching"
 

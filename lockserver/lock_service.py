@@ -8,7 +8,8 @@ from typing import Protocol
 import grpc
 
 from lockserver._table import MAX_LEASE_MS, LockTable, LockToken
-from wire.rpc import Connection, abort_with, call, forwarded
+from wire.channels import Connection, call, forwarded
+from wire.error_codes import abort_with
 from wire.v1 import lock_pb2 as pb
 from wire.v1 import lock_pb2_grpc as pb_grpc
 

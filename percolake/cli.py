@@ -245,7 +245,8 @@ def _gc(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from percolake.serve.status import run_status
-    from wire.rpc import TlsConfig, parse_addresses, resolve_token
+    from wire.auth import TlsConfig, resolve_token
+    from wire.channels import parse_addresses
 
     try:
         parse_addresses(args.gateway)

@@ -18,13 +18,9 @@ import grpc
 
 from tso._oracle import TimestampRange
 from tso.timestamp_service import MAX_RANGE
-from wire.rpc import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    TlsConfig,
-    auth_metadata,
-    error_from,
-    open_channel,
-)
+from wire.auth import TlsConfig, auth_metadata
+from wire.channels import DEFAULT_MAX_MESSAGE_BYTES, open_channel
+from wire.error_codes import error_from
 from wire.v1 import timestamp_pb2 as pb
 from wire.v1 import timestamp_pb2_grpc as pb_grpc
 

@@ -8,7 +8,8 @@ import grpc
 
 from tso._batcher import TimestampBatcher
 from tso._oracle import TimestampOracle, TimestampRange
-from wire.rpc import Connection, abort_with, call, forwarded
+from wire.channels import Connection, call, forwarded
+from wire.error_codes import abort_with
 from wire.v1 import timestamp_pb2 as pb
 from wire.v1 import timestamp_pb2_grpc as pb_grpc
 

@@ -12,7 +12,7 @@ from lockserver import LockTable
 
 if TYPE_CHECKING:
     from txn.remote import RemoteTransactionManager
-    from wire.rpc import TlsConfig
+    from wire.auth import TlsConfig
 from storage_adapters import Cell, KVStore, StoreError, open_store
 from tso import OracleFencedError, TimestampBatcher, TimestampOracle
 from txn._args import check_isolation, check_txn_id

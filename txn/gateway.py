@@ -36,7 +36,7 @@ from txn.errors import (
 )
 from txn.lowering import isolation_from_pb, isolation_to_pb, state_to_pb
 from wire import metrics
-from wire.rpc import GatewayDrainingError, abort_with
+from wire.error_codes import GatewayDrainingError, abort_with
 from wire.v1 import transaction_pb2 as pb
 from wire.v1 import transaction_pb2_grpc as pb_grpc
 

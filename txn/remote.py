@@ -36,14 +36,9 @@ from txn.errors import (
     TransactionNotFoundError,
 )
 from txn.lowering import isolation_from_pb, isolation_to_pb, state_from_pb
-from wire.rpc import (
-    Connection,
-    RpcError,
-    ServiceUnavailableError,
-    TlsConfig,
-    call,
-    stream,
-)
+from wire.auth import TlsConfig
+from wire.channels import Connection, call, stream
+from wire.error_codes import RpcError, ServiceUnavailableError
 from wire.v1 import transaction_pb2 as pb
 from wire.v1 import transaction_pb2_grpc as pb_grpc
 

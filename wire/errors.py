@@ -2,7 +2,7 @@
 
 This module imports nothing, so every package (the store adapters at the bottom,
 the gateway wire layer, the oracle, the transaction layer, the lakehouse) can
-derive its errors from it, and the wire layer (``wire.rpc``) maps each leaf
+derive its errors from it, and the wire layer (``wire.error_codes``) maps each leaf
 to a gRPC status and back without importing the packages above it. The packages
 re-export the leaves they raise (``txn.errors``, ``storage_adapters``, ``tso``,
 ``lockserver``). ``except PercolakeError`` catches anything percolake

@@ -18,7 +18,7 @@ from spark_integration.service import LakehouseLimits
 from tso import OracleAlreadyRunningError
 from txn import TransactionConfig
 from txn.gateway import GatewayLimits
-from wire.rpc import TlsConfig, resolve_token
+from wire.auth import TlsConfig, resolve_token
 
 # The name operators filter on (docs/operations.md) since serve was one module.
 log = logging.getLogger("percolake.server")

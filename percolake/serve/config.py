@@ -8,7 +8,8 @@ from spark_integration.service import LakehouseLimits
 from tso import DEFAULT_LEASE_MS, check_lease_ms
 from txn import TransactionConfig
 from txn.gateway import GatewayLimits
-from wire.rpc import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig, parse_address, parse_addresses
+from wire.auth import TlsConfig
+from wire.channels import DEFAULT_MAX_MESSAGE_BYTES, parse_address, parse_addresses
 
 ROLES = ("all", "tso", "locks", "txn")
 DEFAULT_STORE = "sqlite:///.percolake/store.db"

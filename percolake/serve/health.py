@@ -12,7 +12,7 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from wire.rpc import Connection
+from wire.channels import Connection
 from wire.v1 import lock_pb2, timestamp_pb2, transaction_pb2
 
 # The name operators filter on (docs/operations.md) since serve was one module.

@@ -43,8 +43,10 @@ from tso import (
     TimestampRange,
 )
 from tso.timestamp_service import RemoteTimestampSource
+from wire.auth import TlsConfig
+from wire.channels import FORWARDED_KEY, Connection
+from wire.error_codes import NoLeaderError
 from wire.errors import OracleFencedError, ServiceUnavailableError, StaleTokenError
-from wire.rpc import FORWARDED_KEY, Connection, NoLeaderError, TlsConfig
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,9 @@ from tso import LEADER_TABLE, TimestampBatcher, TimestampOracle
 from tso.timestamp_service import RemoteTimestampSource, TimestampServicer
 from txn import GarbageCollector, GcLoop, LockService, TimestampSource, TransactionManager
 from txn.gateway import TransactionServicer
+from wire.auth import TokenInterceptor
+from wire.channels import Connection, parse_address
 from wire.metrics import MetricsServer
-from wire.rpc import Connection, TokenInterceptor, parse_address
 from wire.v1 import control_pb2_grpc, lock_pb2_grpc, timestamp_pb2_grpc, transaction_pb2_grpc
 
 # The name operators filter on (docs/operations.md) since serve was one module.

@@ -8,8 +8,9 @@ import socket
 import ssl
 from pathlib import Path
 
+from wire.auth import TlsConfig
+from wire.channels import parse_address
 from wire.errors import PercolakeError
-from wire.rpc import TlsConfig, parse_address
 
 
 class StartupError(PercolakeError, ValueError):

@@ -18,15 +18,10 @@ import grpc
 
 from percolake import __version__
 from percolake.serve.replica import ControlPlane
+from wire.auth import TlsConfig
+from wire.channels import Connection, call, parse_addresses
+from wire.error_codes import UnauthenticatedError, abort_with
 from wire.errors import PercolakeError
-from wire.rpc import (
-    Connection,
-    TlsConfig,
-    UnauthenticatedError,
-    abort_with,
-    call,
-    parse_addresses,
-)
 from wire.v1 import control_pb2 as pb
 from wire.v1 import control_pb2_grpc as pb_grpc
 

@@ -49,8 +49,9 @@ from spark_integration.service.convert import (
 )
 from txn.errors import CommitUnknownError
 from txn.remote import RemoteTransactionManager
+from wire.channels import call, stream
+from wire.error_codes import COMMIT_UNKNOWN, RpcError, ServiceUnavailableError
 from wire.errors import OracleFencedError
-from wire.rpc import COMMIT_UNKNOWN, RpcError, ServiceUnavailableError, call, stream
 from wire.v1 import lakehouse_pb2 as pb
 from wire.v1 import lakehouse_pb2_grpc as pb_grpc
 

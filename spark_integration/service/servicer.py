@@ -51,7 +51,7 @@ from spark_integration.service.convert import (
 )
 from spark_integration.service.group_commit import GroupCommitter, LakehouseLimits
 from txn import TransactionManager
-from wire.rpc import abort_with
+from wire.error_codes import abort_with
 from wire.v1 import lakehouse_pb2 as pb
 from wire.v1 import lakehouse_pb2_grpc as pb_grpc
 

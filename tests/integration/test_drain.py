@@ -12,8 +12,8 @@ import pytest
 
 from tests.servers import ServerProcess
 from txn import TransactionManager
+from wire.error_codes import GatewayDrainingError
 from wire.errors import ServiceUnavailableError
-from wire.rpc import GatewayDrainingError
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,8 @@ from txn.errors import (
     TransactionNotFoundError,
 )
 from txn.remote import RemoteTransactionManager
-from wire.rpc import ServiceUnavailableError, TlsConfig, UnauthenticatedError
+from wire.auth import TlsConfig
+from wire.error_codes import ServiceUnavailableError, UnauthenticatedError
 from wire.v1 import transaction_pb2 as pb
 from wire.v1 import transaction_pb2_grpc as pb_grpc
 

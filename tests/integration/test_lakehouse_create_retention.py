@@ -26,7 +26,7 @@ from storage_adapters import open_store
 from tests.servers import ServerProcess
 from txn import TransactionManager
 from txn.remote import RemoteTransactionManager
-from wire.rpc import INVALID_ARGUMENT, REASON_KEY
+from wire.error_codes import INVALID_ARGUMENT, REASON_KEY
 from wire.v1 import lakehouse_pb2 as pb
 from wire.v1 import lakehouse_pb2_grpc as pb_grpc
 

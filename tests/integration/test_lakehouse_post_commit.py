@@ -47,7 +47,7 @@ from txn import TransactionConfig, TransactionManager
 from txn import failpoints as txn_fp
 from txn.errors import CommitUnknownError, TransactionError
 from txn.remote import RemoteTransactionManager
-from wire.rpc import ServiceUnavailableError
+from wire.error_codes import ServiceUnavailableError
 
 pytestmark = pytest.mark.integration
 

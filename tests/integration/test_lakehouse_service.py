@@ -48,7 +48,7 @@ from spark_integration.spark.hook import STAGING_PREFIX
 from tests.servers import ServerProcess, steered_server
 from txn import TransactionManager
 from txn.remote import RemoteTransactionManager
-from wire.rpc import (
+from wire.error_codes import (
     INVALID_ARGUMENT,
     REASON_KEY,
     TABLE_EXISTS,

@@ -11,7 +11,7 @@ import pytest
 
 from tests.servers import ServerProcess, sqlite_write_locked
 from txn import TransactionManager
-from wire.rpc import NoLeaderError
+from wire.error_codes import NoLeaderError
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.servers import ServerProcess
 from tso.aio import AsyncTimestampSource
-from wire.rpc import ServiceUnavailableError, UnauthenticatedError
+from wire.error_codes import ServiceUnavailableError, UnauthenticatedError
 
 pytestmark = pytest.mark.integration
 

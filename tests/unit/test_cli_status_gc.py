@@ -19,7 +19,8 @@ from percolake.serve.status import (
     classify,
     render,
 )
-from wire.rpc import ServiceUnavailableError, TlsConfig, UnauthenticatedError
+from wire.auth import TlsConfig
+from wire.error_codes import ServiceUnavailableError, UnauthenticatedError
 
 pytestmark = pytest.mark.unit
 

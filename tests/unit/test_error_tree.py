@@ -79,12 +79,12 @@ def test_the_serve_start_up_error_is_under_the_root() -> None:
 def test_every_transactional_failure_is_a_transaction_error() -> None:
     from spark_integration import ConcurrentModificationError
     from txn import errors
-    from wire import rpc
+    from wire import error_codes
 
     for kind in (
-        rpc.RpcError,
-        rpc.ServiceUnavailableError,
-        rpc.UnauthenticatedError,
+        error_codes.RpcError,
+        error_codes.ServiceUnavailableError,
+        error_codes.UnauthenticatedError,
         errors.CommitUnknownError,
         errors.TransactionConflictError,
         ConcurrentModificationError,
@@ -93,12 +93,12 @@ def test_every_transactional_failure_is_a_transaction_error() -> None:
 
 
 def test_gateway_errors_are_also_the_matching_builtins() -> None:
-    from wire import rpc
+    from wire import error_codes
 
-    assert issubclass(rpc.ServiceUnavailableError, ServiceUnavailableError)
-    assert issubclass(rpc.ServiceUnavailableError, ConnectionError)
-    assert issubclass(rpc.UnauthenticatedError, UnauthenticatedError)
-    assert issubclass(rpc.UnauthenticatedError, PermissionError)
+    assert issubclass(error_codes.ServiceUnavailableError, ServiceUnavailableError)
+    assert issubclass(error_codes.ServiceUnavailableError, ConnectionError)
+    assert issubclass(error_codes.UnauthenticatedError, UnauthenticatedError)
+    assert issubclass(error_codes.UnauthenticatedError, PermissionError)
 
 
 def test_the_leaves_keep_their_meaning() -> None:

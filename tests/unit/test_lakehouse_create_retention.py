@@ -22,7 +22,7 @@ from spark_integration.engine.retention import COL_RETENTION
 from spark_integration.service import LakehouseServicer
 from spark_integration.service.convert import retention_from_pb, retention_to_pb
 from txn import TransactionManager
-from wire.rpc import INVALID_ARGUMENT, REASON_KEY
+from wire.error_codes import INVALID_ARGUMENT, REASON_KEY
 from wire.v1 import lakehouse_pb2 as pb
 
 pytestmark = pytest.mark.unit

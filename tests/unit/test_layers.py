@@ -49,7 +49,7 @@ def test_the_tree_keeps_the_layer_contract() -> None:
     ("module", "imports"),
     [
         ("storage_adapters.bad", "txn"),  # the store layer reaching up into transactions
-        ("percolake.errors_helper", "wire.rpc"),  # see below: the root imports nothing
+        ("percolake.errors_helper", "wire.channels"),  # see below: the root imports nothing
         ("txn.bad", "spark_integration"),
         ("tso.bad", "txn"),
     ],

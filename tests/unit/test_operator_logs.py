@@ -10,7 +10,7 @@ import pytest
 from percolake.serve.replica import ControlPlane
 from storage_adapters import StoreError, open_store
 from tso import WARNING_INTERVAL_S, LeaderLease, RateLimitedWarning
-from wire.rpc import NoLeaderError
+from wire.error_codes import NoLeaderError
 
 pytestmark = pytest.mark.unit
 

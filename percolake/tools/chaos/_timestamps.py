@@ -28,7 +28,8 @@ from percolake.tools.chaos._workload import CheckResult, ClientContext, Workload
 from percolake.tools.checker import check_timestamp_history
 from txn import Isolation, Manager
 from wire import errors
-from wire.rpc import Connection, RpcError, call
+from wire.channels import Connection, call
+from wire.error_codes import RpcError
 from wire.v1 import timestamp_pb2 as pb
 from wire.v1 import timestamp_pb2_grpc as pb_grpc
 

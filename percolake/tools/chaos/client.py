@@ -44,7 +44,7 @@ from txn import (
     TransactionStatus,
     run_transaction,
 )
-from wire.rpc import ServiceUnavailableError
+from wire.error_codes import ServiceUnavailableError
 
 if TYPE_CHECKING:
     from txn.remote import RemoteTransactionManager
@@ -129,7 +129,7 @@ def direct_manager(
     from lockserver.lock_service import RemoteLockService
     from storage_adapters import open_store
     from tso.timestamp_service import RemoteTimestampSource
-    from wire.rpc import Connection
+    from wire.channels import Connection
 
     store = open_store(store_url)
     tso_conn, locks_conn = Connection(tso), Connection(locks)

@@ -33,7 +33,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from percolake.tools.chaos._reconnect import reconnect_ms_from_env, store_opener
 from tso import DEFAULT_LEASE_MS, OracleAlreadyRunningError, TimestampOracle, check_lease_ms
 from tso.timestamp_service import TimestampServicer
-from wire.rpc import parse_address
+from wire.channels import parse_address
 from wire.v1 import timestamp_pb2_grpc
 
 log = logging.getLogger("percolake.tools.chaos.embedded")

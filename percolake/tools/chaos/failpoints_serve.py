@@ -114,8 +114,8 @@ from txn import GarbageCollector, GcLoop, GcReport, Registration, TransactionSta
 from txn.gateway import TransactionServicer
 from txn.lowering import state_to_pb
 from txn.tables import ABORTED
+from wire.error_codes import abort_with
 from wire.errors import CommitUnknownError
-from wire.rpc import abort_with
 from wire.v1 import transaction_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from spark_integration.engine.model import TableMeta
 from spark_integration.service import RemoteCatalog
 from txn import TransactionManager
 from txn.remote import RemoteTransactionManager
-from wire.rpc import resolve_token
+from wire.auth import resolve_token
 
 #: The catalog ``Lakehouse`` uses by default: tables written here are its tables.
 CATALOG = "lakehouse"
