@@ -22,9 +22,30 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
 def _layer_modules() -> list[str]:
+    """Every module a layers contract names (inside its containers, if it has any)."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    (contract,) = config["contracts"]
-    return [m.strip() for layer in contract["layers"] for m in layer.split("|")]
+    modules: list[str] = []
+    for contract in config["contracts"]:
+        if contract["type"] != "layers":
+            continue
+        for container in contract.get("containers", [None]):
+            for layer in contract["layers"]:
+                for name in (part.strip() for part in layer.split("|")):
+                    modules.append(name if container is None else f"{container}.{name}")
+    return modules
+
+
+def _engine_forbids() -> list[str]:
+    """What the lakehouse engine may not import (its forbidden contract)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [
+        c
+        for c in config["contracts"]
+        if c["type"] == "forbidden" and c["source_modules"] == ["spark_integration.engine"]
+    ]
+    forbidden: list[str] = contract["forbidden_modules"]
+    assert {"pyspark", "grpc", "wire.v1"} <= set(forbidden)
+    return forbidden
 
 
 def _run(cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -49,9 +70,14 @@ def test_the_tree_keeps_the_layer_contract() -> None:
     ("module", "imports"),
     [
         ("storage_adapters.bad", "txn"),  # the store layer reaching up into transactions
-        ("percolake.errors_helper", "wire.channels"),  # see below: the root imports nothing
+        ("percolake.errors_helper", "wire.rpc"),  # see below: the root imports nothing
         ("txn.bad", "spark_integration"),
         ("tso.bad", "txn"),
+        # Inside spark_integration: the engine below the service below the Spark side.
+        ("spark_integration.engine", "spark_integration.service"),
+        ("spark_integration.service", "spark_integration.spark"),
+        # And the engine free of what its forbidden contract names (Spark, gRPC...).
+        *(("spark_integration.engine", name) for name in _engine_forbids()),
     ],
 )
 def test_a_lower_layer_importing_a_higher_one_breaks_the_lint(
