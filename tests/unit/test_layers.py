@@ -70,7 +70,7 @@ def test_the_tree_keeps_the_layer_contract() -> None:
     ("module", "imports"),
     [
         ("storage_adapters.bad", "txn"),  # the store layer reaching up into transactions
-        ("percolake.errors_helper", "wire.rpc"),  # see below: the root imports nothing
+        ("percolake.errors_helper", "wire.channels"),  # see below: the root imports nothing
         ("txn.bad", "spark_integration"),
         ("tso.bad", "txn"),
         # Inside spark_integration: the engine below the service below the Spark side.
