@@ -1,7 +1,7 @@
 """The arguments of ``percolake serve``, apart from the server it starts.
 
 Every ``percolake`` command builds its parser with them, so they stay cheap to import:
-gRPC and the services (:mod:`percolake.server`) load only when ``serve`` runs. The
+gRPC and the services (:mod:`percolake.serve.running`) load only when ``serve`` runs. The
 chaos test build (``python -m percolake.tools.chaos.serve``) parses the same arguments.
 """
 

@@ -1,7 +1,10 @@
 """Isolation checker for recorded list-append histories (``percolake check``).
 
-Reads histories in Elle's list-append format (see CONTRACT.md, "History files"), infers
-each key's version order and the ww/wr/rw dependency edges between committed
+Reads histories in Elle's list-append format (JSON lines, one operation each:
+``{"index": 0, "type": "invoke"|"ok"|"fail"|"info", "process": 3, "f": "txn", "value":
+[["append", "k1", 7], ["r", "k2", [1, 2, 7]]]}``, an ``invoke`` followed by the same
+process's completion; docs/chaos.md and docs/design/testing.md), infers each key's
+version order and the ww/wr/rw dependency edges between committed
 transactions, and reports the anomalies a consistency model forbids::
 
     from percolake.tools.checker import check_history, load_history
