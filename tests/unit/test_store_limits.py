@@ -102,13 +102,9 @@ cassandra_driver = pytest.importorskip(
 
 from cassandra.query import SimpleStatement  # noqa: E402
 
-from storage_adapters.cassandra import (  # noqa: E402
-    _BATCH_BYTES,
-    SCAN_PAGE_CELLS,
-    CassandraStore,
-    _batched,
-    cell_key,
-)
+from storage_adapters._cassandra_reads import SCAN_PAGE_CELLS  # noqa: E402
+from storage_adapters._cassandra_session import cell_key  # noqa: E402
+from storage_adapters.cassandra import _BATCH_BYTES, CassandraStore, _batched  # noqa: E402
 
 
 class _RecordingSession:

@@ -1,0 +1,525 @@
+"""The Cassandra store's connection, schema, prepared statements and request running.
+
+The layout these serve, and why, is in :mod:`storage_adapters.cassandra`'s docstring;
+the store's reads are in :mod:`storage_adapters._cassandra_reads`, its writes, deletes
+and conditional writes in :mod:`storage_adapters.cassandra`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+from cassandra import ConsistencyLevel
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+from cassandra.concurrent import execute_concurrent
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import tuple_factory
+
+from storage_adapters._base import KVStore
+from storage_adapters._cassandra_errors import (
+    ConditionalWriteRetryPolicy,
+    never_sent,
+    translate_error,
+)
+from storage_adapters._cassandra_url import DEFAULT_SHARDS, parse_cassandra_url, redact_url
+from wire.errors import StoreUnavailableError
+
+log = logging.getLogger(__name__)
+
+#: A request the driver could not send (every connection's socket buffer full: a
+#: write of megabytes going out) is sent again this many times, pausing 50 ms, 100 ms...
+_BUSY_RETRIES = 5
+_BUSY_PAUSE_S = 0.05
+
+#: Requests in flight at once for one batched call: enough to hide a round trip,
+#: few enough not to swamp a small cluster's native-transport queue.
+CONCURRENCY = 64
+
+# Reads of many cells in one partition go as one query with an IN list of this size at most.
+_IN_LIMIT = 100
+# Requests that each touch many partitions (reads of up to _IN_LIMIT cells, batches of
+# up to _CROSS_PARTITION_ROWS versions or deletes) in flight at once: 16 keep about
+# 1,600 partition reads or 160 writes outstanding. CONCURRENCY of them timed out on a
+# loaded two-core node (reads past 10 s, a delete batch past the 2 s write timeout).
+_IN_CONCURRENCY = 16
+# Table IDs derived from keyspace and table name: two clients creating the same table
+# at once agree on its ID instead of racing to a schema disagreement.
+_TABLE_ID_NAMESPACE = uuid.UUID("2f1f8c3e-6a43-5d7e-9a57-3c0fd6d4a1b2")
+#: The physical layout: "1" was one ``versions`` table read with GROUP BY; "2" is this one.
+_FORMAT_VERSION = "2"
+_FORMAT_1_TABLE = "versions"
+
+#: How long a deleted version's tombstone must outlive the delete before compaction may
+#: drop it. Short on purpose (the default is 10 days): every delete removes a version no
+#: reader uses, so a version that comes back (a replica that missed the delete and was
+#: not repaired in time) changes no read. See the module docstring.
+VERSIONS_GC_GRACE_S = 3600
+#: An SSTable of ``cell_versions`` older than this, whose droppable tombstones exceed
+#: Cassandra's ``tombstone_threshold`` (20%), is compacted alone to drop them, without
+#: waiting for its level to fill (the default interval is a day).
+TOMBSTONE_COMPACTION_INTERVAL_S = 3600
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    insert_version: Any
+    index_cell: Any
+    latest_one: Any  # cell = ?
+    latest: Any  # cell IN ?
+    version_ts_one: Any
+    version_ts: Any
+    versions_one: Any  # cell = ?: every version below ts, values and stamps
+    versions: Any  # cell IN ?
+    write_time: Any  # cell IN ?, ts = ?
+    stamp: Any
+    delete_version: Any
+    index_from: Any  # (row, col) >= cursor
+    index_after: Any  # (row, col) > cursor
+    index_from_until: Any
+    index_after_until: Any
+    put_unless_exists: Any
+    compare_and_set: Any
+    get_system: Any
+    delete_system: Any
+    tables: Any
+
+
+_DDL = {
+    "cell_versions": f"""
+        CREATE TABLE IF NOT EXISTS {{ks}}.cell_versions (
+            tbl text, cell blob, ts bigint, value blob, deleted boolean, commit_ts bigint,
+            PRIMARY KEY ((tbl, cell), ts)
+        ) WITH CLUSTERING ORDER BY (ts DESC) AND ID = {{id}}
+        AND gc_grace_seconds = {VERSIONS_GC_GRACE_S}
+        AND compaction = {{{{'class': 'LeveledCompactionStrategy',
+            'unchecked_tombstone_compaction': 'true',
+            'tombstone_compaction_interval': '{TOMBSTONE_COMPACTION_INTERVAL_S}'}}}}""",
+    "cells": """
+        CREATE TABLE IF NOT EXISTS {ks}.cells (
+            tbl text, shard int, row blob, col blob, PRIMARY KEY ((tbl, shard), row, col)
+        ) WITH ID = {id} AND compaction = {{'class': 'LeveledCompactionStrategy'}}""",
+    "system_rows": """
+        CREATE TABLE IF NOT EXISTS {ks}.system_rows (
+            tbl text, key blob, value blob, PRIMARY KEY ((tbl, key))
+        ) WITH ID = {id}""",
+    "store_meta": """
+        CREATE TABLE IF NOT EXISTS {ks}.store_meta (
+            name text PRIMARY KEY, value text
+        ) WITH ID = {id}""",
+}
+
+_INDEX_SELECT = (
+    "SELECT row, col FROM {ks}.cells "
+    "WHERE tbl = ? AND shard = ? AND (row, col) {op} (?, ?) {until}LIMIT ?"
+)
+
+
+def cell_key(row: bytes, column: bytes) -> bytes:
+    """A cell's partition key in ``cell_versions``: 32 bytes whatever the cell's size.
+
+    BLAKE2b-256 of the row's length (4 bytes), the row and the column: the length keeps
+    ``(b"ab", b"c")`` and ``(b"a", b"bc")`` apart. A collision would need 2**128 cells.
+    """
+    return hashlib.blake2b(
+        len(row).to_bytes(4, "big") + row + column, digest_size=32, person=b"percolake.cell"
+    ).digest()
+
+
+def _format_error(keyspace: str, found: str) -> ValueError:
+    if found == "1":
+        what = (
+            "percolake's format 1 Cassandra layout (one table 'versions' read with GROUP BY, "
+            "which crosses every older version and every clean-up tombstone: issue 18)"
+        )
+    else:
+        what = f"percolake Cassandra layout format {found!r}"
+    return ValueError(
+        f"keyspace {keyspace!r} holds {what}; this percolake reads format {_FORMAT_VERSION} "
+        "only (tables 'cell_versions' and 'cells') and converts nothing. Open a new "
+        "keyspace, or copy the cells over (scan with the old version, put_versions with "
+        "this one)."
+    )
+
+
+class CassandraConnection(KVStore):
+    """The part of :class:`~storage_adapters.cassandra.CassandraStore` every operation
+    shares: the connection and its execution profiles, the schema and the prepared
+    statements, the shard count, and running requests (batched, retried while the
+    driver cannot send, conditional writes). The reads and the writes build on it."""
+
+    concurrent_requests = True
+
+    def __init__(self, url: str) -> None:
+        self.settings = parse_cassandra_url(url)
+        self._url = redact_url(url)
+        self._closed = False
+        self._cluster: Any = None
+        self._session: Any = self._connect()
+        try:
+            self._ensure_schema()
+            self._stmts = self._prepare()
+            self.shards = self._agree_on_shards()
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def _with_session(cls, url: str, session: Any, shards: int = DEFAULT_SHARDS) -> Self:
+        """A store over an existing (possibly fake) session: no connect, no DDL. For tests."""
+        store = cls.__new__(cls)
+        store.settings = parse_cassandra_url(url)
+        store._url = redact_url(url)
+        store._closed = False
+        store._cluster = None
+        store._session = session
+        store._stmts = store._prepare()
+        store.shards = shards
+        return store
+
+    # --- setup ----------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        s = self.settings
+        data_level = getattr(ConsistencyLevel, s.consistency)
+        serial_level = getattr(ConsistencyLevel, s.serial_consistency)
+
+        def balancing() -> Any:
+            return TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=s.local_dc))
+
+        profiles = {
+            EXEC_PROFILE_DEFAULT: ExecutionProfile(
+                load_balancing_policy=balancing(),
+                consistency_level=data_level,
+                request_timeout=s.timeout_s,
+                row_factory=tuple_factory,
+            ),
+            # The commit phase of a conditional write runs at the data level, its
+            # Paxos rounds at the serial level; see ConditionalWriteRetryPolicy.
+            "lwt": ExecutionProfile(
+                load_balancing_policy=balancing(),
+                consistency_level=data_level,
+                serial_consistency_level=serial_level,
+                request_timeout=s.timeout_s,
+                row_factory=tuple_factory,
+                retry_policy=ConditionalWriteRetryPolicy(),
+            ),
+            "serial_read": ExecutionProfile(
+                load_balancing_policy=balancing(),
+                consistency_level=serial_level,
+                request_timeout=s.timeout_s,
+                row_factory=tuple_factory,
+            ),
+        }
+        auth = (
+            PlainTextAuthProvider(username=s.username, password=s.password)
+            if s.username is not None
+            else None
+        )
+        self._cluster = Cluster(
+            list(s.hosts),
+            port=s.port,
+            protocol_version=5,
+            execution_profiles=profiles,
+            auth_provider=auth,
+            connect_timeout=s.connect_timeout_s,
+            control_connection_timeout=s.connect_timeout_s,
+        )
+        try:
+            return self._cluster.connect()
+        except Exception as exc:
+            self._cluster.shutdown()
+            raise translate_error(exc, conditional_write=False, write=False) from exc
+
+    def _ensure_schema(self) -> None:
+        s = self.settings
+        ks = _quote(s.keyspace)
+        metadata = self._cluster.metadata.keyspaces.get(s.keyspace)
+        if metadata is None:
+            log.info("creating keyspace %s (replication factor %d)", ks, s.replication_factor)
+            self._ddl(
+                f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = "
+                "{'class': 'NetworkTopologyStrategy', "
+                f"'replication_factor': {s.replication_factor}}}"
+            )
+            metadata = self._cluster.metadata.keyspaces.get(s.keyspace)
+        existing = set(metadata.tables) if metadata is not None else set()
+        if _FORMAT_1_TABLE in existing:  # checked before anything is created in it
+            raise _format_error(s.keyspace, "1")
+        for table, ddl in _DDL.items():
+            if table not in existing:
+                table_id = uuid.uuid5(_TABLE_ID_NAMESPACE, f"{s.keyspace}.{table}")
+                self._ddl(ddl.format(ks=ks, id=table_id))
+        versions = metadata.tables.get("cell_versions") if metadata is not None else None
+        if versions is not None and "commit_ts" not in versions.columns:
+            # A format-2 keyspace from before commit stamps (rule S9): add the column.
+            log.info("adding commit_ts to %s.cell_versions", ks)
+            self._ddl(f"ALTER TABLE {ks}.cell_versions ADD commit_ts bigint")
+
+    def _ddl(self, statement: str) -> None:
+        """Run a schema change and wait until every node has it.
+
+        A conditional write to a table some replica does not know yet fails with
+        INCOMPATIBLE_SCHEMA, so the first use of a new keyspace must wait here.
+        """
+        try:
+            result = self._session.execute(statement, timeout=max(self.settings.timeout_s, 60.0))
+            agreed = result.response_future.is_schema_agreed
+            if not agreed:
+                agreed = self._cluster.control_connection.wait_for_schema_agreement(wait_time=60)
+        except Exception as exc:
+            raise translate_error(exc, conditional_write=False, write=True) from exc
+        if not agreed:
+            raise StoreUnavailableError(
+                "Cassandra nodes did not agree on the schema within 60 s after: "
+                + " ".join(statement.split())
+            )
+
+    def _prepare(self) -> _Statements:
+        ks = _quote(self.settings.keyspace)
+
+        def prepare(cql: str, *, idempotent: bool = True) -> Any:
+            statement = self._session.prepare(cql.format(ks=ks))
+            statement.is_idempotent = idempotent
+            return statement
+
+        versions = (
+            "SELECT cell, ts, value, deleted, commit_ts FROM {ks}.cell_versions WHERE tbl = ? AND "
+        )
+        stamps = "SELECT cell, ts FROM {ks}.cell_versions WHERE tbl = ? AND "
+        until = "AND (row) < (?) "
+        return _Statements(
+            insert_version=prepare(
+                "INSERT INTO {ks}.cell_versions (tbl, cell, ts, value, deleted) "
+                "VALUES (?, ?, ?, ?, ?)"
+            ),
+            index_cell=prepare("INSERT INTO {ks}.cells (tbl, shard, row, col) VALUES (?, ?, ?, ?)"),
+            # The newest version below ts: the first row of the partition (ts DESC).
+            latest_one=prepare(versions + "cell = ? AND ts < ? LIMIT 1"),
+            latest=prepare(versions + "cell IN ? AND ts < ? PER PARTITION LIMIT 1"),
+            # An inclusive upper bound: the open bound above MAX_TIMESTAMP (2**63) does
+            # not fit a bigint, its inclusive form (MAX_TIMESTAMP) does.
+            version_ts_one=prepare(stamps + "cell = ? AND ts > ? AND ts <= ? LIMIT ?"),
+            version_ts=prepare(stamps + "cell IN ? AND ts > ? AND ts <= ? PER PARTITION LIMIT ?"),
+            versions_one=prepare(versions + "cell = ? AND ts < ? LIMIT ?"),
+            versions=prepare(versions + "cell IN ? AND ts < ? PER PARTITION LIMIT ?"),
+            # A stamp carries its version's write time: a delete of the version (above
+            # that time) removes the stamp too, and a stamp never brings a version back.
+            stamp=prepare(
+                "UPDATE {ks}.cell_versions USING TIMESTAMP ? SET commit_ts = ? "
+                "WHERE tbl = ? AND cell = ? AND ts = ?"
+            ),
+            write_time=prepare(
+                "SELECT cell, WRITETIME(deleted) FROM {ks}.cell_versions "
+                "WHERE tbl = ? AND cell IN ? AND ts = ?"
+            ),
+            delete_version=prepare(
+                "DELETE FROM {ks}.cell_versions USING TIMESTAMP ? "
+                "WHERE tbl = ? AND cell = ? AND ts = ?"
+            ),
+            index_from=prepare(_INDEX_SELECT.format(ks="{ks}", op=">=", until="")),
+            index_after=prepare(_INDEX_SELECT.format(ks="{ks}", op=">", until="")),
+            index_from_until=prepare(_INDEX_SELECT.format(ks="{ks}", op=">=", until=until)),
+            index_after_until=prepare(_INDEX_SELECT.format(ks="{ks}", op=">", until=until)),
+            put_unless_exists=prepare(
+                "INSERT INTO {ks}.system_rows (tbl, key, value) VALUES (?, ?, ?) IF NOT EXISTS",
+                idempotent=False,
+            ),
+            compare_and_set=prepare(
+                "UPDATE {ks}.system_rows SET value = ? WHERE tbl = ? AND key = ? IF value = ?",
+                idempotent=False,
+            ),
+            get_system=prepare("SELECT value FROM {ks}.system_rows WHERE tbl = ? AND key = ?"),
+            delete_system=prepare(
+                "DELETE FROM {ks}.system_rows WHERE tbl = ? AND key = ? IF value = ?",
+                idempotent=False,
+            ),
+            tables=prepare("SELECT DISTINCT tbl, shard FROM {ks}.cells"),
+        )
+
+    def _agree_on_shards(self) -> int:
+        """The keyspace's shard count: the first opener's choice, stored with an LWT."""
+        ks = _quote(self.settings.keyspace)
+        insert = self._session.prepare(
+            f"INSERT INTO {ks}.store_meta (name, value) VALUES (?, ?) IF NOT EXISTS"
+        )
+        applied, stored = self._execute_lwt(insert, ("format", _FORMAT_VERSION))
+        if not applied and stored != _FORMAT_VERSION:
+            raise _format_error(self.settings.keyspace, str(stored))
+        applied, stored = self._execute_lwt(insert, ("shards", str(self.settings.shards)))
+        shards = self.settings.shards if applied else int(stored or DEFAULT_SHARDS)
+        if self.settings.shards_given and shards != self.settings.shards:
+            raise ValueError(
+                f"keyspace {self.settings.keyspace!r} was created with shards={shards}; "
+                f"the URL asks for shards={self.settings.shards}"
+            )
+        return shards
+
+    def _replica(self, table: str, key: bytes) -> Hashable:
+        """The first replica of a cell's partition (``None`` when the driver has no
+        token map): writes to partitions of one replica may share a batch, which the
+        driver sends to that replica (it routes a batch by its first statement)."""
+        token_map = None if self._cluster is None else self._cluster.metadata.token_map
+        if token_map is None:
+            return None
+        routing_key = _component(table.encode()) + _component(key)
+        token = token_map.token_class.from_key(routing_key)
+        replicas = token_map.get_replicas(self.settings.keyspace, token)
+        return replicas[0] if replicas else None
+
+    def _per_cell(
+        self, one: Any, many: Any, table: str, keys: list[bytes], rest: tuple[Any, ...]
+    ) -> list[tuple[Any, tuple[Any, ...] | None]]:
+        """Reads of cell partitions: ``_IN_LIMIT`` cells a request (``cell IN ?``), and a
+        lone cell by ``cell = ?``, which the driver routes to a replica (token aware)."""
+        queries: list[tuple[Any, tuple[Any, ...] | None]] = []
+        for i in range(0, len(keys), _IN_LIMIT):
+            chunk = keys[i : i + _IN_LIMIT]
+            if len(chunk) == 1:
+                queries.append((one, (table, chunk[0], *rest)))
+            else:
+                queries.append((many, (table, chunk, *rest)))
+        return queries
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._cluster is not None:
+            self._cluster.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("store is closed")
+
+    # --- execution ------------------------------------------------------------------
+
+    def _execute_many(
+        self,
+        statement: Any,
+        params: Sequence[tuple[Any, ...]],
+        *,
+        write: bool,
+        profile: object = None,
+    ) -> list[list[tuple[Any, ...]]]:
+        """Run one prepared statement per parameter tuple, ``CONCURRENCY`` at a time."""
+        return self._execute_all([(statement, p) for p in params], write=write, profile=profile)
+
+    def _execute_all(
+        self,
+        queries: Sequence[tuple[Any, tuple[Any, ...] | None]],
+        *,
+        write: bool,
+        profile: object = None,
+        concurrency: int = CONCURRENCY,
+    ) -> list[list[tuple[Any, ...]]]:
+        """Run ``(statement, params)`` pairs, ``concurrency`` at a time; rows of each.
+
+        Reads, and writes of versions (idempotent by the store contract), so a run
+        that failed because the driver could not send a request (:func:`never_sent`)
+        is run again after a short pause, ``_BUSY_RETRIES`` times at most.
+        """
+        if not queries:
+            return []
+        profile = profile or EXEC_PROFILE_DEFAULT
+        for attempt in range(_BUSY_RETRIES + 1):
+            try:
+                if len(queries) == 1:
+                    statement, params = queries[0]
+                    rows = self._session.execute(statement, params, execution_profile=profile)
+                    return [list(rows or ())]
+                results = execute_concurrent(
+                    self._session,
+                    queries,
+                    concurrency=concurrency,
+                    raise_on_first_error=True,
+                    execution_profile=profile,
+                )
+                return [list(result or ()) for _, result in results]
+            except Exception as exc:
+                if never_sent(exc) and attempt < _BUSY_RETRIES:
+                    log.debug("Cassandra connection busy; sending again: %s", exc)
+                    time.sleep(_BUSY_PAUSE_S * 2**attempt)
+                    continue
+                raise translate_error(exc, conditional_write=False, write=write) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _execute_lwt(self, statement: Any, params: tuple[Any, ...]) -> tuple[bool, Any]:
+        """Run one conditional write: ``(applied, value found when not applied)``."""
+        try:
+            result = self._session.execute(statement, params, execution_profile="lwt")
+        except Exception as exc:
+            raise translate_error(exc, conditional_write=True, write=True) from exc
+        names = list(result.column_names or ())
+        rows = list(result)
+        if not rows:
+            raise RuntimeError("a conditional write returned no [applied] row")
+        row = rows[0]
+        applied = bool(row[0])
+        if applied or "value" not in names:
+            return applied, None
+        return applied, row[names.index("value")]
+
+
+class _Request:
+    """One read sent asynchronously; ``rows()`` waits for its rows.
+
+    A read the driver could not send (:func:`never_sent`: every socket buffer full,
+    which a scan's many requests with long bounds can cause) is sent again,
+    ``_BUSY_RETRIES`` times at most, as in :meth:`CassandraConnection._execute_all`.
+    """
+
+    def __init__(self, session: Any, statement: Any, params: Any) -> None:
+        self._session = session
+        self._statement = statement
+        self._params = params
+        self._future = self._send()
+
+    def _send(self) -> Any:
+        try:
+            return self._session.execute_async(self._statement, self._params)
+        except Exception as exc:
+            raise translate_error(exc, conditional_write=False, write=False) from exc
+
+    def rows(self) -> list[Any]:
+        for attempt in range(_BUSY_RETRIES + 1):
+            try:
+                return list(self._future.result())
+            except Exception as exc:
+                if never_sent(exc) and attempt < _BUSY_RETRIES:
+                    log.debug("Cassandra connection busy; sending again: %s", exc)
+                    time.sleep(_BUSY_PAUSE_S * 2**attempt)
+                    self._future = self._send()
+                    continue
+                raise translate_error(exc, conditional_write=False, write=False) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+def _component(part: bytes) -> bytes:
+    """One component of a composite partition key as Cassandra hashes it."""
+    return len(part).to_bytes(2, "big") + part + b"\x00"
+
+
+def _value(value: bytes | None, deleted: bool | None) -> bytes | None:
+    if deleted:
+        return None
+    return b"" if value is None else _bytes(value)
+
+
+def _bytes(value: Any) -> bytes:
+    return bytes(value)
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
