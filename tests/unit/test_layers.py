@@ -73,6 +73,10 @@ def test_the_tree_keeps_the_layer_contract() -> None:
         ("percolake.errors_helper", "wire.channels"),  # see below: the root imports nothing
         ("txn.bad", "spark_integration"),
         ("tso.bad", "txn"),
+        # Inside percolake: the product never imports its tools; a replica's control
+        # plane sits below the server that runs it.
+        ("percolake.serve.bad", "percolake.tools"),
+        ("percolake.serve.replica", "percolake.serve.running"),
         # Inside spark_integration: the engine below the service below the Spark side.
         ("spark_integration.engine", "spark_integration.service"),
         ("spark_integration.service", "spark_integration.spark"),
