@@ -83,7 +83,10 @@ def test_the_design_doc_cites_things_that_exist() -> None:
     pages = _design_pages()
     assert (DESIGN / "index.md") in pages and len(pages) > 1
     cited = [c for page in pages for c in _citations(page.read_text())]
-    assert len(cited) > 40  # the doc does tie rules to code and tests
+    # The doc does tie rules to code and tests: the safety rules' table alone cites over
+    # 40 files and tests (143 at the split), the pages together over 200 (389).
+    assert len(_citations((DESIGN / "protocol.md").read_text())) > 40
+    assert len(cited) > 200
     missing = []
     for path, name in cited:
         target = ROOT / path
