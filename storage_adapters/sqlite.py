@@ -16,13 +16,10 @@ it (a symlink, a hard link) meets the same claim.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import sqlite3
-import struct
 import threading
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
@@ -32,16 +29,13 @@ from storage_adapters._base import (
     CasResult,
     Cell,
     Claim,
-    KVStore,
     ScanEntry,
-    StoreClaimedError,
     Version,
     VersionStamp,
     VersionWrite,
     check_cells,
     check_deletes,
     check_limit,
-    check_role,
     check_scan,
     check_stamps,
     check_system_key,
@@ -50,6 +44,7 @@ from storage_adapters._base import (
     check_ts,
     check_writes,
 )
+from storage_adapters._sqlite_claims import SQLiteClaims
 from wire.errors import StoreError, StoreTimeoutError, StoreUnavailableError
 
 log = logging.getLogger(__name__)
@@ -149,38 +144,9 @@ def _store_error(exc: sqlite3.Error, path: str, *, writes: bool) -> StoreError:
     return StoreError(message)
 
 
-#: A claim locks one byte of the database file, at this offset plus a hash of its role:
-#: far above anything SQLite writes or locks (its lock page is at 1 GiB). A lock past
-#: the end of a file is allowed and leaves the file as it is.
-_CLAIM_BYTE_BASE = 1 << 62
-
-
-def _claim_byte(role: str) -> int:
-    return _CLAIM_BYTE_BASE + zlib.crc32(role.encode())
-
-
-def _lock_byte(fd: int, offset: int, *, lock: bool) -> None:
-    """An open-file-description lock (Linux ``F_OFD_SETLK``) on one byte, or its release.
-
-    Not ``flock``: on NFS that is emulated with whole-file POSIX locks, which would
-    conflict with SQLite's own. Not a classic POSIX lock either: those belong to the
-    process, so SQLite closing one of its descriptors would drop ours. Raises
-    ``BlockingIOError`` (or ``PermissionError``) when another open file holds it.
-    """
-    kind = fcntl.F_WRLCK if lock else fcntl.F_UNLCK
-    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks).
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", kind, os.SEEK_SET, offset, 1, 0))
-
-
-def _lock_holder(fd: int) -> str | None:
-    """The pid a claim's holder wrote into its lock file, if it has yet."""
-    with contextlib.suppress(OSError, ValueError):
-        return f"pid {int(os.pread(fd, 32, 0).decode().strip())}"
-    return None
-
-
-class SQLiteStore(KVStore):
-    """:class:`KVStore` on one SQLite file."""
+class SQLiteStore(SQLiteClaims):
+    """:class:`KVStore` on one SQLite file; its claims are
+    :class:`~storage_adapters._sqlite_claims.SQLiteClaims`."""
 
     def __init__(self, url: str) -> None:
         path, sync, busy_timeout_ms = parse_sqlite_url(url)
@@ -503,8 +469,6 @@ class SQLiteStore(KVStore):
                     out[key] = found[0]
         return out
 
-    # --- claims ----------------------------------------------------------------
-
     def delete_system(self, table: str, key: bytes, expected: bytes) -> CasResult:
         check_system_write(table, key, expected)
         with self._using(writes=True) as cur:
@@ -522,114 +486,11 @@ class SQLiteStore(KVStore):
             cur.execute("COMMIT")
         return CasResult(bool(deleted), current)
 
-    def claim_file(self, role: str) -> str:
-        """The file that names ``role``'s holder (its pid): next to the database file,
-        symlinks resolved."""
-        return f"{self._real_path}.{check_role(role)}.lock"
-
-    def claim(self, role: str) -> Claim:
-        """An exclusive lock on one byte of the database file itself (:func:`_lock_byte`),
-        plus a ``flock`` on :meth:`claim_file` with this process's pid in it.
-
-        The lock on the database file is what makes the claim one per database, however
-        it was reached: a path naming it through a symlink or a hard link, or a relative
-        path, meets the same lock (a lock file named from the path as given did not, and
-        two oracles served one store, rule S7). Both locks belong to one open file, so a
-        second claim conflicts whether it comes from another process or from another
-        handle in this one; the OS releases them when the process dies, however it dies.
-        The lock file is never deleted: unlinking it would let two processes lock two
-        different files.
-        """
-        path = self.claim_file(role)
-        with self._lock:
-            if self._closed:
-                raise ValueError("store is closed")
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise StoreError(f"cannot open lock file {path}: {exc}") from exc
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError as exc:  # EWOULDBLOCK: another open file holds it
-                holder = _lock_holder(fd)
-                os.close(fd)
-                if holder == f"pid {os.getpid()}":
-                    holder += " (this process)"
-                raise StoreClaimedError(
-                    f"{role} of {self.url} is held by {holder or 'another process'} "
-                    f"(lock file {path})",
-                    role=role,
-                    holder=holder,
-                    where=path,
-                ) from exc
-            except OSError as exc:
-                os.close(fd)
-                raise StoreError(f"cannot lock {path}: {exc}") from exc
-            try:
-                self._lock_database_byte(role)
-            except BaseException:
-                os.close(fd)
-                raise
-            with contextlib.suppress(OSError):  # the pid only helps the operator
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            claim = Claim(
-                role, path, exclusive=True, on_release=lambda: self._unclaim(role, fd, claim)
-            )
-            self._claims[role] = claim
-            return claim
-
-    def _lock_database_byte(self, role: str) -> None:
-        """Lock ``role``'s byte of the database file; the caller holds ``self._lock`` and
-        the role's lock file, so no other claim of this handle holds the byte."""
-        if not hasattr(fcntl, "F_OFD_SETLK"):
-            # Not Linux: the lock file next to the resolved path is the claim (it sees
-            # through symlinks, not through hard links).
-            return
-        if self._claim_fd is None:
-            try:
-                self._claim_fd = os.open(self._real_path, os.O_RDWR | os.O_CLOEXEC)
-            except OSError as exc:
-                raise StoreError(f"cannot open {self._real_path} to claim it: {exc}") from exc
-        try:
-            _lock_byte(self._claim_fd, _claim_byte(role), lock=True)
-        except (BlockingIOError, PermissionError) as exc:  # EAGAIN / EACCES: held
-            try:
-                st = os.fstat(self._claim_fd)
-                file_id = f"device {st.st_dev}, inode {st.st_ino}"
-            except OSError:
-                file_id = "the same file"
-            where = f"the database file {self._real_path} ({file_id})"
-            raise StoreClaimedError(
-                f"{role} of {self.url} is held on {where} by another process (or handle) "
-                "that may have reached it by another path",
-                role=role,
-                holder=None,
-                where=where,
-            ) from exc
-        except OSError as exc:
-            raise StoreError(f"cannot lock {self._real_path}: {exc}") from exc
-
-    def _unclaim(self, role: str, fd: int, claim: Claim) -> None:
-        with self._lock:
-            if self._claim_fd is not None:
-                with contextlib.suppress(OSError):  # closing the descriptor releases it
-                    _lock_byte(self._claim_fd, _claim_byte(role), lock=False)
-            if self._claims.get(role) is claim:
-                del self._claims[role]
-        os.close(fd)  # releases the flock, after the byte: never the byte alone held
-
     def close(self) -> None:
         with self._lock:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
-            claims = list(self._claims.values())
-        for claim in claims:
-            claim.release()
-        with self._lock:
-            # Closed only after the connection: closing any descriptor of the database
-            # file drops the process's POSIX locks on it, SQLite's own included.
-            fd, self._claim_fd = self._claim_fd, None
-        if fd is not None:
-            os.close(fd)
+        # After the connection: closing any descriptor of the database file drops the
+        # process's POSIX locks on it, SQLite's own included.
+        self._release_claims()
