@@ -58,7 +58,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from storage_adapters import Claim, KVStore, StoreClaimedError, StoreError
+from storage_adapters import Claim, KVStore, StoreError
+from tso._holder_claim import HolderClaim
 from wire import metrics
 
 log = logging.getLogger(__name__)
@@ -244,11 +245,8 @@ class LeaderLease:
         self._on_row = on_row
         self._clock = clock
         self._check_validity = check_validity
-        self._life_claim = claim
-        self._claim_role = claim_role
-        #: The claim taken for a takeover (``claim_role``): held from before the row is
-        #: written ``claimed`` until this replica's term under it has ended.
-        self._term_claim: Claim | None = None
+        #: The store's exclusive claim of the role: the proof that a holder is gone.
+        self._claims = HolderClaim(store, claim=claim, claim_role=claim_role)
         self._lock = threading.RLock()
         #: The row as last read, and when (our clock) we first saw that value.
         self._seen: bytes | None = None
@@ -374,7 +372,7 @@ class LeaderLease:
             self._seen_record if not changed else None if raw is None else LeaseRecord.decode(raw)
         )
         if changed:
-            self._log_leader(self._seen_record if self._read_once else None, record)
+            _log_leader(self, self._seen_record if self._read_once else None, record)
             previous = self._seen_record
             if record is not None and (previous is None or previous.epoch != record.epoch):
                 metrics.record_leader_seen()
@@ -383,30 +381,11 @@ class LeaderLease:
             # Our own takeover too: calls we forwarded to the old leader are cancelled.
             self._on_row(record)
 
-    def _log_leader(self, old: LeaseRecord | None, new: LeaseRecord | None) -> None:
-        """Every replica logs each change of who leads (not the renewals), by address."""
-        if new is None or (
-            old is not None
-            and (old.epoch, old.holder, old.live) == (new.epoch, new.holder, new.live)
-        ):
-            return
-        who = new.address or f"an embedded oracle ({new.holder[:8]}, serving its own process)"
-        if new.holder == self.id:
-            who += " (this replica)"
-        if new.released:
-            log.info("%s: %s leader %s released epoch %d", self.name, self.role, who, new.epoch)
-        elif new.deposed_by:
-            log.info(
-                "%s: %s leader %s of epoch %d was deposed", self.name, self.role, who, new.epoch
-            )
-        else:
-            log.info("%s: %s leader is now %s, epoch %d", self.name, self.role, who, new.epoch)
-
     def _renew(self, current: bytes) -> None:
         record = LeaseRecord.decode(current)
         # A term that began without the claim (another process held it) marks its row
         # claimed once it gets it, so that its own crash is not waited out.
-        claimed = record.claimed or self._claim_now() is not None
+        claimed = record.claimed or self._claims.now() is not None
         new = replace(
             record, renewals=record.renewals + 1, lease_ms=self.lease_ms, claimed=claimed
         ).encode()
@@ -421,50 +400,16 @@ class LeaderLease:
             # Wait out the lease the old holder asked for, by our clock, from when we
             # first saw its last renewal (or the depose), unless the claim proves the
             # holder gone.
-            waited = now - self._seen_at
-            if waited < record.lease_ms / 1000 * (1 + DRIFT_MARGIN) and not self._holder_gone(
-                record
-            ):
-                self._drop_term_claim()
+            due = now - self._seen_at >= record.lease_ms / 1000 * (1 + DRIFT_MARGIN)
+            if not due and not self._claims.proves_gone(record):
+                self._claims.drop_term_claim()
                 return
         epoch = 1 if record is None else record.epoch + 1
-        claimed = self._claim_now() is not None
+        claimed = self._claims.now() is not None
         new = LeaseRecord(epoch, self.id, self.address, self.lease_ms, claimed=claimed).encode()
         self._write(raw, new)
         if self._mine is None and self._in_doubt is None:
-            self._drop_term_claim()  # lost the race: the claim is not ours to keep
-
-    def _holder_gone(self, record: LeaseRecord) -> bool:
-        """The holder held the store's exclusive claim while it could serve under
-        ``record``, and now we hold it: it has stopped serving (an oracle checks its
-        claim or its lease at every hand-out), or it died."""
-        return record.claimed and self._claim_now() is not None
-
-    def _claim_now(self) -> Claim | None:
-        """The store's exclusive claim of the role, if this replica holds it or can take
-        it now without waiting; ``None`` when another holds it or none is exclusive."""
-        for claim in (self._life_claim, self._term_claim):
-            if claim is not None and claim.exclusive and claim.held:
-                return claim
-        if self._claim_role is None or self._life_claim is not None:
-            return None
-        try:
-            claim = self._store.claim(self._claim_role)
-        except StoreClaimedError:
-            return None
-        except StoreError as exc:
-            log.debug("cannot claim %s: %s", self._claim_role, exc)
-            return None
-        if not claim.exclusive:  # a store that cannot tell: the claim proves nothing
-            claim.release()
-            return None
-        self._term_claim = claim
-        return claim
-
-    def _drop_term_claim(self) -> None:
-        claim, self._term_claim = self._term_claim, None
-        if claim is not None:
-            claim.release()
+            self._claims.drop_term_claim()  # lost the race: the claim is not ours to keep
 
     def _write(self, expected: bytes | None, new: bytes) -> None:
         sent_at = self._clock()
@@ -521,7 +466,7 @@ class LeaderLease:
         else:
             if result.applied:
                 self._saw(released, self._clock())
-        self._drop_term_claim()
+        self._claims.drop_term_claim()
 
     def _end_term(self, why: str) -> None:
         if self._mine is None:
@@ -545,7 +490,7 @@ class LeaderLease:
             self._on_change(None)
         # Only now, with nothing served under the old row any more, may another
         # process take the claim as proof that this holder is gone.
-        self._drop_term_claim()
+        self._claims.drop_term_claim()
 
     def depose(self, why: str) -> bool:
         """Mark the live leader deposed (it cannot be reached); whether the row changed."""
@@ -673,3 +618,20 @@ def _describe(raw: bytes | None) -> str:
     record = LeaseRecord.decode(raw)
     state = "released" if record.released else ("deposed" if record.deposed_by else "held")
     return f"epoch {record.epoch}, {state} by {record.holder[:8]}"
+
+
+def _log_leader(lease: LeaderLease, old: LeaseRecord | None, new: LeaseRecord | None) -> None:
+    """Every replica logs each change of who leads (not the renewals), by address."""
+    if new is None or (
+        old is not None and (old.epoch, old.holder, old.live) == (new.epoch, new.holder, new.live)
+    ):
+        return
+    who = new.address or f"an embedded oracle ({new.holder[:8]}, serving its own process)"
+    if new.holder == lease.id:
+        who += " (this replica)"
+    if new.released:
+        log.info("%s: %s leader %s released epoch %d", lease.name, lease.role, who, new.epoch)
+    elif new.deposed_by:
+        log.info("%s: %s leader %s of epoch %d was deposed", lease.name, lease.role, who, new.epoch)
+    else:
+        log.info("%s: %s leader is now %s, epoch %d", lease.name, lease.role, who, new.epoch)
