@@ -1,4 +1,4 @@
-"""Argument checks shared by both managers: one place, the same errors (CONTRACT.md).
+"""Argument checks shared by both managers: one place, the same errors (``txn.Manager``).
 
 Everything here raises ``TypeError``/``ValueError`` naming the problem, before any
 I/O and before anything is buffered; a gateway runs the same checks again on what it

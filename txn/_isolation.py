@@ -4,7 +4,8 @@ import enum
 
 
 class Isolation(enum.Enum):
-    """Isolation levels (DESIGN.md): snapshot isolation, or serializable on top of it."""
+    """Isolation levels: snapshot isolation, or serializable on top of it
+    (docs/design/protocol.md)."""
 
     SNAPSHOT = "snapshot"
     SERIALIZABLE = "serializable"

@@ -60,7 +60,7 @@ def _pull(
 
 
 class EmbeddedTransaction:
-    """One transaction of an embedded manager. Belongs to one thread; see CONTRACT.md."""
+    """One transaction of an embedded manager. Belongs to one thread; see ``txn.Transaction``."""
 
     def __init__(self, runtime: Runtime, start_ts: int, isolation: Isolation) -> None:
         self._rt = runtime
@@ -243,7 +243,7 @@ class EmbeddedTransaction:
         """
         self._check_active()
         if not self._writes:
-            # Read-only: the snapshot was consistent; nothing to validate (DESIGN.md).
+            # Read-only: the snapshot was consistent; nothing to validate (docs/design/protocol.md).
             self._status = TransactionStatus.COMMITTED
             self._read_only_commit_ts = self.start_ts
             return self.start_ts

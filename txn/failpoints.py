@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-#: Points in commit order (DESIGN.md, "The commit protocol").
+#: Points in commit order (docs/design/protocol.md, "The commit protocol").
 AFTER_LOCK = "after_lock"
 AFTER_WRITE = "after_write"
 AFTER_CONFLICT_CHECK = "after_conflict_check"

@@ -1,4 +1,4 @@
-"""The remote manager: the transaction API of CONTRACT.md through a percolake gateway.
+"""The remote manager: the transaction API (``txn.Manager``) through a percolake gateway.
 
 Writes are buffered here and sent in batches before any read, scan or commit, so a
 write-heavy transaction costs few round trips. Safe calls are retried by the channel
