@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from spark_integration.engine import Catalog, CommitRequest, now_ms
+from spark_integration.engine import Catalog, CommitRequest, HistoryEntry, now_ms
 from spark_integration.engine import lakehouse_failpoints as fp
 from spark_integration.engine.errors import LakehouseError, TableExistsError
 from spark_integration.engine.model import (
@@ -43,7 +43,7 @@ from spark_integration.spark.hook import (
 )
 from spark_integration.spark.reads import read_version
 from spark_integration.spark.schema import check_dataframe_schema, check_table_schema, parse_schema
-from spark_integration.spark.vacuum_sweep import sweep
+from spark_integration.spark.vacuum_sweep import vacuum
 from txn import Manager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager
@@ -453,19 +453,7 @@ class Lakehouse:
     def history(self, name: str) -> list[Commit]:
         """Every version, oldest first."""
         meta = self._catalog.meta(_check_name(name))
-        return [
-            Commit(
-                version=h.record.version,
-                commit_ts=h.commit_ts,
-                operation=h.record.operation,
-                added_files=tuple(_absolute(meta, e) for e in h.added),
-                removed_files=tuple(_absolute(meta, e) for e in h.removed),
-                app_id=h.record.app_id,
-                batch_id=h.record.batch_id,
-                timestamp_ms=h.record.timestamp_ms,
-            )
-            for h in self._catalog.history(name)
-        ]
+        return [_public_commit(meta, h) for h in self._catalog.history(name)]
 
     # --- maintenance -----------------------------------------------------------------
 
@@ -502,18 +490,7 @@ class Lakehouse:
             raise TypeError(f"retain_seconds must be a number, got {type(retain_seconds).__name__}")
         if not math.isfinite(retain_seconds) or retain_seconds < 0:
             raise ValueError(f"retain_seconds must be finite and >= 0, got {retain_seconds}")
-        cutoff_ms = now_ms() - int(retain_seconds * 1000)
-        plan = self._catalog.vacuum_plan(name, cutoff_ms)
-        since = self._catalog.vacuum_fence(name, plan, cutoff_ms)
-        deleted = sweep(plan.meta.location, plan.referenced | since, cutoff_ms)
-        log.info(
-            "vacuum of %s (cutoff %d ms) removed %d paths; versions from %d stay readable",
-            name,
-            cutoff_ms,
-            len(deleted),
-            plan.min_readable_version,
-        )
-        return deleted
+        return vacuum(self._catalog, name, now_ms() - int(retain_seconds * 1000))
 
 
 class LakehouseTransaction:
@@ -712,6 +689,19 @@ def _oldest_job_start_ms(location: str, entries: Sequence[FileEntry]) -> int:
 def _remove_staging(staging: Path) -> None:
     # Best effort: a straggling task may still write here; vacuum removes what is left.
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def _public_commit(meta: TableMeta, h: HistoryEntry) -> Commit:
+    return Commit(
+        version=h.record.version,
+        commit_ts=h.commit_ts,
+        operation=h.record.operation,
+        added_files=tuple(_absolute(meta, e) for e in h.added),
+        removed_files=tuple(_absolute(meta, e) for e in h.removed),
+        app_id=h.record.app_id,
+        batch_id=h.record.batch_id,
+        timestamp_ms=h.record.timestamp_ms,
+    )
 
 
 def _absolute(meta: TableMeta, entry: FileEntry) -> str:

@@ -17,9 +17,31 @@ import logging
 import os
 from pathlib import Path
 
+from spark_integration.engine import Catalog
+from spark_integration.service import RemoteCatalog
 from spark_integration.spark.hook import STAGING_PREFIX, is_data_file, job_started_ms
 
 log = logging.getLogger(__name__)
+
+
+def vacuum(catalog: Catalog | RemoteCatalog, name: str, cutoff_ms: int) -> list[str]:
+    """Vacuum table ``name`` with ``cutoff_ms``: plan, fence, sweep; returns the paths removed.
+
+    The plan (what versions inside the retention read) and the fence (the cutoff
+    published in the head, and the files committed since the plan) are the
+    catalog's; the sweep is this module's.
+    """
+    plan = catalog.vacuum_plan(name, cutoff_ms)
+    since = catalog.vacuum_fence(name, plan, cutoff_ms)
+    deleted = sweep(plan.meta.location, plan.referenced | since, cutoff_ms)
+    log.info(
+        "vacuum of %s (cutoff %d ms) removed %d paths; versions from %d stay readable",
+        name,
+        cutoff_ms,
+        len(deleted),
+        plan.min_readable_version,
+    )
+    return deleted
 
 
 def _mtime_ms(st: os.stat_result) -> int:
