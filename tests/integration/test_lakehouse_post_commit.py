@@ -357,8 +357,9 @@ def test_settling_that_fails_with_any_error_raises_commit_unknown_and_keeps_the_
     manager: Manager, lh: Lakehouse, faults: ClientFaults, error: str, applied: bool
 ) -> None:
     """Fails before the fix: the settle's own error (not a ``TransactionError``) escaped
-    ``Catalog._transact`` in place of ``CommitUnknownError``, so ``append`` took it for
-    "not committed" and deleted files that a committed version may name.
+    the catalog's retry loop (now ``TableAccess.transact``) in place of
+    ``CommitUnknownError``, so ``append`` took it for "not committed" and deleted files
+    that a committed version may name.
 
     Interleaving: the commit transaction's outcome is unknown (its commit point timed
     out, before or after applying, and could not be settled); the catalog settles it

@@ -41,7 +41,7 @@ from percolake.tools.chaos._lakehouse import LakehouseAppends, ServiceLakehouses
 from percolake.tools.chaos.client import FailoverManager
 from percolake.tools.chaos.failpoints_serve import fired_path, write_lakehouse_control
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
-from spark_integration.engine.catalog import Catalog
+from spark_integration.engine import Catalog
 from spark_integration.engine.model import APPEND, CREATE
 from spark_integration.service.client import RemoteCatalog
 from spark_integration.spark.hook import STAGING_PREFIX

@@ -1,4 +1,4 @@
-"""Which files a filtered ``format("percolake")`` read keeps (``_pruning``), without Spark.
+"""Which files a filtered ``format("percolake")`` read keeps (``pruning``), without Spark.
 
 The rule under test: a file may be dropped only if no row of it can satisfy the
 filters; partition filters are decided exactly (SQL's three-valued logic) and not

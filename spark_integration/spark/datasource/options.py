@@ -4,7 +4,7 @@ Spark hands a Python data source its options as strings in a case-insensitive ma
 (keys arrive lower-cased); ``path`` is the table name given to ``load``/``save``.
 Each direction accepts its own options and refuses the other's by name, so that a
 ``versionAsOf`` on a write or a ``txnVersion`` on a read never passes silently.
-Option names are CONTRACT.md's ("Spark data source ``percolake``").
+Option names are those of docs/lakehouse.md ("The Spark data source").
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ log = logging.getLogger(__name__)
 
 
 class PercolakeDataSource(DataSource):
-    """The ``percolake`` format. Its options are CONTRACT.md's; the path is the table name."""
+    """The ``percolake`` format (options: docs/lakehouse.md); the path is the table name."""
 
     #: The version a read is pinned to, set when the DataFrame is defined (``schema``).
     pinned_version: int | None = None
