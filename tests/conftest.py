@@ -19,6 +19,29 @@ pytest_plugins = ["tests.cassandra_plugin", "tests.spark_plugin"]
 
 StoreFactory = Callable[[], KVStore]
 
+#: Fixtures that start a JVM shared by the whole session (the Cassandra nodes of
+#: tests/cassandra_plugin.py, the Spark session of tests/spark_plugin.py).
+_JVM_GROUPS = {"cassandra": "cassandra_", "spark": "spark"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep each shared JVM in one pytest-xdist worker.
+
+    ``make test`` runs the suite in worker processes (``-n 2 --dist loadgroup``), and a
+    session fixture lives once per worker. A test that needs a Cassandra node or the
+    Spark session joins that JVM's group; every test of a group runs in one worker, so
+    each node starts once per run, not once per worker (a node costs ~20 s of both
+    cores to start). Without xdist the marks change nothing.
+    """
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for group, prefix in _JVM_GROUPS.items():
+            # The marker too: store_url_factory reaches the node by getfixturevalue.
+            if item.get_closest_marker(group) or any(n.startswith(prefix) for n in names):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
 _counter = itertools.count()
 
 
