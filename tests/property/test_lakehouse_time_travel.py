@@ -260,12 +260,13 @@ def test_time_travel_is_repeatable_on_sqlite(tmp_path_factory: pytest.TempPathFa
 FIND_ONLY = settings(SETTINGS, max_examples=1_000, phases=[Phase.generate])
 
 
-def _version_at_before_the_fix(self: Catalog, name: str, timestamp_ms: int) -> int:
+def _version_at_before_the_fix(self: History, name: str, timestamp_ms: int) -> int:
     """``version_at`` as it was: a read-only search of the log, nothing raised."""
-    if timestamp_ms > self.clock_ms():
+    tables = self._tables
+    if timestamp_ms > tables.clock_ms():
         raise VersionNotFoundError(f"timestamp {timestamp_ms} ms is in the future")
-    with self._tm.begin() as tx:
-        return self._search_log(tx, name, self._read_head(tx, name), timestamp_ms)
+    with tables.tm.begin() as tx:
+        return self._search_log(tx, name, tables.read_head(tx, name), timestamp_ms)
 
 
 def test_time_travel_that_raises_no_log_time_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -273,7 +274,7 @@ def test_time_travel_that_raises_no_log_time_is_caught(monkeypatch: pytest.Monke
     old ``version_at`` an answer for a time at or after the latest log time is
     contradicted by a commit whose log time was taken before the answer (or by a
     committer whose clock is behind)."""
-    monkeypatch.setattr(Catalog, "version_at", _version_at_before_the_fix)
+    monkeypatch.setattr(History, "version_at", _version_at_before_the_fix)
     with pytest.raises(AssertionError, match="version_at"):
         _run(_memory, FIND_ONLY)
 
