@@ -49,7 +49,7 @@ def _engine_forbids() -> list[str]:
 
 
 def _run(cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    env = {**os.environ, "PYTHONPATH": str(cwd), "COLUMNS": "400"}  # no wrapped lines
     return subprocess.run(
         [str(LINT_IMPORTS), "--config", str(cwd / "pyproject.toml"), "--no-cache"],
         cwd=cwd,
@@ -59,6 +59,23 @@ def _run(cwd: Path) -> subprocess.CompletedProcess[str]:
         check=False,
         timeout=120,
     )
+
+
+def _skeleton(root: Path, modules: list[str]) -> None:
+    """Empty packages and modules for ``modules``, the real config and the private-modules
+    contract type it registers (``tests/import_contracts.py``)."""
+    (root / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    for name in [*modules, "tests.import_contracts"]:
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):
+            package = root.joinpath(*parts[:depth])
+            if depth < len(parts) or len(parts) == 1:
+                package.mkdir(exist_ok=True)
+                (package / "__init__.py").touch()
+            elif not package.is_dir():
+                package.with_suffix(".py").touch()
+    contract = ROOT / "tests" / "import_contracts.py"
+    (root / "tests" / "import_contracts.py").write_text(contract.read_text())
 
 
 def test_the_tree_keeps_the_layer_contract() -> None:
@@ -88,16 +105,7 @@ def test_a_lower_layer_importing_a_higher_one_breaks_the_lint(
     tmp_path: Path, module: str, imports: str
 ) -> None:
     """A skeleton with every layer's package and one upward import: lint-imports fails."""
-    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
-    for name in [*_layer_modules(), module]:
-        parts = name.split(".")
-        for depth in range(1, len(parts) + 1):
-            package = tmp_path.joinpath(*parts[:depth])
-            if depth < len(parts) or len(parts) == 1:
-                package.mkdir(exist_ok=True)
-                (package / "__init__.py").touch()
-            elif not package.is_dir():
-                package.with_suffix(".py").touch()
+    _skeleton(tmp_path, [*_layer_modules(), module])
     if module == "percolake.errors_helper":
         # The root layer is one module; make the violation inside it.
         module = "wire.errors"
@@ -108,3 +116,44 @@ def test_a_lower_layer_importing_a_higher_one_breaks_the_lint(
     assert result.returncode == 1, result.stdout + result.stderr
     assert "BROKEN" in result.stdout
     assert f"{module} -> {imports}" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "imports", "reported"),
+    [
+        # Another package's private module, from product code.
+        ("txn.bad", ["tso._lease"], "txn.bad -> tso._lease (private to tso)"),
+        # A sub-package's private module, from a sibling sub-package.
+        (
+            "spark_integration.spark.bad",
+            ["spark_integration.engine._catalog"],
+            "private to spark_integration.engine",
+        ),
+        # A test reaching into the internals of two packages.
+        (
+            "tests.unit.test_bad",
+            ["txn._committer", "tso._lease"],
+            "tests.unit.test_bad reaches into 2 packages",
+        ),
+    ],
+)
+def test_importing_another_packages_private_module_breaks_the_lint(
+    tmp_path: Path, module: str, imports: list[str], reported: str
+) -> None:
+    """Issue 29: 24 imports of other packages' private modules in source, 83 in tests.
+    On that tree, and on a skeleton with one such import, lint-imports fails."""
+    _skeleton(tmp_path, [*_layer_modules(), module, *imports])
+    target = tmp_path.joinpath(*module.split(".")).with_suffix(".py")
+    target.write_text("".join(f"import {name}\n" for name in imports))
+    result = _run(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "private modules stay private BROKEN" in result.stdout
+    assert reported in result.stdout
+
+
+def test_a_test_may_reach_into_the_one_package_it_tests(tmp_path: Path) -> None:
+    _skeleton(tmp_path, [*_layer_modules(), "tests.unit.test_ok", "txn._committer", "txn._retry"])
+    target = tmp_path / "tests" / "unit" / "test_ok.py"
+    target.write_text("import txn._committer\nimport txn._retry\nimport tso\n")
+    result = _run(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
