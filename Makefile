@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev,cassandra,spark,bench
 PYTEST_ARGS ?=
+# The suite runs in pytest-xdist workers; tests sharing a Cassandra node or the Spark
+# session stay in one worker (tests/conftest.py), so each JVM starts once.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 .DEFAULT_GOAL := help
 
@@ -43,7 +47,7 @@ run: $(STAMP) ## set up everything and run the main job: PySpark writers through
 
 .PHONY: test
 test: $(STAMP) tools cassandra-jars ## set up everything (Cassandra from Maven Central included) and run the whole suite
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 .PHONY: cassandra-jars
 cassandra-jars: $(STAMP) ## fetch Apache Cassandra's jars from Maven Central into ~/.cache/percolake
@@ -55,7 +59,7 @@ protos: $(STAMP) ## regenerate the committed gRPC code from proto/
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## unit, contract and property tiers only (no servers)
-	$(PY) -m pytest -m "not cassandra and not integration and not chaos and not spark" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not cassandra and not integration and not chaos and not spark" $(PYTEST_ARGS)
 
 .PHONY: chaos
 chaos: $(STAMP) tools cassandra-jars ## the long chaos runs (3-node Cassandra, partitions); reports in tests/chaos/results
