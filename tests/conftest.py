@@ -19,9 +19,28 @@ pytest_plugins = ["tests.cassandra_plugin", "tests.spark_plugin"]
 
 StoreFactory = Callable[[], KVStore]
 
-#: Fixtures that start a JVM shared by the whole session (the Cassandra nodes of
-#: tests/cassandra_plugin.py, the Spark session of tests/spark_plugin.py).
-_JVM_GROUPS = {"cassandra": "cassandra_", "spark": "spark"}
+_counter = itertools.count()
+
+
+def _shared_jvm(item: pytest.Item) -> str | None:
+    """The session JVM a test needs: ``cassandra`` (a node of tests/cassandra_plugin.py),
+    ``spark`` (the session of tests/spark_plugin.py) or None.
+
+    By the fixtures it uses, and by its parameters: ``store_url_factory`` and ``any_tm``
+    reach the node through ``getfixturevalue``. Not by markers: a test marked
+    ``cassandra`` that starts its own cluster (the launcher's tests, the bench runner)
+    shares nothing and may run in any worker.
+    """
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    if any(name.startswith("cassandra_") for name in names) or any(
+        isinstance(value, str) and value.startswith("cassandra") for value in params
+    ):
+        return "cassandra"
+    if names & {"spark", "spark_connect"}:
+        return "spark"
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -34,15 +53,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cores to start). Without xdist the marks change nothing.
     """
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        for group, prefix in _JVM_GROUPS.items():
-            # The marker too: store_url_factory reaches the node by getfixturevalue.
-            if item.get_closest_marker(group) or any(n.startswith(prefix) for n in names):
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
-
-
-_counter = itertools.count()
+        group = _shared_jvm(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(
