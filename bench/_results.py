@@ -1,4 +1,4 @@
-"""Benchmark results in the format of CONTRACT.md ("Benchmark results").
+"""Benchmark results in the format docs/benchmarks.md describes.
 
 A suite's ``run(quick, progress)`` returns :class:`Figure` items (one number each,
 the contract's format) and, for the plots, :class:`Growth` curves (how a cost grows

@@ -90,7 +90,7 @@ PYICEBERG = f"pyiceberg {version_of('pyiceberg')} SqlCatalog on SQLite, local fi
 
 APPEND_DELTA = (
     f"Delta Lake ({DELTA_RS} create_write_transaction, one AddAction per commit, local "
-    "disk, same run); DESIGN.md: about 60-70 metadata-only commits/s, one writer or eight"
+    "disk, same run); the design target: about 60-70 metadata-only commits/s, one writer or eight"
 )
 APPEND_ICEBERG = (
     f"Apache Iceberg ({PYICEBERG}): Table.add_files of one 10-row Parquet file per commit "

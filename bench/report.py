@@ -5,7 +5,7 @@ Both Markdown outputs are generated from ``bench/results/latest.json`` (and
 
 - ``docs/benchmarks.md``, the whole report: how the run works, every ratio against
   its anchor, links to the plots, every figure;
-- the README's summary, between two markers: the figures CONTRACT.md names,
+- the README's summary, between two markers: the stable figures (``CONTRACT_FIGURES``),
   and a link to the report.
 
 ``python -m bench.report`` rewrites both from the committed results without running
@@ -38,7 +38,7 @@ PLOTS_LINK = Path(os.path.relpath(RESULTS.parent, BENCHMARKS.parent)).as_posix()
 #: docs/benchmarks.md as a link from the README.
 BENCHMARKS_LINK = BENCHMARKS.relative_to(ROOT).as_posix()
 
-#: The stable figures CONTRACT.md ("Benchmark results") names, in the README's order,
+#: The stable figures, the ones the project contract names, in the README's order,
 #: each with what the README says it compares and which way is better.
 CONTRACT_FIGURES: dict[str, str] = {
     "cassandra.txn_vs_raw.cells100.ratio": (

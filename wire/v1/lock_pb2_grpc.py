@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class LockServiceStub:
-    """The lock server: leased exclusive locks for liveness only (DESIGN.md, rule S5).
+    """The lock server: leased exclusive locks for liveness only (docs/design/protocol.md, rule S5).
     """
 
     def __init__(self, channel):
@@ -63,7 +63,7 @@ class LockServiceStub:
 
 
 class LockServiceServicer:
-    """The lock server: leased exclusive locks for liveness only (DESIGN.md, rule S5).
+    """The lock server: leased exclusive locks for liveness only (docs/design/protocol.md, rule S5).
     """
 
     def Lock(self, request, context):
@@ -136,7 +136,7 @@ def add_LockServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class LockService:
-    """The lock server: leased exclusive locks for liveness only (DESIGN.md, rule S5).
+    """The lock server: leased exclusive locks for liveness only (docs/design/protocol.md, rule S5).
     """
 
     @staticmethod

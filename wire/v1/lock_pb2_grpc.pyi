@@ -27,7 +27,7 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class LockServiceStub:
-    """The lock server: leased exclusive locks for liveness only (DESIGN.md, rule S5)."""
+    """The lock server: leased exclusive locks for liveness only (docs/design/protocol.md, rule S5)."""
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -44,7 +44,7 @@ class LockServiceStub:
 
 @_typing.type_check_only
 class LockServiceAsyncStub(LockServiceStub):
-    """The lock server: leased exclusive locks for liveness only (DESIGN.md, rule S5)."""
+    """The lock server: leased exclusive locks for liveness only (docs/design/protocol.md, rule S5)."""
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Lock: _aio.UnaryUnaryMultiCallable[_lock_pb2.LockRequest, _lock_pb2.LockResponse]  # type: ignore[assignment]
@@ -57,7 +57,7 @@ class LockServiceAsyncStub(LockServiceStub):
     """The server's epoch: it changes on every restart; tokens of other epochs are refused."""
 
 class LockServiceServicer(metaclass=_abc_1.ABCMeta):
-    """The lock server: leased exclusive locks for liveness only (DESIGN.md, rule S5)."""
+    """The lock server: leased exclusive locks for liveness only (docs/design/protocol.md, rule S5)."""
 
     @_abc_1.abstractmethod
     def Lock(

@@ -27,7 +27,7 @@ if _version_not_supported:
 
 class TimestampServiceStub:
     """The timestamp oracle: strictly increasing timestamps that never repeat, across
-    restarts and failovers (DESIGN.md, rule S7).
+    restarts and failovers (docs/design/protocol.md, rule S7).
     """
 
     def __init__(self, channel):
@@ -45,7 +45,7 @@ class TimestampServiceStub:
 
 class TimestampServiceServicer:
     """The timestamp oracle: strictly increasing timestamps that never repeat, across
-    restarts and failovers (DESIGN.md, rule S7).
+    restarts and failovers (docs/design/protocol.md, rule S7).
     """
 
     def GetTimestamps(self, request, context):
@@ -73,7 +73,7 @@ def add_TimestampServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class TimestampService:
     """The timestamp oracle: strictly increasing timestamps that never repeat, across
-    restarts and failovers (DESIGN.md, rule S7).
+    restarts and failovers (docs/design/protocol.md, rule S7).
     """
 
     @staticmethod

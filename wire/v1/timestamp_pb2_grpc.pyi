@@ -28,7 +28,7 @@ GRPC_VERSION: str
 
 class TimestampServiceStub:
     """The timestamp oracle: strictly increasing timestamps that never repeat, across
-    restarts and failovers (DESIGN.md, rule S7).
+    restarts and failovers (docs/design/protocol.md, rule S7).
     """
 
     @_typing.overload
@@ -41,7 +41,7 @@ class TimestampServiceStub:
 @_typing.type_check_only
 class TimestampServiceAsyncStub(TimestampServiceStub):
     """The timestamp oracle: strictly increasing timestamps that never repeat, across
-    restarts and failovers (DESIGN.md, rule S7).
+    restarts and failovers (docs/design/protocol.md, rule S7).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -50,7 +50,7 @@ class TimestampServiceAsyncStub(TimestampServiceStub):
 
 class TimestampServiceServicer(metaclass=_abc_1.ABCMeta):
     """The timestamp oracle: strictly increasing timestamps that never repeat, across
-    restarts and failovers (DESIGN.md, rule S7).
+    restarts and failovers (docs/design/protocol.md, rule S7).
     """
 
     @_abc_1.abstractmethod

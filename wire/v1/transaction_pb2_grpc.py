@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class TransactionServiceStub:
-    """The transaction gateway: the transaction API of CONTRACT.md over gRPC.
+    """The transaction gateway: the transaction API of txn.Manager and txn.Transaction over gRPC.
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:
@@ -94,7 +94,7 @@ class TransactionServiceStub:
 
 
 class TransactionServiceServicer:
-    """The transaction gateway: the transaction API of CONTRACT.md over gRPC.
+    """The transaction gateway: the transaction API of txn.Manager and txn.Transaction over gRPC.
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:
@@ -224,7 +224,7 @@ def add_TransactionServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TransactionService:
-    """The transaction gateway: the transaction API of CONTRACT.md over gRPC.
+    """The transaction gateway: the transaction API of txn.Manager and txn.Transaction over gRPC.
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:

@@ -27,7 +27,7 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class TransactionServiceStub:
-    """The transaction gateway: the transaction API of CONTRACT.md over gRPC.
+    """The transaction gateway: the transaction API of txn.Manager and txn.Transaction over gRPC.
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:
@@ -62,7 +62,7 @@ class TransactionServiceStub:
 
 @_typing.type_check_only
 class TransactionServiceAsyncStub(TransactionServiceStub):
-    """The transaction gateway: the transaction API of CONTRACT.md over gRPC.
+    """The transaction gateway: the transaction API of txn.Manager and txn.Transaction over gRPC.
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:
@@ -93,7 +93,7 @@ class TransactionServiceAsyncStub(TransactionServiceStub):
     """Where a transaction is; with settle, settle an undecided one (rule S3)."""
 
 class TransactionServiceServicer(metaclass=_abc_1.ABCMeta):
-    """The transaction gateway: the transaction API of CONTRACT.md over gRPC.
+    """The transaction gateway: the transaction API of txn.Manager and txn.Transaction over gRPC.
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:
