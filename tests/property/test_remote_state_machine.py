@@ -48,7 +48,7 @@ What is checked:
 * at teardown, the recorded list-append history (a scan's rows recorded as reads,
   keys a consumed part of a scan showed absent as empty reads) with the history
   checker: snapshot isolation for the mixed machine, serializability for the one
-  whose transactions are all SERIALIZABLE; then DESIGN.md's commit rules on the
+  whose transactions are all SERIALIZABLE; then the commit rules of docs/design/protocol.md on the
   transactions known to have committed: first committer wins, and a SERIALIZABLE
   writer never commits after a commit changed a key it read (so a scan consumed in
   part is validated exactly as far as it was consumed).
@@ -849,7 +849,7 @@ class RemoteMachine(RuleBasedStateMachine):
                 manager.close()
 
     def _check_commit_rules(self) -> None:
-        """DESIGN.md's commit rules, on what is known to have committed.
+        """The commit rules of docs/design/protocol.md, on what is known to have committed.
 
         First committer wins: two committed writers of one key never overlap. A
         SERIALIZABLE writer re-reads what it read at its commit_ts and aborts on any

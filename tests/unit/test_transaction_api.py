@@ -1,4 +1,4 @@
-"""The transaction API of CONTRACT.md: validation, states, context manager, retries."""
+"""The public transaction API (txn.Manager, txn.Transaction): checks, states, retries."""
 
 from __future__ import annotations
 
