@@ -39,6 +39,7 @@ PACKAGES = (
     "txn",
     "spark_integration",
     "pyspark_percolake",
+    "wire",
 )
 SCRIPT_TIMEOUT_S = 240
 PIP = (sys.executable, "-m", "pip", "-q")
