@@ -40,10 +40,12 @@ class _LostReplies:
         store.compare_and_set = compare_and_set  # type: ignore[method-assign, assignment]
 
 
-@pytest.fixture(params=["paxos-v2", "paxos-v1"])
+# Parameters named as conftest's store backends, so the test joins the workers' group
+# of the session's Cassandra nodes (tests/conftest.py, _shared_jvm).
+@pytest.fixture(params=["cassandra", "cassandra-paxos-v1"], ids=["paxos-v2", "paxos-v1"])
 def store(request: pytest.FixtureRequest) -> Iterator[KVStore]:
     fixture = (
-        "cassandra_store_url" if request.param == "paxos-v2" else ("cassandra_paxos_v1_store_url")
+        "cassandra_store_url" if request.param == "cassandra" else "cassandra_paxos_v1_store_url"
     )
     opened = open_store(str(request.getfixturevalue(fixture)))
     yield opened
