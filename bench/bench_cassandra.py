@@ -43,7 +43,7 @@ from typing import Any
 
 from bench._results import Figure, Growth, Latency, Result, summarize
 from storage_adapters import MAX_TIMESTAMP, VersionWrite, open_store
-from storage_adapters.cassandra import CONCURRENCY, CassandraStore, _batched, shard_of
+from storage_adapters.cassandra import CONCURRENCY, CassandraStore, batched, shard_of
 from txn import TransactionManager
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class RawWriter:
         for row, col in cells:
             shard = shard_of(row, self.shards)
             items.append((shard, ("bench", shard, row, col, VALUE), len(row) + len(VALUE) + 32))
-        queries = _batched(self.insert_sharded, items)
+        queries = batched(self.insert_sharded, items)
         if len(queries) == 1:
             self.session.execute(*queries[0])
             return

@@ -69,7 +69,7 @@ MAX_SYSTEM_KEY_BYTES = 65_535 - 6
 #: Measured: a version insert carries about 100 bytes besides its key and value, so
 #: with the largest key a value of 16 MiB - 65,625 bytes still fits. The 1 MiB margin
 #: covers the key, the table name and the protocol's own fields. A write batch never
-#: puts a value this large next to another write (``cassandra._batched``: only writes
+#: puts a value this large next to another write (``cassandra.batched``: only writes
 #: adding up to 4 KiB share a batch), so no request outgrows the single largest write.
 MAX_VALUE_BYTES = 15 * 1024 * 1024
 #: The largest system value: half of :data:`MAX_VALUE_BYTES`, because a compare-and-set

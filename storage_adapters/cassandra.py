@@ -183,6 +183,7 @@ __all__ = [
     "CassandraSettings",
     "CassandraStore",
     "ConditionalWriteRetryPolicy",
+    "batched",
     "parse_cassandra_url",
     "shard_of",
     "translate_error",
@@ -243,8 +244,8 @@ class CassandraStore(CassandraReads):
                     (table, shard, row, column),
                     len(row) + len(column) + 24,
                 )
-        queries = _batched(self._stmts.insert_version, version_items, _CROSS_PARTITION_ROWS)
-        queries += _batched(self._stmts.index_cell, list(index_items.values()))
+        queries = batched(self._stmts.insert_version, version_items, _CROSS_PARTITION_ROWS)
+        queries += batched(self._stmts.index_cell, list(index_items.values()))
         self._execute_all(queries, write=True, concurrency=_IN_CONCURRENCY)
 
     def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
@@ -270,7 +271,7 @@ class CassandraStore(CassandraReads):
                     (self._replica(table, key), (write_time, commit_ts, table, key, ts), 60)
                 )
         self._execute_all(
-            _batched(self._stmts.stamp, updates, _CROSS_PARTITION_ROWS),
+            batched(self._stmts.stamp, updates, _CROSS_PARTITION_ROWS),
             write=True,
             concurrency=_IN_CONCURRENCY,
         )
@@ -330,7 +331,7 @@ class CassandraStore(CassandraReads):
             at = now if write_time is None else min(max(now, write_time + 1), _MAX_WRITE_TIME)
             deletes.append((self._replica(table, key), (at, table, key, ts), 60))
         self._execute_all(
-            _batched(self._stmts.delete_version, deletes, _CROSS_PARTITION_ROWS),
+            batched(self._stmts.delete_version, deletes, _CROSS_PARTITION_ROWS),
             write=True,
             concurrency=_IN_CONCURRENCY,
         )
@@ -381,7 +382,7 @@ class CassandraStore(CassandraReads):
         return CasResult(False, None if current is None else _bytes(current))
 
 
-def _batched(
+def batched(
     statement: Any,
     items: Sequence[tuple[Hashable, tuple[Any, ...], int]],
     max_rows: int = _BATCH_ROWS,

@@ -56,7 +56,7 @@ class _Member:
 
 
 @dataclass(eq=False)
-class _Queue:
+class TableQueue:
     pending: deque[_Member] = field(default_factory=deque)
     running: bool = False
     last_size: int = 0  # members of the table's last group
@@ -82,13 +82,13 @@ class GroupCommitter:
         self._limits = limits
         #: Guards every queue; notified when a request is queued.
         self._lock = threading.Condition()
-        self._queues: dict[tuple[str, str], _Queue] = {}
+        self._queues: dict[tuple[str, str], TableQueue] = {}
 
     def commit(self, catalog: Catalog, name: str, request: CommitRequest) -> Committed:
         member = _Member(request)
         key = (catalog.layout.catalog, name)
         with self._lock:
-            queue = self._queues.setdefault(key, _Queue())
+            queue = self._queues.setdefault(key, TableQueue())
             queue.pending.append(member)
             start = not queue.running
             queue.running = True
@@ -115,7 +115,7 @@ class GroupCommitter:
     def after_group(self, name: str, requests: list[CommitRequest]) -> None:
         """Called with each group after its transaction committed, before any reply."""
 
-    def _take(self, queue: _Queue) -> list[_Member]:
+    def _take(self, queue: TableQueue) -> list[_Member]:
         """The next group: overwrites alone, appends up to the limits (under the lock)."""
         first = queue.pending.popleft()
         group = [first]
@@ -132,7 +132,7 @@ class GroupCommitter:
             group.append(queue.pending.popleft())
         return group
 
-    def _gather(self, queue: _Queue) -> None:
+    def _gather(self, queue: TableQueue) -> None:
         """Wait (under the lock) for a group as big as the last, within the bounds."""
         if queue.pending[0].request.operation == OVERWRITE:
             return
@@ -145,7 +145,7 @@ class GroupCommitter:
                 return
             self._lock.wait(left)
 
-    def _drain(self, catalog: Catalog, name: str, queue: _Queue) -> None:
+    def _drain(self, catalog: Catalog, name: str, queue: TableQueue) -> None:
         while True:
             with self._lock:
                 if not queue.pending:

@@ -24,7 +24,12 @@ from spark_integration.engine.model import (
     LogRecord,
     TableMeta,
 )
-from spark_integration.service.group_commit import GroupCommitter, LakehouseLimits, _Member, _Queue
+from spark_integration.service.group_commit import (
+    GroupCommitter,
+    LakehouseLimits,
+    TableQueue,
+    _Member,
+)
 from txn import TransactionConfig, TransactionManager
 
 pytestmark = pytest.mark.unit
@@ -189,7 +194,7 @@ def test_a_group_is_cut_at_its_byte_bound() -> None:
     committer = HeldCommitter(LakehouseLimits(max_group_bytes=2 * big))
     committer.release.set()
     queue_requests = [append(f"b{i}", 40) for i in range(3)]
-    queue = _Queue()
+    queue = TableQueue()
     queue.pending.extend(_Member(r) for r in queue_requests)
     assert [m.request.job_id for m in committer._take(queue)] == ["b0", "b1"]
     assert [m.request.job_id for m in committer._take(queue)] == ["b2"]
@@ -226,7 +231,7 @@ def test_a_failed_group_transaction_reaches_every_member(tm: TransactionManager)
 def test_a_group_waits_briefly_for_as_many_members_as_the_last_one() -> None:
     """Writers answered together come back a round trip apart; the group waits for them."""
     committer = GroupCommitter(LakehouseLimits(max_group_wait_ms=1000))
-    queue = _Queue(last_size=3, last_commit_s=60.0)  # allows the full second of waiting
+    queue = TableQueue(last_size=3, last_commit_s=60.0)  # allows the full second of waiting
     queue.pending.append(_Member(append("first")))
 
     def arrive() -> None:
@@ -253,7 +258,7 @@ def test_no_waiting_without_a_bigger_last_group_or_with_waiting_off() -> None:
     for limits, last_size in ((LakehouseLimits(), 1), (LakehouseLimits(max_group_wait_ms=0), 8)):
         committer = GroupCommitter(limits)
         committer._lock = lock = CountingCondition()
-        queue = _Queue(last_size=last_size, last_commit_s=60.0)
+        queue = TableQueue(last_size=last_size, last_commit_s=60.0)
         queue.pending.append(_Member(append("only")))
         with lock:
             committer._gather(queue)

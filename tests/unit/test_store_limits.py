@@ -104,7 +104,7 @@ from cassandra.query import SimpleStatement  # noqa: E402
 
 from storage_adapters._cassandra_reads import SCAN_PAGE_CELLS  # noqa: E402
 from storage_adapters._cassandra_session import cell_key  # noqa: E402
-from storage_adapters.cassandra import _BATCH_BYTES, CassandraStore, _batched  # noqa: E402
+from storage_adapters.cassandra import _BATCH_BYTES, CassandraStore, batched  # noqa: E402
 
 
 class _RecordingSession:
@@ -176,7 +176,7 @@ def test_no_write_batch_is_bigger_than_its_largest_write() -> None:
     under ``MAX_VALUE_BYTES`` can never make a request over Cassandra's 16 MiB."""
     statement = SimpleStatement("INSERT %s")
     sizes = [10, MAX_VALUE_BYTES, 4000, 100, 5000, 3000, MAX_VALUE_BYTES, 1, 1, 2000, 2100]
-    requests = _batched(statement, [(0, (i,), size) for i, size in enumerate(sizes)])
+    requests = batched(statement, [(0, (i,), size) for i, size in enumerate(sizes)])
     sent: list[int] = []
     for request, params in requests:
         if params is not None:  # a write on its own

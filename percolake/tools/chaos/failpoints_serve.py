@@ -109,7 +109,7 @@ import grpc
 from percolake.tools.chaos._config import TEST_GC_GRACE_ENV
 from spark_integration.engine import Catalog, CommitRequest
 from spark_integration.service import GroupCommitter, LakehouseLimits, LakehouseServicer
-from spark_integration.service.group_commit import _Queue
+from spark_integration.service.group_commit import TableQueue
 from txn import GarbageCollector, GcLoop, GcReport, Registration, TransactionStatus
 from txn.gateway import TransactionServicer
 from txn.lowering import state_to_pb
@@ -578,7 +578,7 @@ class SteeredGroupCommitter(GroupCommitter):
         self._fired: set[str] = set()
         self._guard = threading.Lock()
 
-    def _drain(self, catalog: Catalog, name: str, queue: _Queue) -> None:
+    def _drain(self, catalog: Catalog, name: str, queue: TableQueue) -> None:
         # The worker of a table's queue forms its groups in ``_drain``; holding it here,
         # before it takes anything, is what makes the first group's size exact (a hold
         # in ``before_group`` would come after the group was taken, whatever queued).
@@ -595,7 +595,7 @@ class SteeredGroupCommitter(GroupCommitter):
     def after_group(self, name: str, requests: list[CommitRequest]) -> None:
         self._apply_rules(read_lakehouse_control(self._control_path), "after", requests)
 
-    def _hold(self, queue: _Queue, until: int) -> None:
+    def _hold(self, queue: TableQueue, until: int) -> None:
         deadline = time.monotonic() + HOLD_MAX_WAIT_S
         while True:
             with self._lock:  # the lock the base class queues requests under
