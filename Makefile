@@ -47,7 +47,11 @@ run: $(STAMP) ## set up everything and run the main job: PySpark writers through
 
 .PHONY: test
 test: $(STAMP) tools cassandra-jars ## set up everything (Cassandra from Maven Central included) and run the whole suite
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not bench" $(PYTEST_ARGS)
+
+.PHONY: test-bench
+test-bench: $(STAMP) tools cassandra-jars ## the benchmark runner end to end, quick mode (~5 min): every suite runs, every contract figure is written; a benchmark, so kept out of make test like the long chaos runs
+	$(PY) -m pytest -m bench $(PYTEST_ARGS)
 
 .PHONY: cassandra-jars
 cassandra-jars: $(STAMP) ## fetch Apache Cassandra's jars from Maven Central into ~/.cache/percolake
@@ -82,7 +86,7 @@ bench: $(STAMP) cassandra-jars ## every benchmark, full mode (~15 min): bench/re
 	$(PY) -m bench
 
 .PHONY: bench-quick
-bench-quick: $(STAMP) cassandra-jars ## every benchmark, quick mode (under two minutes): bench/results/quick/
+bench-quick: $(STAMP) cassandra-jars ## every benchmark, quick mode (about four minutes): bench/results/quick/
 	$(PY) -m bench --quick
 
 .PHONY: clean

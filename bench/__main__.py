@@ -2,7 +2,7 @@
 
 Full mode writes ``bench/results/latest.json`` (the contract's figures, plus a dated
 copy), ``latest-series.json`` (the curves and distributions behind the plots), the
-PNG plots, docs/benchmarks.md and the README's summary. ``--quick`` (under two
+PNG plots, docs/benchmarks.md and the README's summary. ``--quick`` (about four
 minutes) writes the same files under ``bench/results/quick/`` and leaves the README
 and docs/benchmarks.md alone, so a quick run never replaces the full report. The
 Cassandra suite starts its own node.
@@ -83,7 +83,7 @@ def print_result(result: Result) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="short runs (under two minutes)")
+    parser.add_argument("--quick", action="store_true", help="short runs (about four minutes)")
     parser.add_argument(
         "--only", action="append", choices=SUITES, help="run only this suite (repeatable)"
     )

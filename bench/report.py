@@ -190,7 +190,7 @@ versions, and every figure with its name, value, unit, runs, spread, anchor and 
 PNG plots next to those files and regenerates this page and the README's summary from
 the results file; `tests/unit/test_bench_report.py` fails when they disagree.
 
-`make bench-quick` (`python -m bench --quick`, under two minutes) runs everything with
+`make bench-quick` (`python -m bench --quick`, about four minutes) runs everything with
 short runs and writes under `bench/results/quick/`, never over the full results and
 never to this page or the README; `make test` runs it once end to end.
 `--only bench.bench_lakehouse` reruns one suite and merges its figures into the results
