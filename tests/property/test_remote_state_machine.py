@@ -983,7 +983,7 @@ def test_a_settle_that_ignores_the_safe_point_or_read_only_is_caught(
     ABORTED whenever the entry is missing, below the garbage-collection safe point too:
     T commits, its reply is lost (or it is acknowledged), a pass stamps its versions and
     deletes its entry, a settle at a gateway that forgot T answers ABORTED while readers
-    see T's writes. ``read-only`` (item 4): that, and an owner that wrote nothing is
+    see T's writes. ``read-only`` (item 4): only an owner that wrote nothing is
     fenced or settled ABORTED: a read-only commit whose reply was lost is told it
     aborted. The machine must find each without being told where.
     """

@@ -399,7 +399,7 @@ class SettleIgnoresSafePointServicer(SteeredTransactionServicer):
             "their entry is missing, even below the garbage-collection safe point%s; it "
             "exists only to prove that tests catch that",
             BROKEN_SETTLE_ENV,
-            ", and read-only ones too" if self.ignores_read_only else "",
+            " (only those whose owner wrote nothing)" if self.ignores_read_only else "",
         )
 
     def _status(
@@ -407,7 +407,10 @@ class SettleIgnoresSafePointServicer(SteeredTransactionServicer):
     ) -> pb.StatusResponse:
         if not request.settle or not request.txn_id.isdigit():
             return super()._status(request, context)
-        if request.read_only and not self.ignores_read_only:
+        if request.read_only != self.ignores_read_only:
+            # Each build breaks one thing: the safe-point build settles writers wrongly
+            # and owners that wrote nothing as the fixed gateway does; the read-only
+            # build the other way round, so that the machine must find that very bug.
             return super()._status(request, context)
         start_ts = int(request.txn_id)
         try:
@@ -435,9 +438,11 @@ class SettleIgnoresSafePointServicer(SteeredTransactionServicer):
 
 
 class SettleIgnoresReadOnlyServicer(SettleIgnoresSafePointServicer):
-    """TEST BUILD, BROKEN ON PURPOSE: :class:`SettleIgnoresSafePointServicer` that also
-    settles an owner that wrote nothing by fencing or writing ABORTED, so a read-only
-    commit whose reply was lost is told it aborted (issue 30 item 4)."""
+    """TEST BUILD, BROKEN ON PURPOSE: settles an owner that wrote nothing as
+    :class:`SettleIgnoresSafePointServicer` settles every transaction, by fencing or
+    writing ABORTED, so a read-only commit whose reply was lost is told it aborted
+    (issue 30 item 4); writers are settled as the fixed gateway settles them, so that
+    only this bug can be found."""
 
     ignores_read_only = True
 
