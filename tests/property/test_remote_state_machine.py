@@ -964,7 +964,7 @@ def broken_settle_gateway(
 BROKEN_SETTLE_FINDINGS = {
     # A writer whose commit returned, answered ABORTED by a late settle after a pass
     # collected its entry; or told ABORTED by its own late settle, its appends read.
-    # Under load the machine may first see it as two settles that disagree: COMMITTED,
+    # The machine may first see it as two settles of one writer that disagree: COMMITTED,
     # then ABORTED once a pass collected the entry.
     "safe-point": r"settle: .*(answered ABORTED, but its commit succeeded|was told it did not "
     r"commit|answered (TransactionStatus\.)?ABORTED, earlier (TransactionStatus\.)?COMMITTED)"
