@@ -50,19 +50,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     session fixture lives once per worker. A test that needs a Cassandra node or the
     Spark session joins that JVM's group; every test of a group runs in one worker, so
     each node starts once per run, not once per worker (a node costs ~20 s of both
-    cores to start). Without xdist the marks change nothing, and the grouped tests
-    simply run first.
+    cores to start). Without xdist the marks change nothing.
     """
-    grouped: set[int] = set()
     for item in items:
         group = _shared_jvm(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-            grouped.add(id(item))
-    # The groups first: each is minutes of one worker's time, so both workers start on
-    # one while the single tests fill in around them, instead of one group arriving last
-    # and leaving the other worker idle at the end. Stable: file order within each part.
-    items.sort(key=lambda item: id(item) not in grouped)
 
 
 @pytest.fixture(
