@@ -156,10 +156,31 @@ def cassandra_keyspace_pool(cassandra_cluster: CassandraCluster) -> KeyspacePool
     return KeyspacePool(cassandra_cluster)
 
 
+def _empty_store_url(request: pytest.FixtureRequest, pool_fixture: str) -> str:
+    """An empty store from ``pool_fixture``, for a test that joined the node's worker.
+
+    Under pytest-xdist each worker has its own session nodes; tests/conftest.py sends
+    every test that needs one to the ``cassandra`` group, judging by fixture and
+    parameter names. A test that reaches the node another way (``getfixturevalue``
+    with parameters named otherwise) would silently start a second set of nodes in
+    another worker, so it fails here, before any node starts, naming the fix.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER") and not any(
+        mark.args == ("cassandra",) for mark in request.node.iter_markers("xdist_group")
+    ):
+        pytest.fail(
+            f"{request.node.nodeid} reaches the session's Cassandra node but is not in "
+            "the 'cassandra' xdist group: take a cassandra_* fixture, or name the "
+            "parameter that selects the node 'cassandra...' (tests/conftest.py, _shared_jvm)"
+        )
+    pool: KeyspacePool = request.getfixturevalue(pool_fixture)
+    return pool.next_empty_url()
+
+
 @pytest.fixture
-def cassandra_store_url(cassandra_keyspace_pool: KeyspacePool) -> str:
+def cassandra_store_url(request: pytest.FixtureRequest) -> str:
     """``cassandra://127.0.0.1:PORT/KEYSPACE`` of an empty store."""
-    return cassandra_keyspace_pool.next_empty_url()
+    return _empty_store_url(request, "cassandra_keyspace_pool")
 
 
 @pytest.fixture(scope="session")
@@ -168,9 +189,9 @@ def cassandra_paxos_v1_keyspace_pool(cassandra_cluster_paxos_v1: CassandraCluste
 
 
 @pytest.fixture
-def cassandra_paxos_v1_store_url(cassandra_paxos_v1_keyspace_pool: KeyspacePool) -> str:
+def cassandra_paxos_v1_store_url(request: pytest.FixtureRequest) -> str:
     """An empty store on the Paxos v1 node."""
-    return cassandra_paxos_v1_keyspace_pool.next_empty_url()
+    return _empty_store_url(request, "cassandra_paxos_v1_keyspace_pool")
 
 
 def wipe_store(url: str) -> None:
