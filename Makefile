@@ -46,16 +46,20 @@ run: $(STAMP) ## set up everything and run the main job: PySpark writers through
 	$(PY) -m percolake demo --tour
 
 .PHONY: test
-test: $(STAMP) tools cassandra-jars ## set up everything (Cassandra from Maven Central included) and run the whole suite
+test: $(STAMP) tools cassandra-jars minio ## set up everything (Cassandra from Maven Central and MinIO included) and run the whole suite
 	$(PY) -m pytest $(XDIST) -m "not bench" $(PYTEST_ARGS)
 
 .PHONY: test-bench
-test-bench: $(STAMP) tools cassandra-jars ## the benchmark runner end to end, quick mode (~5 min): every suite runs, every contract figure is written; a benchmark, so kept out of make test like the long chaos runs
+test-bench: $(STAMP) tools cassandra-jars minio ## the benchmark runner end to end, quick mode (~5 min): every suite runs, every contract figure is written; a benchmark, so kept out of make test like the long chaos runs
 	$(PY) -m pytest -m bench $(PYTEST_ARGS)
 
 .PHONY: cassandra-jars
 cassandra-jars: $(STAMP) ## fetch Apache Cassandra's jars from Maven Central into ~/.cache/percolake
 	$(PY) -m percolake.tools.cassandra fetch
+
+.PHONY: minio
+minio: $(STAMP) ## build MinIO (S3 server) from the Go module proxy into ~/.cache/percolake (~10 min the first time)
+	$(PY) -m percolake.tools.s3 fetch
 
 .PHONY: protos
 protos: $(STAMP) ## regenerate the committed gRPC code from proto/
@@ -63,10 +67,10 @@ protos: $(STAMP) ## regenerate the committed gRPC code from proto/
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## unit, contract and property tiers only (no servers)
-	$(PY) -m pytest $(XDIST) -m "not cassandra and not integration and not chaos and not spark" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not cassandra and not s3 and not integration and not chaos and not spark" $(PYTEST_ARGS)
 
 .PHONY: chaos
-chaos: $(STAMP) tools cassandra-jars ## the long chaos runs (3-node Cassandra, partitions); reports in tests/chaos/results
+chaos: $(STAMP) tools cassandra-jars minio ## the long chaos runs (3-node Cassandra, partitions); reports in tests/chaos/results
 	$(PY) -m percolake chaos suite --out tests/chaos/results
 
 .PHONY: lint

@@ -53,6 +53,9 @@ def extras_needed(args: argparse.Namespace) -> list[str]:
     if command == "cassandra":
         # start and status ask each node over CQL; stop and fetch need only the JDK
         return ["cassandra"] if args.cassandra_command in ("start", "status") else []
+    if command == "s3":
+        # MinIO is a Go binary and its probe plain HTTP; only creating buckets uses pyarrow
+        return ["spark"] if args.s3_command == "start" and args.bucket else []
     if command == "chaos":
         if args.chaos_command == "suite":
             return ["cassandra", "spark"]  # its runs use a three-node Cassandra, lakehouse
@@ -166,8 +169,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     from percolake.tools.cassandra import add_cassandra_commands
     from percolake.tools.chaos.cli import add_chaos_commands
+    from percolake.tools.s3 import add_s3_commands
 
     add_cassandra_commands(commands)
+    add_s3_commands(commands)
     add_chaos_commands(commands)
 
     bench = commands.add_parser(
@@ -302,6 +307,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from percolake.tools.cassandra import run_cassandra_command
 
         return run_cassandra_command(args)
+    if args.command == "s3":
+        from percolake.tools.s3 import run_s3_command
+
+        return run_s3_command(args)
     if args.command == "serve":
         from percolake.serve.command import serve_from_args
 

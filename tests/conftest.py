@@ -15,7 +15,7 @@ import pytest
 from storage_adapters import KVStore, open_store
 from txn import TransactionConfig, TransactionManager
 
-pytest_plugins = ["tests.cassandra_plugin", "tests.spark_plugin"]
+pytest_plugins = ["tests.cassandra_plugin", "tests.s3_plugin", "tests.spark_plugin"]
 
 StoreFactory = Callable[[], KVStore]
 
