@@ -20,12 +20,15 @@ session's server is shared, and ``s3_bucket`` fails a test that finds it down.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Iterator
 
 import pytest
 
-from percolake.tools.s3 import S3Server
+from percolake.tools.s3 import S3Error, S3Server, ensure_minio, minio_present
+
+log = logging.getLogger(__name__)
 
 #: The fixtures that reach the session's server; a test using one is marked ``s3``.
 S3_FIXTURES = frozenset({"s3_server", "s3_bucket", "s3_warehouse"})
@@ -44,8 +47,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``tryfirst``: before pytest's own hook deselects by ``-m``.
     """
     for item in items:
-        if S3_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if _uses_s3(item):
             item.add_marker(pytest.mark.s3)
+
+
+def _uses_s3(item: pytest.Item) -> bool:
+    return bool(S3_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build MinIO now if a selected test needs it and the cache is empty.
+
+    Here rather than in ``s3_server``: a first build takes ~10 min on 2 cores, past
+    the per-test timeout that a fixture's setup counts against. ``make test`` builds it
+    beforehand (``make minio``); this covers a bare ``pytest`` on a fresh machine.
+    xdist workers meet at the build's file lock, so one builds and the others wait.
+    A build that fails is left to ``s3_server``, which fails the S3 tests with the
+    reason, while the others run.
+    """
+    if minio_present() or not any(_uses_s3(item) for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            "building MinIO from the Go module proxy for the S3 tests "
+            "(~10 min on 2 cores, once per machine; make minio does it ahead)"
+        )
+    try:
+        ensure_minio()
+    except S3Error as exc:
+        log.warning("MinIO build failed; the S3 tests will fail: %s", exc)
 
 
 @pytest.fixture(scope="session")

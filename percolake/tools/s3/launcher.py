@@ -69,6 +69,9 @@ _BUILD_LOG = "build.log"
 # (a hung proxy connection, say), and the caller deserves an error instead of a hang.
 _BUILD_TIMEOUT_S = 3600.0
 _BUILD_PROGRESS_EVERY_S = 60.0
+# Free ports picked here may be taken before MinIO binds them; three picks in a row
+# losing that race means something else is wrong.
+_PORT_ATTEMPTS = 3
 # A health probe on loopback answers in milliseconds; a slower one is a paused server.
 _PROBE_TIMEOUT_S = 1.0
 
@@ -381,13 +384,42 @@ class S3Server:
     def start(self) -> None:
         """Start MinIO unless it runs, and wait until it answers its readiness probe."""
         started = time.monotonic()
+        deadline = started + self.startup_timeout_s
         if self.alive():
             log.info("MinIO in %s is already running (pid %s)", self.base_dir, self._alive_pid())
-            self._wait_ready(started + self.startup_timeout_s)
+            self._wait_ready(deadline, log_offset=0)
             return
         binary = ensure_minio(self.version, self._home)
         self.base_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.data_dir.mkdir(exist_ok=True)
+        if self._secret_key is None:
+            self._secret_key = secrets.token_urlsafe(30)
+        chosen_here = self._port is None or self._console_port is None
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            port_given, console_given = self._port is not None, self._console_port is not None
+            self._choose_ports()
+            try:
+                self._launch(binary, deadline)
+                break
+            except S3Error as exc:
+                # A free port we picked can be taken before MinIO binds it (another
+                # xdist worker picking ports at the same moment): pick again.
+                if not (chosen_here and "already in use" in str(exc)) or (
+                    attempt == _PORT_ATTEMPTS
+                ):
+                    raise
+                log.info("port taken before MinIO bound it (attempt %d); picking again", attempt)
+                self._port = self._port if port_given else None
+                self._console_port = self._console_port if console_given else None
+        log.info(
+            "MinIO ready on %s in %.1f s (pid %d, data %s)",
+            self.endpoint_url,
+            _since(started),
+            self._child,
+            self.data_dir,
+        )
+
+    def _choose_ports(self) -> None:
         if self._port is None:
             self._port = _free_port(avoid=self._console_port)
         if self._console_port is None:
@@ -398,41 +430,36 @@ class S3Server:
                     f"127.0.0.1:{port} (the S3 {name}) is already in use; stop what listens "
                     "there or choose another port (--port, --console-port)"
                 )
-        if self._secret_key is None:
-            self._secret_key = secrets.token_urlsafe(30)
+
+    def _launch(self, binary: Path, deadline: float) -> None:
+        """Spawn MinIO and wait for it; on any failure, stop it before raising."""
         command = [
             str(binary),
             "server",
             str(self.data_dir),
             "--address",
-            f"127.0.0.1:{self._port}",
+            f"127.0.0.1:{self.port}",
             "--console-address",
-            f"127.0.0.1:{self._console_port}",
+            f"127.0.0.1:{self.console_port}",
         ]
         env = {
             **os.environ,
             "MINIO_ROOT_USER": self.access_key,
-            "MINIO_ROOT_PASSWORD": self._secret_key,
+            "MINIO_ROOT_PASSWORD": self.secret_key,
             # No call home to dl.min.io: tests and air-gapped machines have no business there.
             "MINIO_UPDATE": "off",
         }
         with self.log_path.open("a") as sink:
             sink.write(f"--- percolake: {' '.join(command)}\n")
+            log_offset = sink.tell()
         self._child = _spawn(command, env, self.log_path)
         self._save_state(self._child)
         try:
-            self._wait_ready(started + self.startup_timeout_s)
+            self._wait_ready(deadline, log_offset)
         except BaseException:
             # Leave nothing half-started behind: stop what this call launched.
             self.stop()
             raise
-        log.info(
-            "MinIO ready on %s in %.1f s (pid %d, data %s)",
-            self.endpoint_url,
-            _since(started),
-            self._child,
-            self.data_dir,
-        )
 
     def stop(self) -> None:
         """Stop the server: SIGTERM, then SIGKILL after ``stop_timeout_s``. Idempotent."""
@@ -518,26 +545,32 @@ class S3Server:
             time.sleep(0.05)
         return False
 
-    def _wait_ready(self, deadline: float) -> None:
+    def _wait_ready(self, deadline: float, log_offset: int) -> None:
         while True:
+            # Probe first, then check the process: a 200 from whatever else listens on
+            # the port (MinIO exits when it cannot bind it) must not count as ready.
+            ready = _health_ready(self.endpoint_url)
             if not self.alive():
                 raise S3Error(
                     f"MinIO exited during startup ({self.endpoint_url}, data {self.data_dir}); "
-                    f"last lines of {self.log_path}:\n{self._log_tail()}"
+                    f"last lines of {self.log_path}:\n{self._log_tail(log_offset)}"
                 )
-            if _health_ready(self.endpoint_url):
+            if ready:
                 return
             if time.monotonic() > deadline:
                 raise S3Error(
                     f"MinIO did not become ready on {self.endpoint_url} within "
                     f"{self.startup_timeout_s:.0f} s; last lines of {self.log_path}:\n"
-                    + self._log_tail()
+                    + self._log_tail(log_offset)
                 )
             time.sleep(0.1)
 
-    def _log_tail(self) -> str:
+    def _log_tail(self, offset: int) -> str:
+        """The last lines MinIO wrote after ``offset`` (this launch's, not older runs')."""
         try:
-            return _tail(self.log_path.read_text(errors="replace"), 25)
+            with self.log_path.open("rb") as handle:
+                handle.seek(offset)
+                return _tail(handle.read().decode(errors="replace"), 25)
         except FileNotFoundError:
             return "(no log)"
 
