@@ -762,7 +762,7 @@ def _add_actions(parser: argparse.ArgumentParser) -> None:
         "--port", type=_port_argument, help="S3 API port (default: the last one, else a free one)"
     )
     start.add_argument(
-        "--console-port", type=_port_argument, help="web console port (default: a free one)"
+        "--console-port", type=_port_argument, help="web console port (default as for --port)"
     )
     start.add_argument(
         "--bucket",
