@@ -394,9 +394,9 @@ class S3Server:
         self.data_dir.mkdir(exist_ok=True)
         if self._secret_key is None:
             self._secret_key = secrets.token_urlsafe(30)
-        chosen_here = self._port is None or self._console_port is None
+        port_given, console_given = self._port is not None, self._console_port is not None
+        self._check_ports_free()  # the given ones: fail at once, no pick can help
         for attempt in range(1, _PORT_ATTEMPTS + 1):
-            port_given, console_given = self._port is not None, self._console_port is not None
             self._choose_ports()
             try:
                 self._launch(binary, deadline)
@@ -404,7 +404,8 @@ class S3Server:
             except S3Error as exc:
                 # A free port we picked can be taken before MinIO binds it (another
                 # xdist worker picking ports at the same moment): pick again.
-                if not (chosen_here and "already in use" in str(exc)) or (
+                picked_here = not (port_given and console_given)
+                if not (picked_here and "already in use" in str(exc)) or (
                     attempt == _PORT_ATTEMPTS
                 ):
                     raise
@@ -424,8 +425,11 @@ class S3Server:
             self._port = _free_port(avoid=self._console_port)
         if self._console_port is None:
             self._console_port = _free_port(avoid=self._port)
+        self._check_ports_free()
+
+    def _check_ports_free(self) -> None:
         for name, port in (("port", self._port), ("console port", self._console_port)):
-            if not _port_free(port):
+            if port is not None and not _port_free(port):
                 raise S3Error(
                     f"127.0.0.1:{port} (the S3 {name}) is already in use; stop what listens "
                     "there or choose another port (--port, --console-port)"
