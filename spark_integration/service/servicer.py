@@ -20,7 +20,6 @@ after a collection pass shows the same history.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from spark_integration.engine import Catalog, CommitRequest, Retention
+from spark_integration.engine.locations import check_relative_file, normalize_location
 from spark_integration.engine.model import (
     CATALOG_NAME,
     OVERWRITE,
@@ -347,8 +347,11 @@ def _check_meta(msg: pb.TableMeta) -> TableMeta:
     _check_table(meta.name)
     if not meta.schema_json:
         raise ValueError(f"table {meta.name!r}: the schema must not be empty")
-    if not os.path.isabs(meta.location):
-        raise ValueError(f"table {meta.name!r}: location must be absolute, got {meta.location!r}")
+    if normalize_location(meta.location, f"table {meta.name!r}: location") != meta.location:
+        raise ValueError(
+            f"table {meta.name!r}: location {meta.location!r} is not spelled as the catalog "
+            f"records it ({normalize_location(meta.location)!r})"
+        )
     if len(set(meta.partition_by)) != len(meta.partition_by) or not all(meta.partition_by):
         raise ValueError(f"table {meta.name!r}: partition columns must be distinct names")
     return meta
@@ -364,13 +367,7 @@ def _check_retention(meta: TableMeta, msg: pb.Retention) -> Retention:
 def _check_file(meta: TableMeta, msg: pb.FileEntry) -> FileEntry:
     entry = entry_from_pb(msg)
     path = entry.path
-    if (
-        not path
-        or "\x00" in path
-        or os.path.isabs(path)
-        or os.path.normpath(path) != path
-        or path.split(os.sep)[0] == ".."
-    ):
+    if not check_relative_file(path):
         raise ValueError(
             f"file path {path!r} must be relative to the location of table {meta.name!r}, "
             "normalised, and inside it"

@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import calendar
 import logging
-import os
 import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import unquote
 
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from spark_integration.engine.locations import join, relative_to
 from spark_integration.engine.model import FileEntry
+from spark_integration.spark import filesystem
 from spark_integration.spark.schema import JOB_COLUMN, quote
 
 log = logging.getLogger(__name__)
@@ -41,7 +40,8 @@ FOOTER_READERS = 8
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One write job: its id, when it started (driver clock), and its staging folder.
+    """One write job: its id, when it started (driver clock), and its staging folder
+    (spelled as locations are: an absolute local path or ``s3://bucket/key``).
 
     The start time is part of the id, so vacuum reads it back from the folder name
     and compares the very number that the commit compares with vacuum's cutoff:
@@ -50,7 +50,7 @@ class Job:
 
     job_id: str
     started_ms: int
-    staging: Path
+    staging: str
 
 
 _JOB_ID = re.compile(r"(\d{8}T\d{6})\.(\d{3})Z-[0-9a-f]+")
@@ -61,7 +61,7 @@ def new_job(location: str) -> Job:
     seconds, millis = divmod(started_ms, 1000)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(seconds))
     job_id = f"{stamp}.{millis:03d}Z-{uuid.uuid4().hex[:16]}"
-    return Job(job_id, started_ms, Path(location) / f"{STAGING_PREFIX}{job_id}")
+    return Job(job_id, started_ms, join(location, f"{STAGING_PREFIX}{job_id}"))
 
 
 def job_started_ms(folder_name: str) -> int | None:
@@ -84,7 +84,7 @@ def write_parquet(
     writer = ordered.write.mode("errorifexists").format("parquet")
     if partition_by:
         writer = writer.partitionBy(*partition_by)
-    writer.save(str(job.staging))
+    writer.save(filesystem.spark_path(job.staging))
 
 
 def is_data_file(name: str) -> bool:
@@ -117,27 +117,23 @@ def collect_files(location: str, job: Job, partition_by: tuple[str, ...]) -> lis
     Files with no rows are left out (Spark writes one for an empty input); they
     stay unreferenced and vacuum removes them.
     """
-    found: list[tuple[str, str, str]] = []  # (absolute, relative to location, partition dir)
-    for root, dirs, files in os.walk(job.staging):
-        dirs[:] = sorted(d for d in dirs if not _is_hidden_dir(d))
-        partition_dir = os.path.relpath(root, job.staging)
-        for name in sorted(files):
-            if is_data_file(name):
-                absolute = os.path.join(root, name)
-                found.append(
-                    (
-                        absolute,
-                        os.path.relpath(absolute, location),
-                        "" if partition_dir == "." else partition_dir,
-                    )
-                )
+    found: list[tuple[str, int, str, str]] = []  # (path, size, relative, partition dir)
+    for stored in filesystem.list_files(job.staging):
+        inside = relative_to(job.staging, stored.path)
+        if inside is None:
+            continue
+        *folders, name = inside.split("/")
+        if is_data_file(name) and not any(_is_hidden_dir(d) for d in folders):
+            relative = relative_to(location, stored.path)
+            if relative is not None:
+                found.append((stored.path, stored.size, relative, "/".join(folders)))
 
-    def describe(item: tuple[str, str, str]) -> FileEntry:
-        absolute, relative, partition_dir = item
+    def describe(item: tuple[str, int, str, str]) -> FileEntry:
+        path, size, relative, partition_dir = item
         return FileEntry(
             path=relative,
-            size_bytes=os.stat(absolute).st_size,
-            record_count=pq.read_metadata(absolute).num_rows,
+            size_bytes=size,
+            record_count=filesystem.parquet_metadata(path).num_rows,
             partition=parse_partition(partition_dir, partition_by),
         )
 

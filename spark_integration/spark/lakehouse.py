@@ -7,10 +7,8 @@ import json
 import logging
 import math
 import os
-import shutil
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -20,6 +18,7 @@ from pyspark.sql.types import StructType
 from spark_integration.engine import Catalog, CommitRequest, HistoryEntry, now_ms
 from spark_integration.engine import lakehouse_failpoints as fp
 from spark_integration.engine.errors import LakehouseError, TableExistsError
+from spark_integration.engine.locations import join, normalize_location, relative_to
 from spark_integration.engine.model import (
     APPEND,
     CATALOG_NAME,
@@ -33,6 +32,7 @@ from spark_integration.engine.model import (
 )
 from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.service.client import RemoteCatalog
+from spark_integration.spark import filesystem
 from spark_integration.spark.hook import (
     STAGING_PREFIX,
     Job,
@@ -135,18 +135,20 @@ class Lakehouse:
                 f"tm must be a transaction manager (txn.Manager), got {type(tm).__name__}"
             )
         if not isinstance(warehouse, str | os.PathLike):
-            raise TypeError(f"warehouse must be a path, got {type(warehouse).__name__}")
-        path = os.fspath(warehouse)
-        if not os.path.isabs(path):
-            raise ValueError(f"warehouse must be an absolute path, got {path!r}")
+            raise TypeError(
+                f"warehouse must be a path or an s3:// URL, got {type(warehouse).__name__}"
+            )
+        location = normalize_location(os.fspath(warehouse))
         if not isinstance(catalog, str) or not CATALOG_NAME.fullmatch(catalog):
             raise ValueError(f"invalid catalog name {catalog!r}: expected [A-Za-z0-9_-]{{1,64}}")
         if isinstance(commit_timeout_s, bool) or not isinstance(commit_timeout_s, int | float):
             raise TypeError("commit_timeout_s must be a number")
         if not commit_timeout_s > 0:
             raise ValueError(f"commit_timeout_s must be positive, got {commit_timeout_s}")
+        # A missing bucket or refused credentials fail here, before any commit.
+        filesystem.check_reachable(location)
         self._tm = tm
-        self._warehouse = os.path.normpath(path)
+        self._warehouse = location
         #: Fault injection for tests, shared with the catalog's commit path.
         self.failpoints = fp.FailPoints()
         self._catalog: Catalog | RemoteCatalog
@@ -195,15 +197,15 @@ class Lakehouse:
         check_table_schema(struct, columns)
         if name in self.list_tables():
             raise TableExistsError(f"table {name!r} already exists")
-        location = os.path.join(self._warehouse, name)
-        if _holds_files(location):
+        location = join(self._warehouse, name)
+        if filesystem.holds_files(location):
             raise TableExistsError(
                 f"location {location} of table {name!r} already holds files; "
                 "a table never adopts files it did not write"
             )
         meta = TableMeta(name, struct.json(), columns, location, now_ms())
         self._catalog.create(meta, job_id=f"create-{uuid.uuid4().hex[:16]}", retention=retention)
-        os.makedirs(location, exist_ok=True)
+        filesystem.make_dirs(location)
         log.info("created table %s at %s", name, location)
 
     def list_tables(self) -> list[str]:
@@ -402,7 +404,7 @@ class Lakehouse:
         """The data files of the latest version, or of ``version``, in commit order."""
         _check_name(name)
         _check_version(version)
-        prefix = self._catalog.meta(name).location + os.sep
+        location = self._catalog.meta(name).location
 
         def public(
             path: str,
@@ -411,7 +413,7 @@ class Lakehouse:
             part: dict[str, str | None],
             stats: FileStats | None,
         ) -> DataFile:
-            return DataFile(prefix + path, size, records, part, stats)
+            return DataFile(join(location, path), size, records, part, stats)
 
         return self._catalog.files(name, version, public)[2]
 
@@ -656,13 +658,6 @@ def _timestamp_ms(timestamp: object) -> int:
     return int(timestamp.timestamp() * 1000)
 
 
-def _holds_files(folder: str) -> bool:
-    if not os.path.isdir(folder):
-        return False
-    with os.scandir(folder) as entries:
-        return any(True for _ in entries)
-
-
 def _oldest_job_start_ms(location: str, entries: Sequence[FileEntry]) -> int:
     """When the oldest of the jobs that wrote ``entries`` started, as vacuum judges it.
 
@@ -675,20 +670,19 @@ def _oldest_job_start_ms(location: str, entries: Sequence[FileEntry]) -> int:
     """
     oldest: int | None = None
     for entry in entries:
-        folder = entry.path.split(os.sep, 1)[0]
+        folder = entry.path.split("/", 1)[0]
         started = job_started_ms(folder)
         if started is None:
-            try:
-                started = os.stat(os.path.join(location, entry.path)).st_mtime_ns // 1_000_000
-            except OSError:
+            started = filesystem.mtime_ms(join(location, entry.path))
+            if started is None:
                 continue
         oldest = started if oldest is None else min(oldest, started)
     return now_ms() if oldest is None else oldest
 
 
-def _remove_staging(staging: Path) -> None:
+def _remove_staging(staging: str) -> None:
     # Best effort: a straggling task may still write here; vacuum removes what is left.
-    shutil.rmtree(staging, ignore_errors=True)
+    filesystem.delete_tree(staging)
 
 
 def _public_commit(meta: TableMeta, h: HistoryEntry) -> Commit:
@@ -705,20 +699,15 @@ def _public_commit(meta: TableMeta, h: HistoryEntry) -> Commit:
 
 
 def _absolute(meta: TableMeta, entry: FileEntry) -> str:
-    return os.path.join(meta.location, entry.path)
+    return join(meta.location, entry.path)
 
 
 def _relative_entry(meta: TableMeta, f: DataFile) -> FileEntry:
     if not isinstance(f, DataFile):
         raise TypeError(f"expected DataFile, got {type(f).__name__}")
-    rel = os.path.relpath(os.path.normpath(f.path), meta.location)
-    parts = rel.split(os.sep)
-    if (
-        not os.path.isabs(f.path)
-        or rel.startswith("..")
-        or len(parts) != len(meta.partition_by) + 2
-        or not parts[0].startswith(STAGING_PREFIX)
-    ):
+    rel = relative_to(meta.location, f.path) if isinstance(f.path, str) else None
+    parts = rel.split("/") if rel is not None else []
+    if len(parts) != len(meta.partition_by) + 2 or not parts[0].startswith(STAGING_PREFIX):
         raise ValueError(
             f"{f.path!r} is not in a job folder of table {meta.name!r}: expected "
             f"{meta.location}/{STAGING_PREFIX}<id>/"
@@ -733,4 +722,4 @@ def _relative_entry(meta: TableMeta, f: DataFile) -> FileEntry:
     for label, value in (("size_bytes", f.size_bytes), ("record_count", f.record_count)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{f.path!r}: {label} must be a non-negative int, got {value!r}")
-    return FileEntry(rel, f.size_bytes, f.record_count, dict(f.partition), f.stats)
+    return FileEntry("/".join(parts), f.size_bytes, f.record_count, dict(f.partition), f.stats)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StringType, StructField, StructType
 
+from spark_integration.engine.locations import join
 from spark_integration.engine.model import FileEntry
+from spark_integration.spark.filesystem import spark_path
 from spark_integration.spark.schema import JOB_COLUMN, quote
 
 if TYPE_CHECKING:
@@ -37,8 +38,10 @@ def read_version(
     data = [f for f in schema.fields if f.name not in partition_by]
     partitions = [by_name[c] for c in partition_by]
     read_schema = StructType([*data, StructField(JOB_COLUMN, StringType(), True), *partitions])
-    paths = [os.path.join(location, f.path) for f in files]
-    scanned = spark.read.schema(read_schema).option("basePath", location).parquet(*paths)
+    paths = [spark_path(join(location, f.path)) for f in files]
+    scanned = (
+        spark.read.schema(read_schema).option("basePath", spark_path(location)).parquet(*paths)
+    )
     # Column names as strings, not ``F.col``: a process that has a classic SparkContext
     # would build classic Columns, which a Spark Connect DataFrame cannot take.
     return scanned.select(*[quote(name) for name in schema.fieldNames()])

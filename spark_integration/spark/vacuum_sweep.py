@@ -8,17 +8,21 @@ emptied. The catalog fenced the cutoff before this runs: a job that started
 before it can no longer commit, and the commit compares the same two numbers
 (the start time in the job's folder name, and the cutoff), so clock skew between
 machines cannot open a gap. Folders whose name carries no start time (written
-by other tools, see ``Lakehouse.append_files``) fall back to file mtimes.
+by other tools, see ``Lakehouse.append_files``) fall back to the files' own
+mtimes (an object's time on S3); no folder mtime is ever read, since object stores
+have no folders.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
+import posixpath
 
 from spark_integration.engine import Catalog
+from spark_integration.engine.locations import relative_to
 from spark_integration.service import RemoteCatalog
+from spark_integration.spark import filesystem
 from spark_integration.spark.hook import STAGING_PREFIX, is_data_file, job_started_ms
 
 log = logging.getLogger(__name__)
@@ -44,74 +48,50 @@ def vacuum(catalog: Catalog | RemoteCatalog, name: str, cutoff_ms: int) -> list[
     return deleted
 
 
-def _mtime_ms(st: os.stat_result) -> int:
-    return st.st_mtime_ns // 1_000_000
-
-
 def sweep(location: str, keep: set[str], cutoff_ms: int) -> list[str]:
     """Delete unreferenced files of jobs older than ``cutoff_ms``; return the paths removed.
 
-    ``keep`` holds paths relative to ``location``.
+    ``keep`` holds paths relative to ``location``. One listing of the location's job
+    folders, then one listing per job folder old enough to sweep: on an object store
+    that is what a sweep costs in requests, besides the deletes.
     """
-    root = Path(location)
-    if not root.is_dir():
-        return []
     deleted: list[str] = []
-    for job_dir in sorted(root.iterdir()):
-        if (
-            job_dir.name.startswith(STAGING_PREFIX)
-            and job_dir.is_dir()
-            and not job_dir.is_symlink()
-        ):
-            deleted.extend(_sweep_job(location, job_dir, keep, cutoff_ms))
+    for job_dir in filesystem.list_dirs(location):
+        name = job_dir.rsplit("/", 1)[-1]
+        if name.startswith(STAGING_PREFIX) and not os.path.islink(job_dir):
+            deleted.extend(_sweep_job(location, job_dir, name, keep, cutoff_ms))
     return deleted
 
 
-def _sweep_job(location: str, job_dir: Path, keep: set[str], cutoff_ms: int) -> list[str]:
-    started_ms = job_started_ms(job_dir.name)
+def _sweep_job(location: str, job_dir: str, name: str, keep: set[str], cutoff_ms: int) -> list[str]:
+    started_ms = job_started_ms(name)
     if started_ms is not None and started_ms >= cutoff_ms:
         return []  # the job may still be running, or may commit later
-    # Take every mtime before deleting anything: deleting a file touches its folder.
-    folders: list[tuple[str, int]] = []
-    files: list[tuple[str, str, int]] = []  # (absolute, relative, mtime)
-    for current, _, names in os.walk(job_dir):
-        try:
-            folders.append((current, _mtime_ms(os.lstat(current))))
-        except FileNotFoundError:
-            continue
-        for name in names:
-            absolute = os.path.join(current, name)
-            try:
-                mtime = _mtime_ms(os.lstat(absolute))
-            except FileNotFoundError:
-                continue
-            files.append((absolute, os.path.relpath(absolute, location), mtime))
+    files: list[tuple[str, str, int | None]] = []  # (path, relative, mtime)
+    for stored in filesystem.list_files(job_dir):
+        rel = relative_to(location, stored.path)
+        if rel is not None:
+            files.append((stored.path, rel, stored.mtime_ms))
     job_is_live = any(rel in keep for _, rel, _ in files)
     deleted: list[str] = []
-    for absolute, rel, mtime in files:
-        if rel in keep or (started_ms is None and mtime >= cutoff_ms):
+    for path, rel, mtime in files:
+        # Foreign folders (no start time in the name) go by the file's own mtime;
+        # a file without one is kept: it cannot be shown to be old.
+        if rel in keep or (started_ms is None and (mtime is None or mtime >= cutoff_ms)):
             continue
-        name = os.path.basename(rel)
+        folder, _, base = rel.rpartition("/")
         # A checksum ".x.crc" goes with "x".
-        owner = name[1:-4] if name.startswith(".") and name.endswith(".crc") else name
-        if os.path.join(os.path.dirname(rel), owner) in keep:
+        owner = base[1:-4] if base.startswith(".") and base.endswith(".crc") else base
+        if posixpath.join(folder, owner) in keep:
             continue
         if not is_data_file(owner) and job_is_live:
             continue  # _SUCCESS and the like of a job that still has live files
-        try:
-            os.unlink(absolute)
-        except FileNotFoundError:
-            continue
-        deleted.append(absolute)
-    # Deepest first, so a folder is empty by the time its parent is tried.
-    for folder, mtime in sorted(folders, key=lambda item: item[0].count(os.sep), reverse=True):
-        if started_ms is None and mtime >= cutoff_ms:
-            continue
-        try:
-            os.rmdir(folder)
-        except OSError:
-            continue  # not empty: something in it is kept, or was written just now
-        deleted.append(folder)
+        if filesystem.delete_file(path):
+            deleted.append(path)
+    if started_ms is not None:
+        # Local folders that emptied, deepest first; S3 has none (a prefix goes with
+        # its last key). Foreign folders are left: only their files' mtimes are known.
+        deleted.extend(filesystem.remove_empty_dirs(job_dir))
     if deleted:
         log.info("vacuum removed %d paths from %s", len(deleted), job_dir)
     return deleted

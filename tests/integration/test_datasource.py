@@ -435,7 +435,10 @@ def _touching(spark: SparkSession, marker: Path) -> DataFrame:
         ({"versionAsOf": "1"}, "versionAsOf is for reads"),
         ({"createIfMissing": "yes"}, "createIfMissing must be true or false"),
         ({"createIfMissing": "true"}, "createIfMissing needs option warehouse"),
-        ({"warehouse": "relative/dir"}, "warehouse must be an absolute path"),
+        (
+            {"warehouse": "relative/dir"},
+            "warehouse must be an absolute local path or s3://bucket/prefix",
+        ),
         ({"gateway": "nohost"}, "gateway must be HOST:PORT"),
         ({"partitionColumns": "id"}, "does not match table"),
         ({"txnAppld": "typo"}, "unknown option"),

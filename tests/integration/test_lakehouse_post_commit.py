@@ -38,7 +38,9 @@ from pyspark.sql.types import LongType, StructField, StructType
 import spark_integration.engine.checkpoints as checkpoints_module
 from spark_integration import ConcurrentModificationError, DataFile, Lakehouse
 from spark_integration.engine import lakehouse_failpoints as fp
+from spark_integration.engine.locations import join
 from spark_integration.engine.model import Layout
+from spark_integration.spark import filesystem
 from spark_integration.spark.hook import new_job
 from storage_adapters import StoreError, StoreTimeoutError
 from tests.servers import ServerProcess
@@ -227,20 +229,23 @@ def is_remote(tm: Manager) -> bool:
 
 def write_job(lh: Lakehouse, *batches: list[int]) -> list[DataFile]:
     """One Parquet file per batch of ids, in a fresh job folder of table ``t``."""
-    job = new_job(os.path.join(lh.warehouse, "t"))
-    job.staging.mkdir(parents=True)
+    job = new_job(join(lh.warehouse, "t"))
+    filesystem.make_dirs(job.staging)
     files = []
     for n, ids in enumerate(batches):
-        path = str(job.staging / f"part-{n:05d}.parquet")
-        pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), path)
-        files.append(DataFile(path, os.path.getsize(path), len(ids)))
+        path = join(job.staging, f"part-{n:05d}.parquet")
+        fs, fs_path = filesystem.resolve(path)
+        pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), fs_path, filesystem=fs)
+        files.append(DataFile(path, filesystem.file_size(path), len(ids)))
     return files
 
 
 def ids_of_version(lh: Lakehouse, version: int) -> list[int]:
     """The rows of ``version``, read from the files it names (no Spark needed)."""
     return sorted(
-        i for f in lh.files("t", version) for i in pq.read_table(f.path).column("id").to_pylist()
+        i
+        for f in lh.files("t", version)
+        for i in filesystem.parquet_file(f.path).read().column("id").to_pylist()
     )
 
 

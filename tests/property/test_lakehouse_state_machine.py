@@ -117,9 +117,9 @@ def _writer(
 
     def write(job: Job, schema: StructType, partition_by: tuple[str, ...]) -> None:
         jobs.append(job)
-        job.staging.mkdir(parents=True)
+        Path(job.staging).mkdir(parents=True)
         for n, ids in enumerate(rows):
-            path = job.staging / f"part-{n:05d}.parquet"
+            path = Path(job.staging) / f"part-{n:05d}.parquet"
             pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), path)
             written.append(str(path))
 

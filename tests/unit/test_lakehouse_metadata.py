@@ -402,7 +402,7 @@ def test_sweep_removes_only_unreferenced_files_of_old_jobs(tmp_path: Path) -> No
         _touch(path, 3600)
     orphan_folder = location / (old_folder.name.replace("00aa", "00bb"))
     _touch(orphan_folder / "_temporary" / "0" / "part-9.parquet", 3600)
-    running = young.staging / "day=1" / "part-0.parquet"
+    running = Path(young.staging) / "day=1" / "part-0.parquet"
     _touch(running, 0)
     foreign = location / "notes.txt"
     _touch(foreign, 3600)

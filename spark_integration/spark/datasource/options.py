@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from spark_integration.engine.locations import normalize_location
 from spark_integration.engine.model import TABLE_NAME
 
 DEFAULT_GATEWAY = "127.0.0.1:7070"
@@ -179,9 +180,7 @@ def _warehouse(options: Mapping[str, str]) -> str | None:
     raw = options.get("warehouse")
     if raw is None:
         return None
-    if not os.path.isabs(raw):
-        raise ValueError(f"percolake: option warehouse must be an absolute path, got {raw!r}")
-    return os.path.normpath(raw)
+    return normalize_location(raw, "percolake: option warehouse")
 
 
 def _partition_by(options: Mapping[str, str]) -> tuple[str, ...] | None:
