@@ -27,6 +27,7 @@ import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -78,8 +79,13 @@ def _s3() -> pafs.S3FileSystem:
         client = _s3_clients.get(key)
         if client is None:
             region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            # pyarrow reads AWS_ENDPOINT_URL only in FileSystem.from_uri, not in this
+            # constructor: without passing it here every request went to AWS.
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             client = pafs.S3FileSystem(
                 region=region or None,
+                endpoint_override=endpoint or None,
+                scheme=urlsplit(endpoint).scheme or "https" if endpoint else "https",
                 connect_timeout=S3_CONNECT_TIMEOUT_S,
                 request_timeout=S3_REQUEST_TIMEOUT_S,
                 retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=S3_MAX_ATTEMPTS),
