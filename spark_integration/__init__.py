@@ -4,7 +4,8 @@ See docs/lakehouse.md for the API and docs/design/lakehouse.md for what it
 guarantees. One sub-package per deployment side, each importing only those below:
 
 * ``spark``: the Spark client (``Lakehouse``, the ``percolake`` data source, the
-  commit hook, ``write_cells``), run by Spark drivers and executors;
+  commit hook, ``write_cells``, ``s3a_conf`` for sessions that read ``s3://``
+  tables), run by Spark drivers and executors;
 * ``service``: the gateway's gRPC ``LakehouseService`` and its client;
 * ``engine``: the metadata engine (``engine.model`` lays it out in cells), with
   neither Spark nor gRPC.
@@ -37,12 +38,14 @@ if TYPE_CHECKING:
     from spark_integration.spark.cells import write_cells
     from spark_integration.spark.datasource import PercolakeDataSource, register
     from spark_integration.spark.lakehouse import Lakehouse
+    from spark_integration.spark.session import s3a_conf
 
 _LAZY = {
     "Lakehouse": "spark_integration.spark.lakehouse",
     "PercolakeDataSource": "spark_integration.spark.datasource",
     "register": "spark_integration.spark.datasource",
     "write_cells": "spark_integration.spark.cells",
+    "s3a_conf": "spark_integration.spark.session",
 }
 
 
@@ -71,5 +74,6 @@ __all__ = [
     "VersionNotFoundError",
     "VersionVacuumedError",
     "register",
+    "s3a_conf",
     "write_cells",
 ]

@@ -141,3 +141,17 @@ def any_tm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transacti
     embedded = TransactionManager.embedded(url, config=TransactionConfig(**TEST_CONFIG_KW))
     yield embedded
     embedded.close()
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def warehouse(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A lakehouse warehouse no other test writes to: a local folder, or
+    ``s3://<new bucket>/warehouse`` on the session's MinIO (tests/s3_plugin.py).
+
+    Lakehouse suites take their warehouse from here so that each runs on both
+    stores; a test that exercises only catalog logic narrows it to one with
+    ``@pytest.mark.parametrize("warehouse", ["local"], indirect=True)``.
+    """
+    if request.param == "s3":
+        return str(request.getfixturevalue("s3_warehouse"))
+    return str(tmp_path / "warehouse")

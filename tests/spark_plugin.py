@@ -2,7 +2,10 @@
 
 ``spark`` (session scope) is a ``local[2]`` SparkSession bound to 127.0.0.1 with
 the UI off, two shuffle partitions and quiet logs; it is stopped when the
-session ends. ``spark_connect`` (session scope) is a Spark Connect client session
+session ends. It reaches the worker's MinIO (``s3_server`` of tests/s3_plugin.py)
+through s3a, with the settings ``s3a_conf`` derives from the AWS variables that
+fixture exports, so every Spark test can read and write ``s3://`` tables.
+``spark_connect`` (session scope) is a Spark Connect client session
 on a Connect server that runs in ``spark``'s driver, as ``start-connect-server.sh``
 would run it, on a free loopback port. Tests that use them are skipped when pyspark
 is not installed or no Java is found, and fail loudly when a session cannot start
@@ -22,6 +25,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+
+from percolake.tools.s3 import S3Server
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -56,19 +61,28 @@ def _java_available() -> bool:
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    """A ``local[2]`` SparkSession shared by every test of the session."""
+def spark(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server) -> Iterator[SparkSession]:
+    """A ``local[2]`` SparkSession shared by every test of the session, on S3 too.
+
+    ``s3_server`` has exported its AWS variables by now: ``s3a_conf`` takes the
+    endpoint and region from them, and the JVM, started below, inherits the
+    credentials through its environment.
+    """
     pytest.importorskip("pyspark", reason="pyspark is not installed (extra 'spark')")
     if not _java_available():
         pytest.skip("no Java found (set JAVA_HOME or put java on PATH)")
     from pyspark.sql import SparkSession
+
+    from spark_integration import s3a_conf
 
     # Python workers must run the interpreter the tests run in (the venv's).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     scratch = tmp_path_factory.mktemp("spark")
     builder = SparkSession.builder.master("local[2]").appName("percolake-tests")
-    for key, value in SPARK_TEST_CONF.items():
+    s3a = s3a_conf()
+    assert s3a["spark.hadoop.fs.s3a.endpoint"] == s3_server.endpoint_url
+    for key, value in {**SPARK_TEST_CONF, **s3a}.items():
         builder = builder.config(key, value)
     builder = builder.config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
     builder = builder.config("spark.local.dir", str(scratch / "local"))

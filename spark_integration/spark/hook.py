@@ -1,21 +1,42 @@
-"""The commit hook's file side: a fresh staging folder per job, and what Spark left in it.
+"""The commit hook's file side: a fresh job folder per job, and the files written into it.
 
-Spark writes a job's Parquet files into ``<location>/_lh_job=<job id>/`` (Hive-style
-partition folders below it). Nothing there is visible until the commit transaction
-names the files; a job that dies before that leaves only unreferenced files, which
-``vacuum`` removes once they are older than its retention. Files stay where Spark
-wrote them: committing never moves data, so it costs the same on any file system.
+A job's Parquet files go into ``<location>/_lh_job=<job id>/`` (Hive-style partition
+folders below it). Nothing there is visible until the commit transaction names the
+files; a job that dies before that leaves only unreferenced files, which ``vacuum``
+removes once the start time in the folder's name is older than its retention.
+
+**Nothing is renamed.** Spark's own writer (``df.write.parquet``) goes through
+Hadoop's FileOutputCommitter, which writes each task's files under ``_temporary``
+and renames them into place when the task and then the job commit. S3 has no
+rename: s3a copies each object and deletes the original, neither atomic nor cheap,
+and a job that dies halfway leaves files half moved. So the tasks write the final
+files themselves, with pyarrow through ``spark.filesystem``, with the data source's
+own task writer (``datasource.files.write_batches``) run by ``mapInArrow``; each
+task reports the files it wrote (path, size, rows, partition values and column
+statistics, from the footer it just wrote), and the driver collects those reports.
+Only the reports of successful task attempts reach the driver: a failed or
+speculative attempt's files are never named, and vacuum removes them.
+
+Local tables take the same path. One path means one set of behaviours to test
+(file names, partition folder encoding, statistics, what a failed task leaves), and
+it is the one the data source already runs on local folders; local tables also
+gain column statistics for pruning, and lose nothing (no ``_SUCCESS`` or ``.crc``
+side files, which vacuum only ever had to clean up). Files still stay where they
+were written: committing never moves data, so it costs the same on any store.
 """
 
 from __future__ import annotations
 
 import calendar
 import logging
+import pickle
 import re
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
 
 from pyspark.sql import DataFrame
@@ -52,6 +73,11 @@ class Job:
     started_ms: int
     staging: str
 
+    @property
+    def location(self) -> str:
+        """The table location the job folder lies in."""
+        return self.staging.rsplit("/", 1)[0]
+
 
 _JOB_ID = re.compile(r"(\d{8}T\d{6})\.(\d{3})Z-[0-9a-f]+")
 
@@ -76,15 +102,46 @@ def job_started_ms(folder_name: str) -> int | None:
     return seconds * 1000 + int(millis)
 
 
-def write_parquet(
+#: The column a write task reports its files in: each a pickled ``FileEntry``.
+_REPORT = "entry"
+
+
+def write_files(
     df: DataFrame, schema: StructType, partition_by: tuple[str, ...], job: Job
-) -> None:
-    """Spark writes the DataFrame, columns in table order, into the job's staging folder."""
+) -> list[FileEntry]:
+    """The DataFrame's rows, columns in table order, written by its tasks as Parquet
+    files into the job folder; returns the files written (paths relative to the
+    table location), empty ones left out.
+
+    One Spark job (``mapInArrow``, then ``collect`` of the tasks' reports): each task
+    writes its own rows straight to their final paths, no rename anywhere.
+    """
     ordered = df.select(*[F.col(quote(name)) for name in schema.fieldNames()])
-    writer = ordered.write.mode("errorifexists").format("parquet")
-    if partition_by:
-        writer = writer.partitionBy(*partition_by)
-    writer.save(filesystem.spark_path(job.staging))
+    columns = tuple(schema.fieldNames())
+    location, staging = job.location, job.staging
+
+    def write_task(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        # Imported in the task, where it runs: the data source imports this module.
+        from spark_integration.spark.datasource.files import write_batches
+        from spark_integration.spark.datasource.write_plan import task_tag
+
+        written = write_batches(
+            batches,
+            location=location,
+            staging=staging,
+            columns=columns,
+            partition_by=partition_by,
+            tag=task_tag(),
+        )
+        reports = [pickle.dumps(entry) for entry in written]
+        yield pa.RecordBatch.from_arrays([pa.array(reports, pa.binary())], names=[_REPORT])
+
+    reported = ordered.mapInArrow(write_task, f"{_REPORT} binary").collect()
+    files: list[FileEntry] = [pickle.loads(row[_REPORT]) for row in reported]
+    log.debug("job %s wrote %d files", job.job_id, len(files))
+    return files
 
 
 def is_data_file(name: str) -> bool:
@@ -112,10 +169,11 @@ def parse_partition(relative_dir: str, partition_by: tuple[str, ...]) -> dict[st
 
 
 def collect_files(location: str, job: Job, partition_by: tuple[str, ...]) -> list[FileEntry]:
-    """Every data file the job wrote, with its size and row count from its footer.
+    """Every data file in the job folder, with its size and row count from its footer.
 
-    Files with no rows are left out (Spark writes one for an empty input); they
-    stay unreferenced and vacuum removes them.
+    For writers that do not report their files (tests drive the commit hook with
+    pyarrow writers of their own). Files with no rows are left out; they stay
+    unreferenced and vacuum removes them.
     """
     found: list[tuple[str, int, str, str]] = []  # (path, size, relative, partition dir)
     for stored in filesystem.list_files(job.staging):

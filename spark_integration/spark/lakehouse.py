@@ -39,7 +39,7 @@ from spark_integration.spark.hook import (
     collect_files,
     job_started_ms,
     new_job,
-    write_parquet,
+    write_files,
 )
 from spark_integration.spark.reads import read_version
 from spark_integration.spark.schema import check_dataframe_schema, check_table_schema, parse_schema
@@ -261,8 +261,8 @@ class Lakehouse:
         _check_dataframe(df)
         app_id, batch_id = _check_batch(app_id, batch_id)
 
-        def write(job: Job, schema: StructType, partition_by: tuple[str, ...]) -> None:
-            write_parquet(df, schema, partition_by, job)
+        def write(job: Job, schema: StructType, partition_by: tuple[str, ...]) -> list[FileEntry]:
+            return write_files(df, schema, partition_by, job)
 
         return self._run_job(operation, name, df.schema, write, app_id, batch_id)
 
@@ -271,14 +271,16 @@ class Lakehouse:
         operation: str,
         name: str,
         source_schema: StructType,
-        write: Callable[[Job, StructType, tuple[str, ...]], None],
+        write: Callable[[Job, StructType, tuple[str, ...]], list[FileEntry] | None],
         app_id: str | None,
         batch_id: int | str | None,
     ) -> int:
         """The commit hook: ``write`` fills a fresh job folder, whose files are committed.
 
-        ``write(job, table_schema, partition_by)`` is Spark for ``append``/``overwrite``;
-        tests pass other writers (pyarrow) to run this very path without Spark.
+        ``write(job, table_schema, partition_by)`` is Spark's tasks for
+        ``append``/``overwrite`` (they report the files they wrote); tests pass other
+        writers (pyarrow) to run this very path without Spark, and when a writer
+        returns None the job folder is listed for its files.
         """
         prepared = self._catalog.prepare(name, app_id, batch_id)
         if prepared.replayed_version is not None:
@@ -297,9 +299,13 @@ class Lakehouse:
         job = new_job(meta.location)
         self.failpoints.hit(fp.BEFORE_WRITE, job.job_id)
         try:
-            write(job, schema, meta.partition_by)
+            reported = write(job, schema, meta.partition_by)
             self.failpoints.hit(fp.AFTER_WRITE, job.job_id)
-            files = collect_files(meta.location, job, meta.partition_by)
+            files = (
+                collect_files(meta.location, job, meta.partition_by)
+                if reported is None
+                else reported
+            )
             self.failpoints.hit(fp.BEFORE_COMMIT, job.job_id)
         except Exception:
             # The commit was never attempted, so nothing can name these files.
@@ -563,8 +569,7 @@ class LakehouseTransaction:
         check_dataframe_schema(name, schema, df.schema)
         job = new_job(meta.location)
         try:
-            write_parquet(df, schema, meta.partition_by, job)
-            files = collect_files(meta.location, job, meta.partition_by)
+            files = write_files(df, schema, meta.partition_by, job)
         except BaseException:
             _remove_staging(job.staging)
             raise

@@ -27,13 +27,21 @@ installed, and both are fixed here rather than left to each script:
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import logging
 import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -58,7 +66,11 @@ _wrap_lock = threading.Lock()
 
 
 def local_session(app_name: str, **conf: str) -> SparkSession:
-    """A ``local[2]`` session bound to loopback, quiet; ``conf`` adds or overrides settings."""
+    """A ``local[2]`` session bound to loopback, quiet; ``conf`` adds or overrides settings.
+
+    It reaches ``s3://`` tables too (:func:`s3a_conf`: the first session on a machine
+    fetches the s3a jars, ~690 MB from Maven Central, once).
+    """
     from pyspark.sql import SparkSession
 
     # Before the JVM starts: it fixes the workers' Python (and the interpreter that
@@ -66,7 +78,8 @@ def local_session(app_name: str, **conf: str) -> SparkSession:
     os.environ.setdefault(PYSPARK_PYTHON, sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master("local[2]").appName(app_name)
-    for key, value in {**LOCAL_CONF, **conf}.items():
+    settings = {**LOCAL_CONF, **s3a_conf(), **conf}
+    for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
@@ -166,3 +179,188 @@ def _activate(spark: Any) -> None:
     sessions = spark._get_j_spark_session_class(jvm)
     if sessions.getActiveSession().isEmpty():
         sessions.setActiveSession(spark._jsparkSession)
+
+
+# --- S3 through s3a -------------------------------------------------------------------
+
+#: The S3A connector, at the Hadoop version of PySpark's own client jars.
+HADOOP_AWS = ("org.apache.hadoop", "hadoop-aws")
+
+#: Where the s3a jars are kept: ``$PERCOLAKE_S3A_HOME`` or ``~/.cache/percolake/s3a``,
+#: one folder per Hadoop version, shared by every clone and process on the machine.
+S3A_HOME_VARIABLE = "PERCOLAKE_S3A_HOME"
+DEFAULT_S3A_HOME = "~/.cache/percolake/s3a"
+
+#: Written last into a version's folder: the jars it lists are complete.
+_JARS_LIST = "jars.txt"
+
+#: The credential chain s3a asks: the AWS SDK's default (system properties, the
+#: ``AWS_*`` environment variables, web identity, the shared profiles, container and
+#: instance roles). Hadoop's own default list leaves profiles out.
+S3A_CREDENTIALS_PROVIDER = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
+
+#: The Hadoop version in a client jar's name, ``hadoop-client-api-3.5.0.jar``.
+_HADOOP_CLIENT_JAR = re.compile(r"hadoop-client-api-(\d+(?:\.\d+)+)\.jar")
+
+#: One fetch at a time per process; other processes wait at the folder's file lock.
+_fetch_lock = threading.Lock()
+
+
+class S3ASetupError(RuntimeError):
+    """The s3a jars could not be found or fetched (no Java, no network, no pyspark)."""
+
+
+def pyspark_jars_dir() -> Path:
+    """The ``jars`` folder of the installed PySpark."""
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def hadoop_version() -> str:
+    """The Hadoop version PySpark ships, read from its ``hadoop-client-api-*.jar``.
+
+    hadoop-aws must match it exactly: the connector calls Hadoop internals that
+    change between releases, and a mismatch fails only at the first ``s3a://`` use.
+    """
+    found = [
+        match.group(1)
+        for match in map(_HADOOP_CLIENT_JAR.fullmatch, os.listdir(pyspark_jars_dir()))
+        if match
+    ]
+    if len(found) != 1:
+        raise S3ASetupError(
+            f"cannot tell PySpark's Hadoop version: expected one hadoop-client-api-*.jar "
+            f"in {pyspark_jars_dir()}, found {found or 'none'}"
+        )
+    return found[0]
+
+
+def s3a_home() -> Path:
+    return Path(os.environ.get(S3A_HOME_VARIABLE) or DEFAULT_S3A_HOME).expanduser()
+
+
+def s3a_jars(version: str | None = None) -> list[Path]:
+    """The jars s3a needs (hadoop-aws and what its POM pulls: the AWS SDK bundle and
+    the rest), fetched from Maven Central once per machine and Hadoop version.
+
+    Fetched by Ivy, the resolver ``spark.jars.packages`` uses, run from the jar
+    PySpark ships (``java -jar ivy-*.jar -dependency ...``): Maven's dependency rules
+    (parent POMs, managed versions, scopes) are Ivy's to get right, not ours. Why not
+    ``spark.jars.packages`` itself: in a Python application spark-submit also adds the
+    resolved jars to ``spark.submit.pyFiles``, so every session copies the 686 MB SDK
+    bundle into its temporary folder and every Python worker gets it on its path.
+    """
+    version = version or hadoop_version()
+    folder = s3a_home() / f"hadoop-{version}"
+    listed = _listed_jars(folder)
+    if listed is not None:
+        return listed
+    with _fetch_lock:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with open(folder.parent / f".hadoop-{version}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be fetching
+            listed = _listed_jars(folder)
+            if listed is None:
+                _fetch_jars(version, folder)
+                listed = _listed_jars(folder)
+            if listed is None:
+                raise S3ASetupError(f"fetching the s3a jars into {folder} left no {_JARS_LIST}")
+            return listed
+
+
+def _listed_jars(folder: Path) -> list[Path] | None:
+    """The jars of a complete fetch into ``folder``; None when there is none."""
+    try:
+        names = (folder / _JARS_LIST).read_text(encoding="utf-8").split()
+    except FileNotFoundError:
+        return None
+    jars = [folder / name for name in names]
+    return jars if jars and all(jar.is_file() for jar in jars) else None
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    if home and os.path.exists(os.path.join(home, "bin", "java")):
+        return os.path.join(home, "bin", "java")
+    found = shutil.which("java")
+    if found is None:
+        raise S3ASetupError("no Java found to fetch the s3a jars (set JAVA_HOME)")
+    return found
+
+
+def _fetch_jars(version: str, folder: Path) -> None:
+    ivy = sorted(pyspark_jars_dir().glob("ivy-*.jar"))
+    if not ivy:
+        raise S3ASetupError(f"no ivy-*.jar in {pyspark_jars_dir()} to fetch the s3a jars with")
+    group, artifact = HADOOP_AWS
+    staging = Path(tempfile.mkdtemp(prefix=f".hadoop-{version}-", dir=folder.parent))
+    # Ivy's own cache would hold a second copy of every jar: a temporary one.
+    cache = Path(tempfile.mkdtemp(prefix=".ivy-cache-", dir=folder.parent))
+    try:
+        command = [
+            _java(),
+            "-jar",
+            str(ivy[-1]),
+            "-dependency",
+            group,
+            artifact,
+            version,
+            "-confs",
+            "default",
+            "-types",
+            "jar",
+            "-cache",
+            str(cache),
+            "-retrieve",
+            str(staging / "[artifact]-[revision](-[classifier]).[ext]"),
+        ]
+        log.info("fetching %s:%s:%s and its dependencies from Maven Central", *HADOOP_AWS, version)
+        started = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+        names = sorted(p.name for p in staging.glob("*.jar"))
+        if done.returncode != 0 or f"{artifact}-{version}.jar" not in names:
+            raise S3ASetupError(
+                f"fetching {group}:{artifact}:{version} from Maven Central failed "
+                f"(exit {done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}"
+            )
+        (staging / _JARS_LIST).write_text("\n".join(names) + "\n", encoding="utf-8")
+        shutil.rmtree(folder, ignore_errors=True)  # a partial fetch of an older run
+        os.rename(staging, folder)
+        log.info(
+            "fetched %d s3a jars into %s in %.0f s", len(names), folder, time.monotonic() - started
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def s3a_conf(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Spark settings that let Spark's own readers and writers reach ``s3a://``.
+
+    From the standard AWS variables (``os.environ`` unless ``environ`` is given):
+    ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` becomes ``fs.s3a.endpoint``, with
+    path-style addressing (what S3-compatible servers such as MinIO serve) and SSL
+    as its scheme says; ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``) becomes
+    ``fs.s3a.endpoint.region``. Credentials are never copied into the conf (a Spark
+    conf is shown in the UI and logs): s3a asks the AWS SDK's default chain, which
+    reads the same variables, or the profiles, in each JVM. The jars are added by
+    path (``spark.jars``), fetched first if this machine has none yet.
+    """
+    env = os.environ if environ is None else environ
+    conf = {
+        "spark.jars": ",".join(str(jar) for jar in s3a_jars()),
+        "spark.hadoop.fs.s3a.aws.credentials.provider": S3A_CREDENTIALS_PROVIDER,
+    }
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        scheme = urlsplit(endpoint).scheme.lower()
+        if scheme not in ("http", "https"):
+            raise ValueError(f"AWS endpoint {endpoint!r}: expected an http:// or https:// URL")
+        conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(scheme == "https").lower()
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = region
+    return conf

@@ -1,12 +1,16 @@
 """Lakehouse tables end to end: a real local Spark session over an embedded manager.
 
 The manager is made in exactly one fixture (``lakehouse_tm``) so that the same
-tests can run over other stores and the remote manager by parametrizing it.
+tests can run over other stores and the remote manager by parametrizing it. The
+warehouse comes from ``warehouse`` (tests/conftest.py): tests that exercise file
+paths (writes, reads, crashes, vacuum) also run on ``s3://`` on the session's
+MinIO (``ON_BOTH_STORES``, with the SQLite manager: the manager and the store are
+independent, so their product would only repeat tests); tests of catalog logic
+alone (races, replays, refusals) run on a local folder (``LOCAL``).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +33,8 @@ from spark_integration import (
     write_cells,
 )
 from spark_integration.engine import lakehouse_failpoints as fp
+from spark_integration.engine.locations import is_object_store, join
+from spark_integration.spark import filesystem
 from txn import TransactionConfig, TransactionManager
 from txn.errors import TransactionConflictError
 
@@ -38,6 +44,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 TEST_CONFIG = TransactionConfig(resolve_wait_ms=300, lock_wait_ms=2000, settle_backoff_ms=1)
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType())])
+
+#: File paths matter: every manager on a local warehouse, and S3 with SQLite.
+ON_BOTH_STORES = pytest.mark.parametrize(
+    ("lakehouse_tm", "warehouse"),
+    [
+        ("sqlite", "local"),
+        ("remote-sqlite", "local"),
+        pytest.param("cassandra", "local", marks=pytest.mark.cassandra),
+        pytest.param("sqlite", "s3", marks=pytest.mark.s3),
+    ],
+    indirect=True,
+)
+#: Catalog logic only: the store of the files makes no difference.
+LOCAL = pytest.mark.parametrize("warehouse", ["local"], indirect=True)
 
 
 @pytest.fixture(
@@ -66,8 +86,8 @@ def lakehouse_tm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tra
 
 
 @pytest.fixture
-def lh(lakehouse_tm: TransactionManager, tmp_path: Path) -> Lakehouse:
-    return Lakehouse(lakehouse_tm, tmp_path / "warehouse")
+def lh(lakehouse_tm: TransactionManager, warehouse: str) -> Lakehouse:
+    return Lakehouse(lakehouse_tm, warehouse)
 
 
 def rows(spark: SparkSession, ids: range | list[int], tag: str = "x") -> DataFrame:
@@ -79,20 +99,24 @@ def ids_of(df: DataFrame) -> list[int]:
 
 
 def job_folders(lh: Lakehouse, table: str) -> list[str]:
-    location = Path(lh.warehouse) / table
-    return sorted(p.name for p in location.iterdir() if p.name.startswith("_lh_job="))
+    # On S3 a "folder" is a prefix: it exists while an object lies below it.
+    names = (p.rsplit("/", 1)[-1] for p in filesystem.list_dirs(join(lh.warehouse, table)))
+    return sorted(n for n in names if n.startswith("_lh_job="))
 
 
 def all_files_on_disk(lh: Lakehouse, table: str) -> set[str]:
-    out = set()
-    for root, _, names in os.walk(Path(lh.warehouse) / table):
-        out.update(os.path.join(root, n) for n in names if n.endswith(".parquet"))
-    return out
+    stored = filesystem.list_files(join(lh.warehouse, table))
+    return {f.path for f in stored if f.path.endswith(".parquet")}
+
+
+def exists(path: str) -> bool:
+    return filesystem.exists(path)
 
 
 # --- basics ---------------------------------------------------------------------------
 
 
+@ON_BOTH_STORES
 def test_append_read_and_dense_versions(lh: Lakehouse, spark: SparkSession) -> None:
     lh.create_table("t", SCHEMA)
     assert lh.version("t") == 0
@@ -106,10 +130,14 @@ def test_append_read_and_dense_versions(lh: Lakehouse, spark: SparkSession) -> N
     assert ids_of(got) == list(range(25))
     files = lh.files("t")
     assert sum(f.record_count for f in files) == 25
-    assert all(os.path.isabs(f.path) and os.path.getsize(f.path) == f.size_bytes for f in files)
+    assert all(f.path.startswith(lh.warehouse + "/t/_lh_job=") for f in files)
+    assert all(filesystem.file_size(f.path) == f.size_bytes for f in files)
+    # Statistics come from the footers the tasks wrote (they serve pruning).
+    assert all(f.stats is not None and f.stats["id"].min_value is not None for f in files)
     assert all(f.partition == {} for f in files)
 
 
+@ON_BOTH_STORES
 def test_partitioned_table(lh: Lakehouse, spark: SparkSession) -> None:
     lh.create_table("p", "id BIGINT, region STRING, day INT", partition_by=["region", "day"])
     df = spark.createDataFrame(
@@ -148,6 +176,7 @@ def _exploding_rows(spark: SparkSession, bad_id: int) -> DataFrame:
     return spark.range(0, 40, 1, 4).select(F.col("id"), explode_on(F.col("id")).alias("name"))
 
 
+@ON_BOTH_STORES
 def test_task_crash_leaves_nothing_visible(lh: Lakehouse, spark: SparkSession) -> None:
     lh.create_table("t", SCHEMA)
     lh.append("t", rows(spark, range(3)))
@@ -162,6 +191,7 @@ def test_task_crash_leaves_nothing_visible(lh: Lakehouse, spark: SparkSession) -
     assert lh.append("t", rows(spark, range(3, 5))) == 2
 
 
+@ON_BOTH_STORES
 @pytest.mark.parametrize("point", [fp.AFTER_WRITE, fp.BEFORE_COMMIT])
 def test_driver_crash_between_write_and_commit(
     lh: Lakehouse, spark: SparkSession, point: str
@@ -188,6 +218,7 @@ def test_driver_crash_between_write_and_commit(
     assert ids_of(lh.read(spark, "t")) == [0, 1, 2]
 
 
+@ON_BOTH_STORES
 def test_failed_commit_removes_its_staging_folder(lh: Lakehouse, spark: SparkSession) -> None:
     lh.create_table("t", SCHEMA)
 
@@ -224,6 +255,7 @@ def run_threads(*targets: Callable[[], Any]) -> list[Any]:
     return results
 
 
+@LOCAL
 def test_concurrent_appenders_all_land(
     lakehouse_tm: TransactionManager, lh: Lakehouse, spark: SparkSession
 ) -> None:
@@ -253,6 +285,7 @@ def test_concurrent_appenders_all_land(
     assert [c.version for c in lh.history("t")] == list(range(writers * appends_each + 1))
 
 
+@LOCAL
 def test_idempotent_replay(lh: Lakehouse, spark: SparkSession) -> None:
     lh.create_table("t", SCHEMA)
     assert lh.append("t", rows(spark, range(5)), app_id="etl", batch_id=1) == 1
@@ -271,6 +304,7 @@ def test_idempotent_replay(lh: Lakehouse, spark: SparkSession) -> None:
         lh.append("t", rows(spark, range(1)), app_id="etl")
 
 
+@ON_BOTH_STORES
 def test_idempotent_replay_racing_its_original(
     lakehouse_tm: TransactionManager, lh: Lakehouse, spark: SparkSession
 ) -> None:
@@ -292,6 +326,7 @@ def test_idempotent_replay_racing_its_original(
     assert len(job_folders(lh, "t")) == 1
 
 
+@LOCAL
 def test_overwrite_racing_an_append_fails_and_loses_nothing(
     lh: Lakehouse, spark: SparkSession
 ) -> None:
@@ -315,6 +350,7 @@ def test_overwrite_racing_an_append_fails_and_loses_nothing(
     assert ids_of(lh.read(spark, "t")) == list(range(1000, 1010))
 
 
+@LOCAL
 def test_append_racing_an_overwrite_lands_after_it(lh: Lakehouse, spark: SparkSession) -> None:
     lh.create_table("t", SCHEMA)
     lh.append("t", rows(spark, range(5)))
@@ -332,6 +368,7 @@ def test_append_racing_an_overwrite_lands_after_it(lh: Lakehouse, spark: SparkSe
 # --- time travel and history ----------------------------------------------------------
 
 
+@ON_BOTH_STORES
 def test_time_travel_reads_exactly_each_version(lh: Lakehouse, spark: SparkSession) -> None:
     lh.create_table("t", SCHEMA)
     expected = {0: []}
@@ -354,6 +391,7 @@ def test_time_travel_reads_exactly_each_version(lh: Lakehouse, spark: SparkSessi
         lh.files("t", version=-1)
 
 
+@ON_BOTH_STORES
 def test_history_lists_every_commit(lh: Lakehouse, spark: SparkSession) -> None:
     lh.create_table("t", SCHEMA)
     lh.append("t", rows(spark, range(3)), app_id="a", batch_id=0)
@@ -382,6 +420,7 @@ def test_history_lists_every_commit(lh: Lakehouse, spark: SparkSession) -> None:
 # --- vacuum ---------------------------------------------------------------------------
 
 
+@ON_BOTH_STORES
 def test_vacuum_keeps_what_versions_inside_the_retention_read(
     lh: Lakehouse, spark: SparkSession
 ) -> None:
@@ -396,7 +435,7 @@ def test_vacuum_keeps_what_versions_inside_the_retention_read(
     # With no retention only the latest version is kept.
     removed = set(lh.vacuum("t", retain_seconds=0))
     assert old_files <= removed
-    assert not any(os.path.exists(p) for p in old_files)
+    assert not any(exists(p) for p in old_files)
     assert ids_of(lh.read(spark, "t")) == [100, 101]
     with pytest.raises(VersionNotFoundError, match="vacuum"):
         lh.read(spark, "t", version=2)
@@ -405,6 +444,7 @@ def test_vacuum_keeps_what_versions_inside_the_retention_read(
     assert ids_of(lh.read(spark, "t")) == [100, 101, 200]
 
 
+@ON_BOTH_STORES
 def test_job_started_before_a_vacuum_cutoff_cannot_commit(
     lh: Lakehouse, spark: SparkSession
 ) -> None:
@@ -415,12 +455,13 @@ def test_job_started_before_a_vacuum_cutoff_cannot_commit(
     with pytest.raises(ConcurrentModificationError, match="vacuum"):
         lh.append("t", rows(spark, range(10, 12)))
     assert ids_of(lh.read(spark, "t")) == [0, 1]
-    assert all(os.path.exists(f.path) for f in lh.files("t"))
+    assert all(exists(f.path) for f in lh.files("t"))
 
 
 # --- refusals -------------------------------------------------------------------------
 
 
+@LOCAL
 def test_schema_mismatch_is_refused_before_any_file_is_written(
     lh: Lakehouse, spark: SparkSession
 ) -> None:
@@ -440,6 +481,7 @@ def test_schema_mismatch_is_refused_before_any_file_is_written(
     assert lh.version("t") == 0
 
 
+@LOCAL
 def test_missing_and_existing_tables(lh: Lakehouse, spark: SparkSession) -> None:
     assert lh.list_tables() == []
     lh.create_table("b.events", SCHEMA)
@@ -462,15 +504,15 @@ def test_missing_and_existing_tables(lh: Lakehouse, spark: SparkSession) -> None
     assert lh.list_tables() == ["a_orders", "b.events"]
 
 
+@ON_BOTH_STORES
 def test_create_refuses_a_location_with_files(lh: Lakehouse) -> None:
-    location = Path(lh.warehouse) / "t"
-    location.mkdir(parents=True)
-    (location / "stray.parquet").write_bytes(b"")
+    filesystem.write_bytes(join(lh.warehouse, "t", "stray.parquet"), b"")
     with pytest.raises(TableExistsError, match="already holds files"):
         lh.create_table("t", SCHEMA)
     assert lh.list_tables() == []
 
 
+@LOCAL
 def test_arguments_are_validated_at_the_edge(lh: Lakehouse, spark: SparkSession) -> None:
     lh.create_table("t", SCHEMA)
     df = rows(spark, range(1))
@@ -500,6 +542,7 @@ def test_arguments_are_validated_at_the_edge(lh: Lakehouse, spark: SparkSession)
         lh.create_table("u", "id BIGINT,,")
     with pytest.raises(ValueError, match="absolute"):
         Lakehouse(lh._tm, "relative/path")
+    assert not is_object_store(lh.warehouse)
     assert lh.list_tables() == ["t"]
     assert lh.version("t") == 0
 

@@ -103,6 +103,7 @@ def test_public_exports() -> None:
         "VersionNotFoundError",
         "VersionVacuumedError",
         "register",
+        "s3a_conf",
         "write_cells",
     }
     assert issubclass(ConcurrentModificationError, TransactionConflictError)
