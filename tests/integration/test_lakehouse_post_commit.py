@@ -13,12 +13,14 @@ wrapped (:class:`ClientFaults`) so that the transactions a commit begins after i
 own fail as the issue describes. On embedded managers the checkpoint's scan
 fails inside the real store instead. Files are small Parquet files written with
 pyarrow and committed by ``append_files``; one Spark test covers ``append``,
-the only path that deletes a job's files.
+the only path that deletes a job's files. That test runs on a local warehouse and on
+``s3://`` on the session's MinIO (``warehouse`` in tests/conftest.py), where deleting
+a job's files means deleting objects by prefix; the others test the catalog's
+outcomes, which no store changes, on a local folder.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,6 +58,9 @@ pytestmark = pytest.mark.integration
 TEST_CONFIG = TransactionConfig(resolve_wait_ms=300, lock_wait_ms=2000, settle_backoff_ms=1)
 SCHEMA = StructType([StructField("id", LongType())])
 MANAGERS = ["remote-sqlite", "sqlite", "memory"]
+
+#: Catalog outcomes only: the store of the files makes no difference.
+LOCAL = pytest.mark.parametrize("warehouse", ["local"], indirect=True)
 
 Manager = TransactionManager | RemoteTransactionManager
 Error = Callable[[], BaseException]
@@ -203,10 +208,10 @@ def manager(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Manager]
 
 
 @pytest.fixture
-def lh(manager: Manager, tmp_path: Path) -> Lakehouse:
+def lh(manager: Manager, warehouse: str) -> Lakehouse:
     house = Lakehouse(
         cast(TransactionManager, manager),  # a remote one is welcome too
-        tmp_path / "warehouse",
+        warehouse,
         catalog=f"c{uuid.uuid4().hex[:12]}",
         # The catalog's own transactions are what these tests break, so it runs
         # here, over the gateway's transactions; the gateway's lakehouse service
@@ -270,6 +275,7 @@ def fail_next_scan_in_store(
 # --- regression tests -----------------------------------------------------------------
 
 
+@LOCAL
 @pytest.mark.parametrize("where", ["store", "scan"])
 def test_a_store_error_in_the_checkpoint_after_a_good_commit_keeps_the_version(
     manager: Manager,
@@ -302,13 +308,14 @@ def test_a_store_error_in_the_checkpoint_after_a_good_commit_keeps_the_version(
         faults.fail_follow_ups(None, ("scan", ERRORS["unavailable"]))
     assert lh.append_files("t", files) == 1
     assert fired, "the fault was not injected"
-    assert all(os.path.exists(f.path) for f in files)
+    assert all(filesystem.exists(f.path) for f in files)
     assert ids_of_version(lh, 1) == [1, 2, 3]
     # The table goes on: the next commit is version 2, and it checkpoints.
     assert lh.append_files("t", write_job(lh, [4])) == 2
     assert ids_of_version(lh, 2) == [1, 2, 3, 4]
 
 
+@LOCAL
 @pytest.mark.parametrize("error", ["oracle-fenced", "store", "unavailable"])
 def test_a_failed_commit_ts_record_after_a_good_commit_keeps_the_version(
     manager: Manager, lh: Lakehouse, faults: ClientFaults, error: str
@@ -325,7 +332,7 @@ def test_a_failed_commit_ts_record_after_a_good_commit_keeps_the_version(
     faults.fail_follow_ups(("begin", ERRORS[error]))
     assert lh.append_files("t", files) == 1
     assert faults.injected == ["begin"]
-    assert all(os.path.exists(f.path) for f in files)
+    assert all(filesystem.exists(f.path) for f in files)
     assert ids_of_version(lh, 1) == [7, 8]
     history = lh.history("t")
     assert [c.version for c in history] == [0, 1]
@@ -356,6 +363,7 @@ def _lose_commit_reply(
     return points.disable
 
 
+@LOCAL
 @pytest.mark.parametrize("applied", [True, False], ids=["applied", "not-applied"])
 @pytest.mark.parametrize("error", ["oracle-fenced", "store", "unavailable"])
 def test_settling_that_fails_with_any_error_raises_commit_unknown_and_keeps_the_files(
@@ -379,13 +387,14 @@ def test_settling_that_fails_with_any_error_raises_commit_unknown_and_keeps_the_
         lh.append_files("t", files, app_id="job", batch_id=1)
     undo()
     assert "settle" in faults.injected
-    assert all(os.path.exists(f.path) for f in files)
+    assert all(filesystem.exists(f.path) for f in files)
     assert lh.version("t") == (1 if applied else 0)
     assert lh.append_files("t", files, app_id="job", batch_id=1) == 1
     assert lh.version("t") == 1
     assert ids_of_version(lh, 1) == [5, 6]
 
 
+@LOCAL
 def test_a_commit_still_on_its_way_cannot_land_after_the_catalog_settled_it(
     manager: Manager, lh: Lakehouse
 ) -> None:
@@ -462,7 +471,15 @@ SPARK_FAULTS = ["commit-ts", "checkpoint", "settle", "stale-overwrite"]
 
 @pytest.mark.spark
 @pytest.mark.parametrize("fault", SPARK_FAULTS)
-@pytest.mark.parametrize("manager", ["remote-sqlite", "sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    ("manager", "warehouse"),
+    [
+        ("remote-sqlite", "local"),
+        ("sqlite", "local"),
+        pytest.param("sqlite", "s3", marks=pytest.mark.s3),
+    ],
+    indirect=True,
+)
 def test_spark_append_deletes_its_files_only_when_nothing_committed(
     manager: Manager,
     lh: Lakehouse,
@@ -484,7 +501,7 @@ def test_spark_append_deletes_its_files_only_when_nothing_committed(
     """
     monkeypatch.setattr(checkpoints_module, "EARLY_CHECKPOINT_INTERVAL", 1)
     df = spark.createDataFrame([(i,) for i in range(4)], SCHEMA)
-    location = Path(lh.warehouse) / "t"
+    location = join(lh.warehouse, "t")
     if fault == "stale-overwrite":
         other = write_job(lh, [9])
 
@@ -494,8 +511,8 @@ def test_spark_append_deletes_its_files_only_when_nothing_committed(
         lh.failpoints.enable(fp.BEFORE_COMMIT, commit_another, times=1)
         with pytest.raises(ConcurrentModificationError):
             lh.overwrite("t", df)
-        jobs = [p for p in location.iterdir() if p.name.startswith("_lh_job=")]
-        assert jobs == [Path(other[0].path).parent]  # the overwrite's own folder is gone
+        jobs = [p for p in filesystem.list_dirs(location) if "/_lh_job=" in p]
+        assert jobs == [other[0].path.rsplit("/", 1)[0]]  # the overwrite's own folder is gone
         assert ids_of_version(lh, 1) == [9]
         return
     if fault == "commit-ts":
@@ -513,6 +530,6 @@ def test_spark_append_deletes_its_files_only_when_nothing_committed(
         assert lh.append("t", df) == 1
     assert faults.injected
     assert lh.version("t") == 1
-    assert all(os.path.exists(f.path) for f in lh.files("t", 1))
+    assert all(filesystem.exists(f.path) for f in lh.files("t", 1))
     got = sorted(r["id"] for r in lh.read(spark, "t", version=1).collect())
     assert got == [0, 1, 2, 3]
