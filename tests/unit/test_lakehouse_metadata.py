@@ -1,7 +1,10 @@
 """The lakehouse metadata layer without Spark: commits, races, time travel, vacuum.
 
 Files here are metadata only (``append_files``), or small stand-ins on disk for
-vacuum; no Spark session is started, so these run in the fast tier.
+vacuum; no Spark session is started, so these run in the fast tier. The catalog
+logic runs on a local warehouse (``LOCAL``); the vacuum fence that dates a job by
+its folder's name also runs on ``s3://`` on the session's MinIO (marked ``s3``, so
+the fast tier, which leaves servers out, runs only its local half).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from spark_integration import (
     VersionNotFoundError,
 )
 from spark_integration.engine import Catalog
+from spark_integration.engine.locations import is_object_store, join
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, Layout
+from spark_integration.spark import filesystem
 from spark_integration.spark.hook import STAGING_PREFIX, job_started_ms, new_job, parse_partition
 from spark_integration.spark.vacuum_sweep import sweep
 from storage_adapters import StoreTimeoutError
@@ -45,6 +50,11 @@ pytestmark = pytest.mark.unit
 SCHEMA = StructType([StructField("id", LongType()), StructField("day", StringType())])
 TEST_CONFIG = TransactionConfig(resolve_wait_ms=300, lock_wait_ms=2000, settle_backoff_ms=1)
 
+#: Catalog logic only (the files are metadata, never written): one store is enough.
+LOCAL = pytest.mark.parametrize("warehouse", ["local"], indirect=True)
+#: The vacuum fence dated by job folder names: on a local folder and on MinIO.
+BOTH_STORES = ["local", pytest.param("s3", marks=pytest.mark.s3)]
+
 
 @pytest.fixture(params=["memory", "sqlite"])
 def lakehouse_tm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TransactionManager]:
@@ -55,8 +65,8 @@ def lakehouse_tm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tra
 
 
 @pytest.fixture
-def lh(lakehouse_tm: TransactionManager, tmp_path: Path) -> Lakehouse:
-    house = Lakehouse(lakehouse_tm, tmp_path / "warehouse")
+def lh(lakehouse_tm: TransactionManager, warehouse: str) -> Lakehouse:
+    house = Lakehouse(lakehouse_tm, warehouse)
     house.create_table("t", SCHEMA, partition_by="day")
     return house
 
@@ -110,6 +120,7 @@ def test_public_exports() -> None:
     assert issubclass(TableNotFoundError, spark_integration.LakehouseError)
 
 
+@LOCAL
 @pytest.mark.parametrize("drivers", ["one Lakehouse", "a Lakehouse each"])
 def test_eight_blind_appenders_never_fail(
     lakehouse_tm: TransactionManager, lh: Lakehouse, drivers: str
@@ -136,6 +147,7 @@ def test_eight_blind_appenders_never_fail(
     assert [c.added_files[0] for c in history] == [f.path for f in files]
 
 
+@LOCAL
 def test_append_that_loses_the_head_retries_on_the_new_version(
     lakehouse_tm: TransactionManager, lh: Lakehouse, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -172,6 +184,7 @@ def test_append_that_loses_the_head_retries_on_the_new_version(
     assert [f.record_count for f in lh.files("t")] == [1, 2]
 
 
+@LOCAL
 def test_racing_replays_of_one_batch_commit_once(
     lakehouse_tm: TransactionManager, lh: Lakehouse
 ) -> None:
@@ -191,6 +204,7 @@ def test_racing_replays_of_one_batch_commit_once(
     assert lh.append_files("t", [data_file(lh, 9)], app_id="stream", batch_id="3") == 2
 
 
+@LOCAL
 def test_overwrite_on_a_stale_base_conflicts(
     lakehouse_tm: TransactionManager, lh: Lakehouse
 ) -> None:
@@ -214,6 +228,7 @@ def test_overwrite_on_a_stale_base_conflicts(
     assert [f.path for f in lh.files("t")] == [f"{lh.warehouse}/t/{entry.path}"]
 
 
+@LOCAL
 @pytest.mark.parametrize("checkpoint_every", [None, 4])
 def test_time_travel_matches_a_model(
     lakehouse_tm: TransactionManager,
@@ -271,6 +286,7 @@ def test_time_travel_matches_a_model(
     assert bool(checkpoints) == (checkpoint_every is not None)
 
 
+@LOCAL
 def test_checkpoints_bound_the_rows_listing_reads(
     lakehouse_tm: TransactionManager, lh: Lakehouse, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -297,6 +313,7 @@ def test_checkpoints_bound_the_rows_listing_reads(
     ]
 
 
+@LOCAL
 def test_listing_reads_one_generation(lakehouse_tm: TransactionManager, lh: Lakehouse) -> None:
     """Overwrites leave earlier generations out of the latest listing's range."""
     catalog = Catalog(lakehouse_tm, "lakehouse")
@@ -315,6 +332,7 @@ def test_listing_reads_one_generation(lakehouse_tm: TransactionManager, lh: Lake
     assert len(lh.files("t", 30)) == 30
 
 
+@LOCAL
 def test_unknown_commit_outcome_is_settled_not_retried_blindly(
     lakehouse_tm: TransactionManager, lh: Lakehouse, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -339,6 +357,7 @@ def test_unknown_commit_outcome_is_settled_not_retried_blindly(
     assert [c.version for c in lh.history("t")] == [0, 1, 2]
 
 
+@LOCAL
 def test_unsettleable_outcome_raises_commit_unknown(
     lakehouse_tm: TransactionManager, lh: Lakehouse, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -357,6 +376,7 @@ def test_unsettleable_outcome_raises_commit_unknown(
     assert isinstance(info.value.__cause__, TransactionError)
 
 
+@LOCAL
 def test_vacuum_fence_keeps_files_committed_after_its_plan(
     lakehouse_tm: TransactionManager, lh: Lakehouse
 ) -> None:
@@ -438,6 +458,7 @@ def test_commit_records_are_plain_values() -> None:
     assert DataFile("/x", 1, 2).partition == {}
 
 
+@LOCAL
 def test_append_files_validates_paths(lh: Lakehouse) -> None:
     with pytest.raises(ValueError, match="job folder"):
         lh.append_files("t", [DataFile(f"{lh.warehouse}/t/loose.parquet", 1, 1, {"day": "d"})])
@@ -457,6 +478,7 @@ def test_young_tables_checkpoint_every_hundred_versions_then_every_thousand() ->
     assert not checkpoints_module.checkpoint_due(0) and not checkpoints_module.checkpoint_due(150)
 
 
+@LOCAL
 def test_a_table_of_a_few_hundred_commits_lists_from_a_checkpoint(
     lakehouse_tm: TransactionManager, lh: Lakehouse, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -477,15 +499,36 @@ def test_a_table_of_a_few_hundred_commits_lists_from_a_checkpoint(
     assert scans.count("lakehouse.files") == 30
 
 
-def _job_folder(location: Path, started_ms: int, suffix: str = "00aa") -> Path:
+def _job_folder(location: str, started_ms: int, suffix: str = "00aa") -> str:
     """A job folder whose name carries ``started_ms``, as ``new_job`` names them."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started_ms // 1000))
-    folder = location / f"{STAGING_PREFIX}{stamp}.{started_ms % 1000:03d}Z-{suffix}"
-    assert job_started_ms(folder.name) == started_ms
-    return folder
+    name = f"{STAGING_PREFIX}{stamp}.{started_ms % 1000:03d}Z-{suffix}"
+    assert job_started_ms(name) == started_ms
+    return join(location, name)
 
 
-@pytest.mark.parametrize("folders", ["one old job", "old and young jobs", "foreign name"])
+def _put(path: str, age_s: float) -> None:
+    """A file at ``path`` on its store, ``age_s`` old where the store lets a test say
+    so (a local file's mtime; an object's time is the server's, always now)."""
+    filesystem.write_bytes(path, b"x")
+    if not is_object_store(path):
+        then = time.time() - age_s
+        os.utime(path, (then, then))
+
+
+@pytest.mark.parametrize(
+    ("folders", "warehouse"),
+    [
+        *[
+            (folders, store)
+            for folders in ("one old job", "old and young jobs")
+            for store in BOTH_STORES
+        ],
+        # Dated by mtimes, which only a local file lets a test set in the past.
+        ("foreign name", "local"),
+    ],
+    indirect=["warehouse"],
+)
 def test_append_files_is_fenced_by_a_vacuum_after_its_jobs_start(
     lh: Lakehouse, folders: str
 ) -> None:
@@ -501,36 +544,39 @@ def test_append_files_is_fenced_by_a_vacuum_after_its_jobs_start(
     longer be dated, so there the commit comes between the vacuum's fence and its
     sweep (which would then remove the file the commit named).
     """
-    location = Path(lh.warehouse) / "t"
+    location = join(lh.warehouse, "t")
     now = time.time_ns() // 10**6
     if folders == "foreign name":
-        old_folder = location / f"{STAGING_PREFIX}written-by-another-tool"
+        old_folder = join(location, f"{STAGING_PREFIX}written-by-another-tool")
     else:
         old_folder = _job_folder(location, now - 10_000)
-    old = old_folder / "day=d1" / "part-0.parquet"
-    _touch(old, 10)
+    old = join(old_folder, "day=d1", "part-0.parquet")
+    _put(old, 10)
     paths = [old]
     if folders == "old and young jobs":
-        young = _job_folder(location, now + 60_000, "00bb") / "day=d1" / "part-0.parquet"
-        _touch(young, 0)
+        young = join(_job_folder(location, now + 60_000, "00bb"), "day=d1", "part-0.parquet")
+        _put(young, 0)
         paths.append(young)
-    files = [DataFile(str(p), 1, 1, {"day": "d1"}) for p in paths]
+    files = [DataFile(p, 1, 1, {"day": "d1"}) for p in paths]
     if folders == "foreign name":
         catalog, cutoff = lh._catalog, now - 5000
         catalog.vacuum_fence("t", catalog.vacuum_plan("t", cutoff), cutoff)
     else:
-        assert str(old) in lh.vacuum("t", retain_seconds=5)
+        assert old in lh.vacuum("t", retain_seconds=5)
+        assert not filesystem.exists(old)
     with pytest.raises(ConcurrentModificationError, match="vacuum"):
         lh.append_files("t", files)
     assert lh.version("t") == 0
     assert lh.files("t") == []
 
 
+@pytest.mark.parametrize("warehouse", BOTH_STORES, indirect=True)
 def test_append_files_of_a_job_younger_than_the_cutoff_commits(lh: Lakehouse) -> None:
-    location = Path(lh.warehouse) / "t"
+    location = join(lh.warehouse, "t")
     lh.vacuum("t", retain_seconds=5)
-    job = _job_folder(location, time.time_ns() // 10**6 - 1000) / "day=d1" / "part-0.parquet"
-    _touch(job, 1)
-    assert lh.append_files("t", [DataFile(str(job), 1, 1, {"day": "d1"})]) == 1
+    job = join(_job_folder(location, time.time_ns() // 10**6 - 1000), "day=d1", "part-0.parquet")
+    _put(job, 1)
+    assert lh.append_files("t", [DataFile(job, 1, 1, {"day": "d1"})]) == 1
+    assert filesystem.exists(job)
     # Files that are not on disk (metadata only) in a foreign folder: started now.
     assert lh.append_files("t", [data_file(lh, 1)]) == 2
