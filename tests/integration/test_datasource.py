@@ -5,18 +5,24 @@ tables of its own. Spark runs the data source's planning, commit and abort in
 Python workers and its writes and reads in tasks, all talking to that gateway, as
 in the deployed topology. ``Lakehouse`` on a remote manager is the independent
 witness of what each write committed.
+
+Tests that touch table files run twice (``warehouse``): on a local folder and on
+``s3://<fresh bucket>/warehouse`` of the session's MinIO, which the tasks reach with
+the AWS variables they inherit. Tests of options and catalog logic run once, locally.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import posixpath
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 pytest.importorskip("pyspark")
@@ -25,9 +31,23 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from percolake.tools.s3 import S3Server
 from spark_integration import Lakehouse, register
+from spark_integration.engine.errors import TableNotFoundError
+from spark_integration.engine.locations import join, relative_to
+from spark_integration.engine.model import APPEND, FileEntry
+from spark_integration.spark import filesystem
+from spark_integration.spark.datasource.batch_write import (
+    COMMITTING_MARKER,
+    PercolakeBatchWriter,
+    WritePlan,
+)
+from spark_integration.spark.datasource.files import write_batches
+from spark_integration.spark.datasource.write_plan import FilesWritten, WriteTarget
+from spark_integration.spark.hook import new_job
 from tests.servers import ServerProcess
 from txn import TransactionManager
+from txn.remote import RemoteTransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -37,13 +57,27 @@ STREAM_WAIT_S = 120.0
 _names = itertools.count()
 
 
-class Env:
-    """The gateway, a warehouse folder, and a Lakehouse that checks what was committed."""
+#: What a read of a file that is not there says, on a local folder and on S3.
+MISSING_FILE = r"No such file|FileNotFound|Path does not exist|NoSuchKey"
 
-    def __init__(self, gateway: str, warehouse: Path, lh: Lakehouse) -> None:
+
+class Env:
+    """The gateway, a warehouse (local folder or s3://), and a Lakehouse that checks
+    what was committed."""
+
+    def __init__(self, gateway: str, warehouse: str, lh: Lakehouse) -> None:
         self.gateway = gateway
         self.warehouse = warehouse
         self.lh = lh
+
+    def location(self, table: str) -> str:
+        return join(self.warehouse, table)
+
+    def job_folder_of(self, table: str, path: str) -> str:
+        """The first folder of a file path below the table's location."""
+        inside = relative_to(self.location(table), path)
+        assert inside is not None, (path, table)
+        return inside.split("/", 1)[0]
 
     def table(self, partition_by: tuple[str, ...] = ()) -> str:
         name = f"t{next(_names)}"
@@ -58,15 +92,38 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, RemoteTransactionManager]]:
+    """One gateway for the module: its address and a manager on it."""
     workdir = tmp_path_factory.mktemp("datasource")
     server = ServerProcess("all", ["--store", f"sqlite:///{workdir}/store.db"], workdir).start()
     tm = TransactionManager.remote(server.address)
     try:
-        yield Env(server.address, workdir / "warehouse", Lakehouse(tm, workdir / "warehouse"))
+        yield server.address, tm
     finally:
         tm.close()
         server.stop()
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def warehouse(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh warehouse: a local folder, or ``s3://<fresh bucket>/warehouse`` on the
+    session's MinIO (``s3_warehouse``)."""
+    if request.param == "s3":
+        return str(request.getfixturevalue("s3_warehouse"))
+    return str(tmp_path / "warehouse")
+
+
+@pytest.fixture
+def env(gateway: tuple[str, RemoteTransactionManager], warehouse: str) -> Env:
+    """Tests that touch table files: once per kind of warehouse."""
+    address, tm = gateway
+    return Env(address, warehouse, Lakehouse(tm, warehouse))
+
+
+#: Tests of options and catalog logic touch no more files on S3 than locally: once, locally.
+local_only = pytest.mark.parametrize("warehouse", ["local"], indirect=True)
 
 
 @pytest.fixture(scope="module")
@@ -85,13 +142,14 @@ def ids_of(df: DataFrame) -> list[int]:
 
 
 def job_folders(env: Env, table: str) -> list[str]:
-    location = env.warehouse / table
-    return sorted(p.name for p in location.iterdir() if p.name.startswith("_lh_job="))
+    names = (posixpath.basename(p) for p in filesystem.list_dirs(env.location(table)))
+    return sorted(n for n in names if n.startswith("_lh_job="))
 
 
 # --- registration ---------------------------------------------------------------------
 
 
+@local_only
 def test_spark_finds_the_source_by_name_without_registration(spark: SparkSession, env: Env) -> None:
     # A new session has none of the parent's registrations: only the installed
     # pyspark_percolake module (Spark's lookup of pyspark_* modules) can supply it.
@@ -123,10 +181,11 @@ def test_appends_commit_one_version_each_and_read_back(ds: SparkSession, env: En
     # Every file is in a job folder named as new_job names them (vacuum reads the time).
     for commit in history[1:]:
         for path in commit.added_files:
-            folder = Path(path).relative_to(env.warehouse / table).parts[0]
+            folder = env.job_folder_of(table, path)
             assert folder.startswith("_lh_job=") and folder.endswith(tuple("0123456789abcdef"))
 
 
+@local_only
 def test_an_empty_table_reads_as_empty(ds: SparkSession, env: Env) -> None:
     table = env.table()
     got = env.reader(ds).load(table)  # type: ignore[attr-defined]
@@ -142,6 +201,7 @@ def test_overwrite_replaces_every_row(ds: SparkSession, env: Env) -> None:
     assert [c.operation for c in env.lh.history(table)][-1] == "OVERWRITE"
 
 
+@local_only
 def test_time_travel_by_version_and_by_timestamp(ds: SparkSession, env: Env) -> None:
     table = env.table()
     env.writer(rows(ds, range(3))).save(table)  # type: ignore[attr-defined]
@@ -166,6 +226,7 @@ def test_time_travel_by_version_and_by_timestamp(ds: SparkSession, env: Env) -> 
         env.reader(ds).option("versionAsOf", 7).load(table)  # type: ignore[attr-defined]
 
 
+@local_only
 def test_a_read_is_pinned_when_the_dataframe_is_defined(ds: SparkSession, env: Env) -> None:
     table = env.table()
     env.writer(rows(ds, range(3))).save(table)  # type: ignore[attr-defined]
@@ -189,7 +250,7 @@ def test_create_if_missing_with_partition_columns(ds: SparkSession, env: Env) ->
     files = env.lh.files(table)
     assert {f.partition["day"] for f in files} == {"d0", "d1", None}
     for f in files:
-        folder = Path(f.path).parent.name
+        folder = posixpath.basename(posixpath.dirname(f.path))
         value = f.partition["day"]
         assert folder == f"day={'__HIVE_DEFAULT_PARTITION__' if value is None else value}"
     assert sum(f.record_count for f in files) == 6
@@ -229,8 +290,120 @@ def test_a_task_failing_mid_job_leaves_the_table_untouched(ds: SparkSession, env
     assert env.lh.files(table) == before
     assert ids_of(env.reader(ds).load(table)) == [0, 1, 2, 3]  # type: ignore[attr-defined]
     # abort removed the failed job's folder (no commit was ever sent for it).
-    committed = {Path(f.path).relative_to(env.warehouse / table).parts[0] for f in before}
+    committed = {env.job_folder_of(table, f.path) for f in before}
     assert set(job_folders(env, table)) == committed
+
+
+def test_a_task_failing_mid_job_leaves_only_staged_files_that_vacuum_removes(
+    ds: SparkSession, env: Env
+) -> None:
+    """Issue 25: a job whose task raises commits nothing; whatever it left below the
+    table (abort removes its job folder, a straggling task may still write there) lies
+    in a job folder no version names, and vacuum removes all of it."""
+    table = env.table(partition_by=("day",))
+    env.writer(rows(ds, range(6))).save(table)  # type: ignore[attr-defined]
+    committed = {f.path for f in env.lh.files(table)}
+    with pytest.raises(Exception, match="task failure on row 77"):
+        env.writer(_exploding(ds, range(120), 77)).save(table)  # type: ignore[attr-defined]
+    assert env.lh.version(table) == 1
+    assert {f.path for f in env.lh.files(table)} == committed
+    committed_jobs = {env.job_folder_of(table, p) for p in committed}
+    for stored in filesystem.list_files(env.location(table)):
+        if stored.path not in committed:
+            assert env.job_folder_of(table, stored.path).startswith("_lh_job="), stored.path
+    removed = env.lh.vacuum(table, retain_seconds=0)
+    assert not committed & set(removed)
+    left = {f.path for f in filesystem.list_files(env.location(table))}
+    assert {p for p in left if env.job_folder_of(table, p) not in committed_jobs} == set()
+    assert committed <= left
+    assert ids_of(env.reader(ds).load(table)) == list(range(6))  # type: ignore[attr-defined]
+
+
+def _staged_write(env: Env, table: str) -> tuple[PercolakeBatchWriter, list[FileEntry]]:
+    """A batch write planned as ``writer()`` plans it, its task's files already staged."""
+    location = env.location(table)
+    job = new_job(location)
+    target = WriteTarget(table, env.gateway, location, ("id", "day"), ())
+    plan = WritePlan(
+        target, APPEND, job.job_id, job.started_ms, job.staging, None, None, None, None
+    )
+    batch = pa.RecordBatch.from_pydict(
+        {"id": [1, 2, 3], "day": ["d1", "d2", "d0"]},
+        schema=pa.schema([("id", pa.int64()), ("day", pa.string())]),
+    )
+    files = write_batches(
+        iter([batch]),
+        location=location,
+        staging=job.staging,
+        columns=("id", "day"),
+        partition_by=(),
+        tag="t",
+    )
+    assert files and all(filesystem.exists(join(location, f.path)) for f in files)
+    return PercolakeBatchWriter(plan), files
+
+
+def test_the_committing_marker_keeps_the_files_of_a_commit_that_was_sent(env: Env) -> None:
+    """The ``_committing`` protocol on each store: ``abort`` removes a job's files only
+    when no commit was ever sent for it. Once the marker is written (one PUT on S3, read
+    back strongly), a commit that failed in a way that may have landed leaves the
+    files to vacuum, which removes them once it knows no version names them."""
+    table = env.table()
+    location = env.location(table)
+    # Aborted before commit: no marker, the job folder goes.
+    writer, files = _staged_write(env, table)
+    writer.abort([FilesWritten(tuple(files))])
+    assert filesystem.list_files(location) == []
+    # The commit is sent and fails (the gateway refuses a file path outside the table).
+    writer, files = _staged_write(env, table)
+    marker = join(writer.plan.staging, COMMITTING_MARKER)
+    bad = FileEntry("../elsewhere.parquet", 1, 1, {})
+    with pytest.raises(Exception, match="elsewhere"):
+        writer.commit([FilesWritten((*files, bad))])
+    assert filesystem.read_bytes(marker) == writer.plan.job_id.encode()
+    writer.abort([FilesWritten(tuple(files))])
+    staged = {join(location, f.path) for f in files}
+    assert staged | {marker} == {f.path for f in filesystem.list_files(location)}
+    assert env.lh.version(table) == 0
+    # Nothing names them: vacuum removes them (the job started before its cutoff).
+    assert staged <= set(env.lh.vacuum(table, retain_seconds=0))
+    assert not any(filesystem.exists(p) for p in staged)
+    # A commit that lands: the marker stays with the files, which the version names.
+    writer, files = _staged_write(env, table)
+    writer.commit([FilesWritten(tuple(files))])
+    assert env.lh.version(table) == 1
+    assert {f.path for f in env.lh.files(table)} == {join(location, f.path) for f in files}
+
+
+def test_python_workers_inherit_the_aws_settings(ds: SparkSession, s3_server: S3Server) -> None:
+    """The tasks' S3 clients read the standard AWS variables from the environment the
+    executors' Python workers inherit (here the driver's, exported by the fixture before
+    Spark started); a cluster sets them with spark.executorEnv.* or instance roles."""
+    names = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+    def seen(_: int) -> str:
+        return "|".join(os.environ.get(n, "<unset>") for n in names)
+
+    got = ds.range(4).repartition(2).select(F.udf(seen, StringType(), useArrow=False)("id"))
+    expected = "|".join(s3_server.env()[n] for n in names)
+    assert {r[0] for r in got.collect()} == {expected}
+
+
+@local_only
+def test_an_s3_warehouse_whose_bucket_is_missing_is_refused_before_any_task_runs(
+    ds: SparkSession, env: Env, s3_server: S3Server, tmp_path: Path
+) -> None:
+    """Issue 25: a missing bucket fails the write at planning, naming the bucket;
+    nothing is created, written or committed."""
+    table = f"nobucket{next(_names)}"
+    writer = env.writer(_touching(ds, tmp_path / "ran"))
+    writer = writer.option("createIfMissing", "true")  # type: ignore[attr-defined]
+    writer = writer.option("warehouse", "s3a://pl-no-such-bucket/warehouse")
+    with pytest.raises(Exception, match="bucket 'pl-no-such-bucket' does not exist"):
+        writer.save(table)
+    assert not (tmp_path / "ran").exists()
+    with pytest.raises(TableNotFoundError):
+        env.lh.version(table)
 
 
 def test_a_replayed_txn_version_adds_nothing(ds: SparkSession, env: Env) -> None:
@@ -288,7 +461,7 @@ def test_partition_filters_prune_files_when_pushdown_is_enabled(ds: SparkSession
     # Only day=d1's files stay on disk: a read that opens any other file fails.
     for f in files:
         if f.partition["day"] != "d1":
-            os.remove(f.path)
+            filesystem.delete_file(f.path)
     d1 = [i for i in range(45) if i % 3 == 1]
     queries = {
         "day = 'd1'": d1,
@@ -306,7 +479,7 @@ def test_partition_filters_prune_files_when_pushdown_is_enabled(ds: SparkSession
             assert "day#" not in spark_filters(got), where
     # The same reads without pushdown open every file (and so fail here); with it off,
     # the source still reads (Spark refuses a reader with pushFilters then).
-    with filter_pushdown(ds, False), pytest.raises(Exception, match=r"No such file|FileNotFound"):
+    with filter_pushdown(ds, False), pytest.raises(Exception, match=MISSING_FILE):
         ids_of(env.reader(ds).load(table).where("day = 'd1'"))  # type: ignore[attr-defined]
 
 
@@ -323,7 +496,7 @@ def test_statistics_skip_files_and_spark_still_filters_their_rows(
     assert (high.stats["id"].min_value, high.stats["id"].max_value) == (100, 109)
     assert low.stats["id"].null_count == 0
     assert (low.stats["day"].min_value, low.stats["day"].max_value) == ("d0", "d2")
-    os.remove(low.path)
+    filesystem.delete_file(low.path)
     with filter_pushdown(ds, True):
         reader = env.reader(ds)
         assert ids_of(reader.load(table).where("id >= 100")) == list(range(100, 110))  # type: ignore[attr-defined]
@@ -331,7 +504,7 @@ def test_statistics_skip_files_and_spark_still_filters_their_rows(
         assert ids_of(reader.load(table).where("id > 104")) == list(range(105, 110))  # type: ignore[attr-defined]
         assert ids_of(reader.load(table).where("id IN (50, 105)")) == [105]  # type: ignore[attr-defined]
         assert "id#" in spark_filters(reader.load(table).where("id > 104"))  # type: ignore[attr-defined]
-    with filter_pushdown(ds, True), pytest.raises(Exception, match=r"No such file|FileNotFound"):
+    with filter_pushdown(ds, True), pytest.raises(Exception, match=MISSING_FILE):
         ids_of(env.reader(ds).load(table).where("id < 100"))  # type: ignore[attr-defined]
 
 
@@ -357,7 +530,7 @@ def test_empty_and_null_partition_values_are_the_default_partition_on_both_write
     assert {f.partition["day"] for f in files} == {None, "d2"}
     for f in files:
         value = f.partition["day"]
-        folder = Path(f.path).parent.name
+        folder = posixpath.basename(posixpath.dirname(f.path))
         assert folder == f"day={'__HIVE_DEFAULT_PARTITION__' if value is None else value}"
     expected = [(0, None), (1, None), (2, "d2"), (3, None), (4, None), (5, "d2")]
     for got in (env.reader(ds).load(table), env.lh.read(ds, table)):  # type: ignore[attr-defined]
@@ -379,6 +552,7 @@ def session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
         spark.conf.unset(key)
 
 
+@local_only
 def test_dynamic_partition_overwrite_is_refused_and_commits_nothing(
     ds: SparkSession, env: Env
 ) -> None:
@@ -427,6 +601,7 @@ def _touching(spark: SparkSession, marker: Path) -> DataFrame:
     )
 
 
+@local_only
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -440,6 +615,11 @@ def _touching(spark: SparkSession, marker: Path) -> DataFrame:
             "warehouse must be an absolute local path or s3://bucket/prefix",
         ),
         ({"gateway": "nohost"}, "gateway must be HOST:PORT"),
+        (
+            {"warehouse": "s3://Bad_Bucket/w", "createIfMissing": "true"},
+            "'Bad_Bucket' is not a valid bucket name",
+        ),
+        ({"warehouse": "hdfs://nn/w"}, r"the scheme hdfs:// is not supported"),
         ({"partitionColumns": "id"}, "does not match table"),
         ({"txnAppld": "typo"}, "unknown option"),
     ],
@@ -458,6 +638,7 @@ def test_bad_write_options_are_refused_before_any_task_runs(
     assert job_folders(env, table) == []
 
 
+@local_only
 def test_missing_tables_bad_schemas_and_save_modes_are_refused_before_any_task_runs(
     ds: SparkSession, env: Env, tmp_path: Path
 ) -> None:

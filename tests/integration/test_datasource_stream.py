@@ -4,6 +4,9 @@ A streaming read takes committed versions in order. Each test appends through
 ``Lakehouse`` (the witness) or the batch data source, runs the query with
 ``Trigger.AvailableNow`` or ``processAllAvailable`` into a memory sink, and counts
 what arrived. Every wait is bounded by ``STREAM_WAIT_S``.
+
+Tests that read table files run on a local warehouse and on an ``s3://`` one of the
+session's MinIO (``warehouse``); checkpoints and sinks stay local (Spark's own).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from spark_integration import Lakehouse, Retention, register
 from tests.servers import ServerProcess
 from txn import TransactionManager
+from txn.remote import RemoteTransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -48,15 +52,38 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, RemoteTransactionManager]]:
+    """One gateway for the module: its address and a manager on it."""
     workdir = tmp_path_factory.mktemp("datasource_stream")
     server = ServerProcess("all", ["--store", f"sqlite:///{workdir}/store.db"], workdir).start()
     tm = TransactionManager.remote(server.address)
     try:
-        yield Env(server.address, workdir, Lakehouse(tm, workdir / "warehouse"))
+        yield server.address, tm
     finally:
         tm.close()
         server.stop()
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def warehouse(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh warehouse: a local folder, or ``s3://<fresh bucket>/warehouse`` on the
+    session's MinIO (``s3_warehouse``)."""
+    if request.param == "s3":
+        return str(request.getfixturevalue("s3_warehouse"))
+    return str(tmp_path / "warehouse")
+
+
+@pytest.fixture
+def env(gateway: tuple[str, RemoteTransactionManager], warehouse: str, tmp_path: Path) -> Env:
+    """The module's gateway, a fresh warehouse and a local folder for checkpoints and sinks."""
+    address, tm = gateway
+    return Env(address, tmp_path, Lakehouse(tm, warehouse))
+
+
+#: Tests of offsets, options and retention logic: once, on a local warehouse.
+local_only = pytest.mark.parametrize("warehouse", ["local"], indirect=True)
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +190,7 @@ def test_a_partitioned_table_streams_its_snapshot_and_new_versions_with_partitio
     assert got == [(i, "d0" if i % 3 == 0 else None) for i in range(9)]
 
 
+@local_only
 def test_starting_version_reads_changes_from_that_version(ds: SparkSession, env: Env) -> None:
     table = env.table()
     for start in (0, 10, 20):
@@ -179,6 +207,7 @@ def test_starting_version_reads_changes_from_that_version(ds: SparkSession, env:
     )
 
 
+@local_only
 def test_max_files_per_trigger_splits_micro_batches_and_a_restart_resumes(
     ds: SparkSession, env: Env
 ) -> None:
@@ -201,6 +230,7 @@ def test_max_files_per_trigger_splits_micro_batches_and_a_restart_resumes(
     assert ids_in(ds, sink) == list(range(55))
 
 
+@local_only
 def test_an_overwrite_stops_the_stream_unless_change_commits_are_skipped(
     ds: SparkSession, env: Env
 ) -> None:
@@ -241,6 +271,7 @@ def test_a_version_whose_files_vacuum_removed_fails_the_stream_naming_it(
     assert ids_in(ds, sink) == list(range(10, 15))
 
 
+@local_only
 def test_a_stream_whose_next_version_expired_fails_naming_it_and_the_retention(
     ds: SparkSession, env: Env
 ) -> None:
@@ -269,6 +300,7 @@ def test_a_stream_whose_next_version_expired_fails_naming_it_and_the_retention(
     assert ids_in(ds, again) == list(range(10 * (readable - 1), 40))
 
 
+@local_only
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -288,6 +320,7 @@ def test_bad_stream_options_are_refused_by_name(
         stream(ds, env, table, **options)
 
 
+@local_only
 def test_a_starting_version_beyond_the_table_and_a_batch_read_with_stream_options(
     ds: SparkSession, env: Env
 ) -> None:

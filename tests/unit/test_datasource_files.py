@@ -1,18 +1,30 @@
-"""The data source's Parquet writer: partition folders laid out as Spark lays them out."""
+"""The data source's Parquet writer: partition folders laid out as Spark lays them out,
+on a local folder and on S3 (the session's MinIO)."""
 
 from __future__ import annotations
 
+import posixpath
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from spark_integration.engine.locations import join
+from spark_integration.spark import filesystem
 from spark_integration.spark.datasource.files import FileToRead, read_files, write_batches
 
 pytestmark = pytest.mark.unit
 
 
-def test_empty_and_null_partition_values_go_to_the_default_partition(tmp_path: Path) -> None:
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A table location on a local folder, or below a fresh bucket of the session's MinIO."""
+    if request.param == "s3":
+        return f"{request.getfixturevalue('s3_warehouse')}/t"
+    return str(tmp_path / "t")
+
+
+def test_empty_and_null_partition_values_go_to_the_default_partition(location: str) -> None:
     """Issue 30 item 6. Fails before the fix: ``''`` was written to a ``day=`` folder
     (which every Spark read of the table refuses, ``EMPTY_PARTITION_COLUMN_VALUE``) and
     recorded apart from NULL. Spark and Delta store both as the default partition."""
@@ -22,16 +34,24 @@ def test_empty_and_null_partition_values_go_to_the_default_partition(tmp_path: P
     )
     entries = write_batches(
         iter([batch]),
-        location=str(tmp_path),
-        staging=str(tmp_path / "_lh_job=x"),
+        location=location,
+        staging=join(location, "_lh_job=x"),
         columns=("id", "day"),
         partition_by=("day",),
         tag="t",
     )
-    folders = {Path(e.path).parent.name: e.partition for e in entries}
-    assert folders == {"day=__HIVE_DEFAULT_PARTITION__": {"day": None}, "day=d2": {"day": "d2"}}
+    folders = {posixpath.dirname(e.path): e.partition for e in entries}
+    assert folders == {
+        "_lh_job=x/day=__HIVE_DEFAULT_PARTITION__": {"day": None},
+        "_lh_job=x/day=d2": {"day": "d2"},
+    }
     assert sorted(e.record_count for e in entries) == [1, 3]
-    files = [FileToRead(str(tmp_path / e.path), e.size_bytes, e.partition, 0) for e in entries]
+    # The entries describe the stored files exactly: the only files below the table.
+    stored = filesystem.list_files(location)
+    assert sorted((join(location, e.path), e.size_bytes) for e in entries) == [
+        (f.path, f.size) for f in stored
+    ]
+    files = [FileToRead(join(location, e.path), e.size_bytes, e.partition, 0) for e in entries]
     rows = [
         row
         for got in read_files(files, batch.schema, ("day",))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_integration.spark import filesystem
 from spark_integration.spark.datasource.options import (
     DEFAULT_GATEWAY,
     parse_timestamp_ms,
@@ -105,8 +106,19 @@ def test_a_stream_is_named_by_its_checkpoint_or_txn_app_id(tmp_path: Path) -> No
     (tmp_path / "metadata").write_text(json.dumps({"id": "q-1"}) + "\n")
     assert query_id_of_checkpoint(str(tmp_path)) == "q-1"
     assert query_id_of_checkpoint(f"file:{tmp_path}") == "q-1"
-    with pytest.raises(ValueError, match="not a local path"):
-        query_id_of_checkpoint("s3a://bucket/ckpt")
+    for foreign in ("hdfs://namenode/ckpt", "file:relative/ckpt"):
+        with pytest.raises(ValueError, match=r"not a local path or s3a:// URL.*txnAppId"):
+            query_id_of_checkpoint(foreign)
+
+
+def test_a_checkpoint_on_s3_names_its_query(s3_bucket: str) -> None:
+    """Spark may keep a query's checkpoint on S3 (``s3a://``, through hadoop-aws): the
+    query id is read from its metadata object with the standard AWS settings."""
+    with pytest.raises(ValueError, match="cannot read the query id"):
+        query_id_of_checkpoint(f"s3a://{s3_bucket}/ckpt")
+    filesystem.write_bytes(f"s3://{s3_bucket}/ckpt/metadata", b'{"id":"q-2"}\n')
+    assert query_id_of_checkpoint(f"s3a://{s3_bucket}/ckpt") == "q-2"
+    assert query_id_of_checkpoint(f"s3://{s3_bucket}/ckpt/") == "q-2"
 
 
 def test_stream_read_options_default_to_the_snapshot_and_refuse_batch_options() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -13,6 +12,7 @@ from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import StructType
 
 from spark_integration.engine.errors import VersionNotFoundError
+from spark_integration.engine.locations import join
 from spark_integration.engine.model import FileEntry
 from spark_integration.spark.datasource.files import FileToRead, read_files, split_files
 from spark_integration.spark.datasource.gateway import GatewayCatalog
@@ -126,7 +126,9 @@ def resolve_version(catalog: GatewayCatalog, opts: ReadOptions) -> int:
 
 
 def files_to_read(location: str, entries: Sequence[FileEntry]) -> list[FileToRead]:
+    """The log's entries as files to read: each path is the table's location (a local
+    folder or ``s3://bucket/prefix``) joined with the entry's relative path."""
     return [
-        FileToRead(os.path.join(location, e.path), e.size_bytes, e.partition, e.record_count)
+        FileToRead(join(location, e.path), e.size_bytes, e.partition, e.record_count, e.stats)
         for e in entries
     ]

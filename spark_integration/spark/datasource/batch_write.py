@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
+from spark_integration.engine.locations import join
+from spark_integration.spark import filesystem
 from spark_integration.spark.datasource.files import write_batches
 from spark_integration.spark.datasource.gateway import open_gateway
 from spark_integration.spark.datasource.options import (
@@ -28,7 +29,10 @@ from txn.errors import TransactionAbortedError
 log = logging.getLogger(__name__)
 
 #: Written into a job folder just before its commit is sent: from then on the files
-#: may be named by a version, and ``abort`` leaves them alone.
+#: may be named by a version, and ``abort`` leaves them alone. On S3 it is one PUT,
+#: acknowledged before the commit is sent, and S3 (as MinIO) reads its own writes
+#: strongly: an ``abort`` that runs after the commit was sent always finds it. An
+#: ``abort`` that cannot tell (the store does not answer) deletes nothing either.
 COMMITTING_MARKER = "_committing"
 
 
@@ -85,9 +89,9 @@ class PercolakeBatchWriter(DataSourceArrowWriter):
             )
             return
         files = files_of(messages)
-        os.makedirs(plan.staging, exist_ok=True)
-        with open(os.path.join(plan.staging, COMMITTING_MARKER), "w", encoding="utf-8") as f:
-            f.write(plan.job_id)
+        # Raises when the store refuses the write: then no commit is sent, and abort
+        # removes the job's files.
+        filesystem.write_bytes(join(plan.staging, COMMITTING_MARKER), plan.job_id.encode())
         with open_gateway(plan.target.gateway) as catalog:
             try:
                 committed = catalog.commit_files(
@@ -127,7 +131,18 @@ class PercolakeBatchWriter(DataSourceArrowWriter):
         plan = self.plan
         if plan.replayed_version is not None:
             return
-        if os.path.exists(os.path.join(plan.staging, COMMITTING_MARKER)):
+        try:
+            committing = filesystem.exists(join(plan.staging, COMMITTING_MARKER))
+        except OSError as exc:
+            log.warning(
+                "job %s of %s aborted; cannot tell whether its commit was sent (%s): "
+                "its files stay for vacuum",
+                plan.job_id,
+                plan.target.table,
+                exc,
+            )
+            return
+        if committing:
             # A commit was sent: it may have named these files whatever its outcome
             # looked like here. Say what the log knows; delete nothing either way.
             log.warning(

@@ -7,11 +7,19 @@ partition columns not stored in the files), so ``Lakehouse.read`` and this modul
 each other's files. Reads
 take a pinned list of files and never list a folder: files no version names (a
 running or failed job's) are never read.
+
+Paths are locations (a local path or ``s3://bucket/key``) and every byte goes
+through ``spark.filesystem``: on S3 each file is one object, uploaded by pyarrow and
+visible only once complete (a task that dies mid-upload leaves at most an unfinished
+multipart upload, which no listing shows). Files are written where they stay: nothing
+is renamed, on any store. The S3 client of a task is built from the AWS variables of
+the executor's environment (see ``filesystem``): executors need the same settings as
+the driver.
 """
 
 from __future__ import annotations
 
-import os
+import posixpath
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -23,7 +31,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from spark_integration.engine.locations import is_object_store, relative_to
 from spark_integration.engine.model import FileEntry, FileStats
+from spark_integration.spark import filesystem
 from spark_integration.spark.file_stats import file_stats
 from spark_integration.spark.hook import parse_partition
 
@@ -88,24 +98,33 @@ def write_batches(
         else None
     )
     written: list[FileEntry] = []
+    fs, fs_staging = filesystem.resolve(staging)
+    job_folder = relative_to(location, staging)
+    if job_folder is None:
+        raise ValueError(f"staging folder {staging!r} is not inside table location {location!r}")
 
     def visit(written_file: Any) -> None:
-        path = str(written_file.path)
-        folder = os.path.relpath(os.path.dirname(path), staging)
+        # pyarrow reports paths within its file system (no scheme on S3): the part
+        # below the staging folder is the same on every store.
+        inside = str(written_file.path)[len(fs_staging) :].lstrip("/")
+        folder = posixpath.dirname(inside)
         footer = written_file.metadata
         written.append(
             FileEntry(
-                path=os.path.relpath(path, location),
+                path=posixpath.join(job_folder, inside),
                 size_bytes=int(written_file.size),
                 record_count=int(footer.num_rows),
-                partition=parse_partition("" if folder == "." else folder, tuple(partition_by)),
+                partition=parse_partition(folder, tuple(partition_by)),
                 stats=file_stats(footer) or None,
             )
         )
 
     ds.write_dataset(
         ordered(),
-        staging,
+        fs_staging,
+        filesystem=fs,
+        # S3 has no folders: creating one would only add empty marker objects.
+        create_dir=not is_object_store(staging),
         schema=schema,
         format="parquet",
         partitioning=partitioning,
@@ -149,7 +168,10 @@ def read_files(
     """
     data_columns = [f.name for f in target if f.name not in partition_by]
     for item in files:
-        table = pq.ParquetFile(item.path).read(columns=data_columns)
+        fs, fs_path = filesystem.resolve(item.path)
+        with fs.open_input_file(fs_path) as source:
+            # pre_buffer: one ranged GET per run of column chunks, not one per page.
+            table = pq.ParquetFile(source, pre_buffer=True).read(columns=data_columns)
         rows = table.num_rows
         if not rows:
             continue

@@ -10,14 +10,14 @@ Option names are those of docs/lakehouse.md ("The Spark data source").
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from spark_integration.engine.locations import normalize_location
+from spark_integration.engine.locations import join, normalize_location
 from spark_integration.engine.model import TABLE_NAME
+from spark_integration.spark import filesystem
 
 DEFAULT_GATEWAY = "127.0.0.1:7070"
 
@@ -206,8 +206,8 @@ def _create(options: Mapping[str, str], warehouse: str | None) -> bool:
     create = _bool(options, "createifmissing")
     if create and warehouse is None:
         raise ValueError(
-            "percolake: option createIfMissing needs option warehouse (the absolute folder "
-            "under which the new table's files go)"
+            "percolake: option createIfMissing needs option warehouse (an absolute folder "
+            "or s3://bucket/prefix, under which the new table's files go)"
         )
     return create
 
@@ -347,17 +347,23 @@ CHECKPOINT_METADATA = "metadata"
 
 
 def query_id_of_checkpoint(checkpoint: str) -> str:
-    """The id of the streaming query that owns ``checkpoint`` (a local path or file: URI)."""
+    """The id of the streaming query that owns ``checkpoint``.
+
+    The checkpoint is Spark's: a local path, a ``file:`` URI, or ``s3a://``/``s3://``
+    when Spark keeps it on S3 (through hadoop-aws; the metadata file is then read here
+    with the same AWS settings). Other schemes need ``txnAppId``.
+    """
     folder = checkpoint[len("file:") :] if checkpoint.startswith("file:") else checkpoint
-    if "://" in folder:
+    try:
+        location = normalize_location(folder, "percolake: checkpointLocation")
+    except ValueError:
         raise ValueError(
             f"percolake: cannot read the query id from checkpoint {checkpoint!r} (not a "
-            "local path); give option txnAppId to name the query"
-        )
-    path = os.path.join(folder, CHECKPOINT_METADATA)
+            "local path or s3a:// URL); give option txnAppId to name the query"
+        ) from None
+    path = join(location, CHECKPOINT_METADATA)
     try:
-        with open(path, encoding="utf-8") as f:
-            first = f.readline()
+        first = filesystem.read_bytes(path).decode("utf-8").split("\n", 1)[0]
         query_id = json.loads(first)["id"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(

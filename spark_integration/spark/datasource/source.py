@@ -52,21 +52,21 @@ plain values; each driver-side step opens its own connection to the gateway.
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSource, DataSourceReader
 from pyspark.sql.types import StructType
 
-from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry
+from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, TableMeta
+from spark_integration.spark import filesystem
 from spark_integration.spark.datasource.batch_read import (
     PercolakePushdownReader,
     PercolakeReader,
+    files_to_read,
     planning_with_pushdown,
     resolve_version,
 )
 from spark_integration.spark.datasource.batch_write import PercolakeBatchWriter, WritePlan
-from spark_integration.spark.datasource.files import FileToRead
 from spark_integration.spark.datasource.gateway import open_gateway, table_schema
 from spark_integration.spark.datasource.options import (
     STREAM_READ_OPTIONS,
@@ -123,16 +123,7 @@ class PercolakeDataSource(DataSource):
                 version = resolve_version(catalog, opts)
             meta, _, entries = catalog.files(opts.table, version, FileEntry)
         check_dataframe_schema(opts.table, table_schema(meta), schema)
-        files = [
-            FileToRead(
-                os.path.join(meta.location, e.path),
-                e.size_bytes,
-                e.partition,
-                e.record_count,
-                e.stats,
-            )
-            for e in entries
-        ]
+        files = files_to_read(meta.location, entries)
         log.info("read of %s version %d: %d files", opts.table, version, len(files))
         # Spark refuses a reader with pushFilters unless the session enabled Python
         # filter pushdown, and then asks for the reader in a worker of its own.
@@ -150,6 +141,7 @@ class PercolakeDataSource(DataSource):
         with open_gateway(opts.gateway) as catalog:
             meta = prepare_table(catalog, opts, schema)
             prepared = catalog.prepare(opts.table, opts.app_id, opts.batch_id)
+        _check_store(opts.table, meta)
         job = new_job(meta.location)
         plan = WritePlan(
             target=write_target(opts, meta),
@@ -174,9 +166,20 @@ class PercolakeDataSource(DataSource):
             app_id = f"query-{query_id_of_checkpoint(opts.checkpoint)}"
         with open_gateway(opts.gateway) as catalog:
             meta = prepare_table(catalog, opts, schema)
+        _check_store(opts.table, meta)
         return PercolakeStreamWriter(
             StreamPlan(write_target(opts, meta), OVERWRITE if overwrite else APPEND, app_id)
         )
+
+
+def _check_store(table: str, meta: TableMeta) -> None:
+    """Fail at planning, before any task writes, when the table's store cannot serve it.
+
+    On S3: the bucket must exist and the driver's AWS settings must be accepted (one
+    or two requests; ``filesystem.check_reachable``). A new table's warehouse was
+    checked already, when ``createIfMissing`` made it (``Lakehouse``).
+    """
+    filesystem.check_reachable(meta.location, f"percolake: table {table!r} at")
 
 
 def register(spark: SparkSession | ConnectSession) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from spark_integration.engine.errors import (
 )
 from spark_integration.engine.model import FileEntry, Head
 from spark_integration.engine.retention import describe_s
+from spark_integration.spark import filesystem
 from spark_integration.spark.datasource.batch_read import (
     READ_MIN_SPLITS,
     READ_SPLIT_BYTES,
@@ -148,7 +148,7 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 # to the head has a log record until then): never read it as empty.
                 raise self._expired(version)
         if outdated and version not in self._present:
-            if not all(os.path.exists(f.path) for f in cache.get(version, [])):
+            if not all(filesystem.exists(f.path) for f in cache.get(version, [])):
                 raise self._vacuumed(version, head)
             self._present.add(version)
         removed_by = self._change_commits.get(version)
@@ -273,7 +273,7 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         schema = StructType.fromJson(json.loads(self.schema_json))
         target = to_arrow_schema(schema, timezone="UTC")
         for item in partition.files:
-            if not os.path.exists(item.file.path):
+            if not filesystem.exists(item.file.path):
                 raise VersionVacuumedError(
                     f"percolake: file {item.file.path} of version {item.version} of table "
                     f"{self.opts.table!r} is gone (vacuumed?); the stream cannot read that "

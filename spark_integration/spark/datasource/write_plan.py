@@ -7,7 +7,6 @@ message; the driver side makes the reported files one version.
 from __future__ import annotations
 
 import logging
-import shutil
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pyspark.sql.types import StructType
 
 from spark_integration.engine.errors import TableExistsError, TableNotFoundError
 from spark_integration.engine.model import FileEntry, TableMeta
+from spark_integration.spark import filesystem
 from spark_integration.spark.datasource.gateway import CATALOG, GatewayCatalog, table_schema
 from spark_integration.spark.schema import check_dataframe_schema
 
@@ -34,9 +34,13 @@ def task_tag() -> str:
 
 
 def remove_folders(folders: Sequence[str]) -> None:
-    # Best effort: a straggling task may still write here; vacuum removes what is left.
+    """Delete job folders (on S3, every object under the prefix), best effort.
+
+    A straggling task may still write there, and a store that does not answer
+    leaves them: vacuum removes what is left once no version names it.
+    """
     for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
+        filesystem.delete_tree(folder)
 
 
 @dataclass(frozen=True, slots=True)
