@@ -34,7 +34,12 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from percolake.tools.s3 import S3Server
 from spark_integration import Lakehouse, register
 from spark_integration.engine.errors import TableNotFoundError
-from spark_integration.engine.locations import join, relative_to
+from spark_integration.engine.locations import (
+    is_object_store,
+    join,
+    normalize_location,
+    relative_to,
+)
 from spark_integration.engine.model import APPEND, FileEntry
 from spark_integration.spark import filesystem
 from spark_integration.spark.datasource.batch_write import (
@@ -44,6 +49,7 @@ from spark_integration.spark.datasource.batch_write import (
 )
 from spark_integration.spark.datasource.files import write_batches
 from spark_integration.spark.datasource.write_plan import FilesWritten, WriteTarget
+from spark_integration.spark.filesystem import spark_path
 from spark_integration.spark.hook import new_job
 from tests.servers import ServerProcess
 from txn import TransactionManager
@@ -679,13 +685,13 @@ def _json_batch(folder: Path, index: int, ids: range) -> None:
     os.replace(tmp, folder / f"batch-{index:03d}.json")  # the source never sees half a file
 
 
-def _run_stream(spark: SparkSession, env: Env, source: Path, ckpt: Path, table: str) -> None:
+def _run_stream(spark: SparkSession, env: Env, source: Path, ckpt: str, table: str) -> None:
     """One run of the query over whatever ``source`` holds now, a file per micro-batch."""
     sdf = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
     query = (
         sdf.writeStream.format("percolake")
         .option("gateway", env.gateway)
-        .option("checkpointLocation", str(ckpt))
+        .option("checkpointLocation", ckpt)
         .trigger(availableNow=True)
         .start(table)
     )
@@ -699,8 +705,16 @@ def _run_stream(spark: SparkSession, env: Env, source: Path, ckpt: Path, table: 
 def test_a_restarted_stream_commits_every_micro_batch_exactly_once(
     ds: SparkSession, env: Env, tmp_path: Path
 ) -> None:
+    """With an S3 warehouse the checkpoint is on S3 too (``s3a://``, written by Spark
+    through hadoop-aws): the query id that names the stream is read from there, and
+    a replayed micro-batch adds nothing wherever the checkpoint lives."""
     table = env.table()
-    source, ckpt = tmp_path / "in", tmp_path / "ckpt"
+    source = tmp_path / "in"
+    if is_object_store(env.warehouse):
+        ckpt = spark_path(f"{env.warehouse}-checkpoints/{table}")
+    else:
+        ckpt = str(tmp_path / "ckpt")
+    commits = join(normalize_location(ckpt), "commits")
     source.mkdir()
     for k in range(3):
         _json_batch(source, k, range(10 * k, 10 * k + 10))
@@ -708,10 +722,11 @@ def test_a_restarted_stream_commits_every_micro_batch_exactly_once(
     assert env.lh.version(table) == 3
     # A crash after the sink committed batch 2 but before Spark logged it: the restart
     # replays batch 2, which must add nothing.
-    last = max(int(p.name) for p in (ckpt / "commits").iterdir() if p.name.isdigit())
+    logged = [posixpath.basename(f.path) for f in filesystem.list_files(commits)]
+    last = max(int(name) for name in logged if name.isdigit())
     assert last == 2
-    for name in (str(last), f".{last}.crc"):  # the entry and Hadoop's checksum of it
-        (ckpt / "commits" / name).unlink(missing_ok=True)
+    assert filesystem.delete_file(join(commits, str(last)))
+    filesystem.delete_file(join(commits, f".{last}.crc"))  # Hadoop's local checksum, if any
     for k in range(3, 5):
         _json_batch(source, k, range(10 * k, 10 * k + 10))
     _run_stream(ds, env, source, ckpt, table)

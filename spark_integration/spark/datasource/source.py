@@ -40,6 +40,23 @@ plain values; each driver-side step opens its own connection to the gateway.
   removed files (an overwrite) fails the query unless ``skipChangeCommits``; a
   version vacuum removed files of fails it naming the version.
 
+- **Tables on S3.** A table's location may be ``s3://bucket/prefix`` (option
+  ``warehouse`` with ``createIfMissing`` takes ``s3://`` or ``s3a://``). Every file the
+  source touches goes through ``spark.filesystem`` (pyarrow): tasks upload each Parquet
+  file as one object where it stays (nothing is renamed), ``_committing`` is one PUT,
+  a failed job's folder is deleted by prefix. Credentials, region and endpoint come
+  only from the standard AWS settings of each process's environment, never from
+  options: the driver's planning and commit workers and every executor's Python
+  workers build their S3 clients from the ``AWS_*`` variables they inherit. On a
+  cluster give the executors the same settings (``spark.executorEnv.AWS_REGION``,
+  ``spark.executorEnv.AWS_ENDPOINT_URL``, ... or, better than keys in the Spark
+  configuration, an instance or pod role the AWS SDK finds by itself). A write checks
+  at planning that the table's bucket exists and the driver's credentials are
+  accepted, so neither fails a job half-way. The streaming checkpoint is Spark's: it
+  may be local or ``s3a://`` (Spark writes it through hadoop-aws; the source reads
+  only the query id from it, through pyarrow). Exactly-once does not rest on the
+  checkpoint being atomic: a replayed micro-batch is recognised by its ``(app, b)``
+  mark in the log, wherever the checkpoint lives.
 - **Filters.** With ``spark.sql.python.filterPushdown.enabled`` the reader takes the
   query's filters (``pushFilters``): filters on partition columns drop files by their
   partition values and are not applied again; filters on data columns skip files whose
