@@ -16,9 +16,11 @@ and Maven; otherwise a node that cannot start fails them, loudly.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -99,7 +101,19 @@ def _start_node(
         yield cluster
     finally:
         close_sessions()
-        cluster.stop()
+        discard(cluster)
+
+
+def discard(cluster: CassandraCluster) -> None:
+    """Stop a test cluster whose data nobody keeps: SIGKILL, not a graceful drain.
+
+    A graceful stop flushes memtables and drains, 5-15 s a node on a busy machine,
+    for data thrown away a moment later; the launcher's own tests cover ``stop``.
+    """
+    for index in range(1, cluster.layout.nodes + 1):
+        with contextlib.suppress(CassandraError):  # already down
+            cluster.kill_node(index, signal.SIGKILL)
+    cluster.stop()  # reaps the processes and removes their pid files
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,8 @@ tombstone for ``gc_grace_seconds``. A read that walks across more than
 format-1 layout scanned ``((tbl, shard), row, col, ts)`` partitions with ``GROUP BY``,
 crossing every tombstone of the shard: 101,000 cleaned cells in one shard made every
 scan of the table fail. The tests run on a node whose threshold is 1,000 instead of
-100,000 (``cassandra_cluster_low_tombstones``): 20,000 cleaned versions here are 20
-times the threshold, as two million are on a default node. The benchmark
+100,000 (``cassandra_cluster_low_tombstones``): 8,000 cleaned versions here, in 4
+shards, are twice the threshold in every shard, as 800,000 are on a default node. The benchmark
 (``bench/bench_cassandra_history.py``) cleans a million on a default node.
 
 Item 2: ``GROUP BY`` read every version of each cell it touched to return the newest.
@@ -31,12 +31,13 @@ from tests.cassandra_plugin import LOW_TOMBSTONE_FAILURE_THRESHOLD
 
 pytestmark = [pytest.mark.integration, pytest.mark.cassandra]
 
-CLEANED = 20 * LOW_TOMBSTONE_FAILURE_THRESHOLD
+CLEANED = 8 * LOW_TOMBSTONE_FAILURE_THRESHOLD
 
 
 @pytest.fixture
 def low_tombstone_store(cassandra_cluster_low_tombstones: CassandraCluster) -> Iterator[KVStore]:
-    """A fresh keyspace of 4 shards on the low-threshold node (5,000 tombstones a shard)."""
+    """A fresh keyspace of 4 shards on the low-threshold node (2,000 tombstones a shard:
+    twice the threshold)."""
     keyspace = f"percolake_tomb_{uuid.uuid4().hex[:12]}"
     store = open_store(cassandra_cluster_low_tombstones.store_url(keyspace, shards=4))
     yield store
@@ -51,7 +52,7 @@ def test_scans_and_reads_return_the_live_cells_after_cleaning_many_versions(
     store = low_tombstone_store
     live = {Cell(f"row{i:06d}".encode(), b"c"): f"v{i}".encode() for i in range(0, CLEANED, 400)}
     store.put_versions("t", [VersionWrite(c.row, c.column, 1, v) for c, v in live.items()])
-    # 20,000 aborted writers' versions: cells of their own, and above every live one.
+    # 8,000 aborted writers' versions: cells of their own, and above every live one.
     doomed = [(f"row{i:06d}".encode(), b"c", 10) for i in range(CLEANED)]
     store.put_versions("t", [VersionWrite(r, c, ts, b"aborted") for r, c, ts in doomed])
     store.delete_versions("t", doomed)
@@ -73,7 +74,7 @@ def test_a_scan_reads_no_tombstones_of_cells_it_does_not_return(
     low_tombstone_store: KVStore,
 ) -> None:
     """Cells whose every version was cleaned cost a scan nothing but their index row:
-    a table of 20,000 such cells scans empty (failed before, as above)."""
+    a table of 8,000 such cells scans empty (failed before, as above)."""
     store = low_tombstone_store
     doomed = [(f"gone{i:06d}".encode(), f"col{i % 3}".encode(), 5 + i % 2) for i in range(CLEANED)]
     store.put_versions("u", [VersionWrite(r, c, ts, None) for r, c, ts in doomed])
