@@ -111,6 +111,13 @@ class Lakehouse:
     percolake tables named ``<catalog>.*``, so several catalogs can share a store.
     A table's files live under ``<warehouse>/<name>/``. Safe to share between threads.
 
+    ``warehouse`` is an absolute local path or ``s3://bucket/prefix`` (``s3a://`` is
+    taken as the same), reached with the standard AWS settings; a bad URL, a missing
+    bucket or refused credentials fail here, before anything is committed. Writes
+    put each file once at its final path from the Spark tasks (see ``hook``); reads
+    of an ``s3://`` table need a session with :func:`~spark_integration.s3a_conf`'s
+    settings (``local_session`` has them).
+
     ``commit_timeout_s`` bounds how long a commit keeps retrying at a busy
     table's head before it gives up with ``ConcurrentModificationError``.
 

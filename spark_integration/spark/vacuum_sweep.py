@@ -20,7 +20,7 @@ import os
 import posixpath
 
 from spark_integration.engine import Catalog
-from spark_integration.engine.locations import relative_to
+from spark_integration.engine.locations import is_object_store, relative_to
 from spark_integration.service import RemoteCatalog
 from spark_integration.spark import filesystem
 from spark_integration.spark.hook import STAGING_PREFIX, is_data_file, job_started_ms
@@ -58,7 +58,10 @@ def sweep(location: str, keep: set[str], cutoff_ms: int) -> list[str]:
     deleted: list[str] = []
     for job_dir in filesystem.list_dirs(location):
         name = job_dir.rsplit("/", 1)[-1]
-        if name.startswith(STAGING_PREFIX) and not os.path.islink(job_dir):
+        # A local symlink is never followed; an S3 key is never a local path
+        # (os.path would read "s3://b/k" as a relative folder "s3:").
+        is_link = not is_object_store(job_dir) and os.path.islink(job_dir)
+        if name.startswith(STAGING_PREFIX) and not is_link:
             deleted.extend(_sweep_job(location, job_dir, name, keep, cutoff_ms))
     return deleted
 
