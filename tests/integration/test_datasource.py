@@ -16,7 +16,9 @@ from __future__ import annotations
 import itertools
 import os
 import posixpath
+import re
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -286,6 +288,8 @@ def _exploding(spark: SparkSession, ids: range, bad_id: int) -> DataFrame:
     return rows(spark, ids).repartition(2).select("id", explode("id").alias("day"))
 
 
+# On S3 the next test covers it, with a staged file certain to exist.
+@local_only
 def test_a_task_failing_mid_job_leaves_the_table_untouched(ds: SparkSession, env: Env) -> None:
     table = env.table()
     env.writer(rows(ds, range(4))).save(table)  # type: ignore[attr-defined]
@@ -300,20 +304,49 @@ def test_a_task_failing_mid_job_leaves_the_table_untouched(ds: SparkSession, env
     assert set(job_folders(env, table)) == committed
 
 
+def _failing_once_staged(
+    spark: SparkSession, ids: range, bad_id: int, location: str, committed_jobs: set[str]
+) -> DataFrame:
+    """Rows whose task holding ``bad_id`` raises only once another task of the same job
+    has stored a file in the job's folder (the message names it), so the failed job
+    certainly staged objects."""
+
+    def check(i: int) -> str:
+        if i != bad_id:
+            return f"d{i % 3}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for stored in filesystem.list_files(location):
+                job = stored.path[len(location) + 1 :].split("/", 1)[0]
+                if job not in committed_jobs and stored.path.endswith(".parquet"):
+                    raise RuntimeError(f"task failure on row {i} after <{stored.path}> was staged")
+            time.sleep(0.2)
+        raise RuntimeError(f"task failure on row {i}; no other task staged a file")
+
+    explode = F.udf(check, StringType(), useArrow=False)
+    return rows(spark, ids).repartition(2).select("id", explode("id").alias("day"))
+
+
 def test_a_task_failing_mid_job_leaves_only_staged_files_that_vacuum_removes(
     ds: SparkSession, env: Env
 ) -> None:
-    """Issue 25: a job whose task raises commits nothing; whatever it left below the
-    table (abort removes its job folder, a straggling task may still write there) lies
-    in a job folder no version names, and vacuum removes all of it."""
+    """Issue 25: a job whose task raises once another task's file is stored commits
+    nothing; whatever it left below the table (abort removes its job folder, a
+    straggling task may still write there) lies in a job folder no version names, and
+    vacuum removes all of it."""
     table = env.table(partition_by=("day",))
     env.writer(rows(ds, range(6))).save(table)  # type: ignore[attr-defined]
     committed = {f.path for f in env.lh.files(table)}
-    with pytest.raises(Exception, match="task failure on row 77"):
-        env.writer(_exploding(ds, range(120), 77)).save(table)  # type: ignore[attr-defined]
+    committed_jobs = {env.job_folder_of(table, p) for p in committed}
+    failing = _failing_once_staged(ds, range(120), 77, env.location(table), committed_jobs)
+    with pytest.raises(Exception, match="task failure on row 77 after <") as failed:
+        env.writer(failing).save(table)  # type: ignore[attr-defined]
+    staged = re.search(r"after <((?:/|s3://)[^>]+)> was staged", str(failed.value))
+    assert staged is not None
+    staged_job = env.job_folder_of(table, staged.group(1))
+    assert staged_job.startswith("_lh_job=") and staged_job not in committed_jobs
     assert env.lh.version(table) == 1
     assert {f.path for f in env.lh.files(table)} == committed
-    committed_jobs = {env.job_folder_of(table, p) for p in committed}
     for stored in filesystem.list_files(env.location(table)):
         if stored.path not in committed:
             assert env.job_folder_of(table, stored.path).startswith("_lh_job="), stored.path
@@ -321,6 +354,7 @@ def test_a_task_failing_mid_job_leaves_only_staged_files_that_vacuum_removes(
     assert not committed & set(removed)
     left = {f.path for f in filesystem.list_files(env.location(table))}
     assert {p for p in left if env.job_folder_of(table, p) not in committed_jobs} == set()
+    assert not filesystem.exists(staged.group(1))
     assert committed <= left
     assert ids_of(env.reader(ds).load(table)) == list(range(6))  # type: ignore[attr-defined]
 
