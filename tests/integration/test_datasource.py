@@ -6,9 +6,10 @@ Python workers and its writes and reads in tasks, all talking to that gateway, a
 in the deployed topology. ``Lakehouse`` on a remote manager is the independent
 witness of what each write committed.
 
-Tests that touch table files run twice (``warehouse``): on a local folder and on
-``s3://<fresh bucket>/warehouse`` of the session's MinIO, which the tasks reach with
-the AWS variables they inherit. Tests of options and catalog logic run once, locally.
+Tests that touch table files run twice (``warehouse``, tests/conftest.py): on a local
+folder and on ``s3://<fresh bucket>/warehouse`` of the session's MinIO, which the
+tasks reach with the AWS variables they inherit. Tests of options and catalog logic
+run once, locally.
 """
 
 from __future__ import annotations
@@ -112,15 +113,6 @@ def gateway(
     finally:
         tm.close()
         server.stop()
-
-
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
-def warehouse(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh warehouse: a local folder, or ``s3://<fresh bucket>/warehouse`` on the
-    session's MinIO (``s3_warehouse``)."""
-    if request.param == "s3":
-        return str(request.getfixturevalue("s3_warehouse"))
-    return str(tmp_path / "warehouse")
 
 
 @pytest.fixture

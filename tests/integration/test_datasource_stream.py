@@ -66,15 +66,6 @@ def gateway(
         server.stop()
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
-def warehouse(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh warehouse: a local folder, or ``s3://<fresh bucket>/warehouse`` on the
-    session's MinIO (``s3_warehouse``)."""
-    if request.param == "s3":
-        return str(request.getfixturevalue("s3_warehouse"))
-    return str(tmp_path / "warehouse")
-
-
 @pytest.fixture
 def env(gateway: tuple[str, RemoteTransactionManager], warehouse: str, tmp_path: Path) -> Env:
     """The module's gateway, a fresh warehouse and a local folder for checkpoints and sinks."""

@@ -4,7 +4,6 @@ on a local folder and on S3 (the session's MinIO)."""
 from __future__ import annotations
 
 import posixpath
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -16,12 +15,10 @@ from spark_integration.spark.datasource.files import FileToRead, read_files, wri
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
-def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A table location on a local folder, or below a fresh bucket of the session's MinIO."""
-    if request.param == "s3":
-        return f"{request.getfixturevalue('s3_warehouse')}/t"
-    return str(tmp_path / "t")
+@pytest.fixture
+def location(warehouse: str) -> str:
+    """A table location in a fresh warehouse: local, or on the session's MinIO."""
+    return join(warehouse, "t")
 
 
 def test_empty_and_null_partition_values_go_to_the_default_partition(location: str) -> None:
