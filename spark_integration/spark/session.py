@@ -335,7 +335,9 @@ def _fetch_jars(version: str, folder: Path) -> None:
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def s3a_conf(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def s3a_conf(
+    environ: Mapping[str, str] | None = None, *, ship_jars: bool = False
+) -> dict[str, str]:
     """The Spark settings that let Spark's own readers and writers reach ``s3a://``.
 
     From the standard AWS variables (``os.environ`` unless ``environ`` is given):
@@ -344,14 +346,25 @@ def s3a_conf(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     as its scheme says; ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``) becomes
     ``fs.s3a.endpoint.region``. Credentials are never copied into the conf (a Spark
     conf is shown in the UI and logs): s3a asks the AWS SDK's default chain, which
-    reads the same variables, or the profiles, in each JVM. The jars are added by
-    path (``spark.jars``), fetched first if this machine has none yet.
+    reads the same variables, or the profiles, in each JVM.
+
+    The jars (fetched first if this machine has none yet) go on the driver's and
+    executors' class path by their paths in the local cache: right for a local
+    session, whose executors are the driver's JVM, and for executors on machines
+    with the same cache. ``ship_jars`` hands them to ``spark.jars`` instead, which
+    ships them to executors anywhere, at a price: each executor copies all ~690 MB
+    into its work folder when the session starts (measured +4.5 s per local session
+    here, against +0.6 s on the class path). Settings only take effect in a JVM
+    started with them: apply them to the builder of a new session.
     """
     env = os.environ if environ is None else environ
-    conf = {
-        "spark.jars": ",".join(str(jar) for jar in s3a_jars()),
-        "spark.hadoop.fs.s3a.aws.credentials.provider": S3A_CREDENTIALS_PROVIDER,
-    }
+    jars = [str(jar) for jar in s3a_jars()]
+    conf = {"spark.hadoop.fs.s3a.aws.credentials.provider": S3A_CREDENTIALS_PROVIDER}
+    if ship_jars:
+        conf["spark.jars"] = ",".join(jars)
+    else:
+        conf["spark.driver.extraClassPath"] = os.pathsep.join(jars)
+        conf["spark.executor.extraClassPath"] = os.pathsep.join(jars)
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if endpoint:
         scheme = urlsplit(endpoint).scheme.lower()
