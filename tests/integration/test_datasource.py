@@ -51,8 +51,9 @@ from spark_integration.spark.datasource.batch_write import (
     WritePlan,
 )
 from spark_integration.spark.datasource.files import write_batches
+from spark_integration.spark.datasource.source import PercolakeDataSource
 from spark_integration.spark.datasource.write_plan import FilesWritten, WriteTarget
-from spark_integration.spark.filesystem import spark_path
+from spark_integration.spark.filesystem import StorageError, spark_path
 from spark_integration.spark.hook import new_job
 from tests.servers import ServerProcess
 from txn import TransactionManager
@@ -74,9 +75,12 @@ class Env:
     """The gateway, a warehouse (local folder or s3://), and a Lakehouse that checks
     what was committed."""
 
-    def __init__(self, gateway: str, warehouse: str, lh: Lakehouse) -> None:
+    def __init__(
+        self, gateway: str, warehouse: str, tm: RemoteTransactionManager, lh: Lakehouse
+    ) -> None:
         self.gateway = gateway
         self.warehouse = warehouse
+        self.tm = tm
         self.lh = lh
 
     def location(self, table: str) -> str:
@@ -119,7 +123,7 @@ def gateway(
 def env(gateway: tuple[str, RemoteTransactionManager], warehouse: str) -> Env:
     """Tests that touch table files: once per kind of warehouse."""
     address, tm = gateway
-    return Env(address, warehouse, Lakehouse(tm, warehouse))
+    return Env(address, warehouse, tm, Lakehouse(tm, warehouse))
 
 
 #: Tests of options and catalog logic touch no more files on S3 than locally: once, locally.
@@ -436,6 +440,34 @@ def test_an_s3_warehouse_whose_bucket_is_missing_is_refused_before_any_task_runs
     assert not (tmp_path / "ran").exists()
     with pytest.raises(TableNotFoundError):
         env.lh.version(table)
+
+
+@local_only
+def test_wrong_s3_credentials_are_refused_at_planning_naming_the_problem(
+    env: Env, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: with credentials the store refuses, a write fails while it is planned
+    (on the driver, before any task runs), saying what to fix; nothing is created or
+    committed. Planned here in this process, whose AWS variables the test can change
+    (a session's workers keep the ones they started with)."""
+    bucket = s3_server.create_bucket(f"pl-creds-{next(_names)}")
+    lh = Lakehouse(env.tm, f"s3://{bucket}/warehouse")
+    existing = f"creds{next(_names)}"
+    lh.create_table(existing, SCHEMA)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    new = f"creds{next(_names)}"
+    cases = {
+        existing: {},
+        new: {"createIfMissing": "true", "warehouse": f"s3a://{bucket}/warehouse"},
+    }
+    for table, extra in cases.items():
+        source = PercolakeDataSource({"path": table, "gateway": env.gateway, **extra})
+        with pytest.raises(StorageError, match=f"refused to look up bucket '{bucket}'.*AWS_"):
+            source.writer(SCHEMA, overwrite=False)
+    monkeypatch.undo()
+    assert lh.version(existing) == 0
+    with pytest.raises(TableNotFoundError):
+        lh.version(new)
 
 
 def test_a_replayed_txn_version_adds_nothing(ds: SparkSession, env: Env) -> None:
