@@ -40,7 +40,6 @@ from typing import Any
 from urllib.parse import unquote
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from spark_integration.engine.locations import join, relative_to
@@ -116,7 +115,8 @@ def write_files(
     One Spark job (``mapInArrow``, then ``collect`` of the tasks' reports): each task
     writes its own rows straight to their final paths, no rename anywhere.
     """
-    ordered = df.select(*[F.col(quote(name)) for name in schema.fieldNames()])
+    # Names, not ``F.col``: classic Columns would not fit a Spark Connect DataFrame.
+    ordered = df.select(*[quote(name) for name in schema.fieldNames()])
     columns = tuple(schema.fieldNames())
     location, staging = job.location, job.staging
 
