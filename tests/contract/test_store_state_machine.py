@@ -315,8 +315,17 @@ class StoreAgreesWithDict(RuleBasedStateMachine):
             assert got == expected
 
 
-def test_store_agrees_with_dict_model(store_url_factory: Callable[[], str]) -> None:
+#: Runs of the machine per backend: a run on a Cassandra node costs ~0.8 s (a wipe of
+#: the keyspace and its round trips) against milliseconds on the others, so the two
+#: Cassandra variants run 40 (was 60, trimmed for the 15-minute suite, issue 29).
+EXAMPLES = {"cassandra": 40, "cassandra-paxos-v1": 40}
+
+
+def test_store_agrees_with_dict_model(
+    store_url_factory: Callable[[], str], request: pytest.FixtureRequest
+) -> None:
     # Each example needs an empty store: durable backends get a fresh or wiped one.
+    backend = request.node.callspec.params["store_url_factory"]
     machine = type(
         "Machine",
         (StoreAgreesWithDict,),
@@ -325,7 +334,7 @@ def test_store_agrees_with_dict_model(store_url_factory: Callable[[], str]) -> N
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=60,
+            max_examples=EXAMPLES.get(backend, 60),
             stateful_step_count=25,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

@@ -896,8 +896,10 @@ class SerializableRemoteMachine(RemoteMachine):
     model = "serializable"
 
 
+#: 120 runs of 40 steps on the correct builds (was 200, trimmed for the 15-minute suite,
+#: issue 29); each broken build below is still found within its own 100 runs.
 MACHINE_SETTINGS = settings(
-    max_examples=200,
+    max_examples=120,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
