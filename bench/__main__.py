@@ -39,6 +39,7 @@ SUITES = [
     "bench.bench_cassandra",
     "bench.bench_lakehouse",
     "bench.bench_lakehouse_deployed",
+    "bench.bench_lakehouse_s3",
     "bench.bench_ha",
     "bench.bench_restart",
     "bench.bench_gc",
