@@ -383,6 +383,10 @@ def test_time_travel_reads_exactly_each_version(lh: Lakehouse, spark: SparkSessi
     for version, ids in expected.items():
         assert ids_of(lh.read(spark, "t", version=version)) == ids, version
         assert sum(f.record_count for f in lh.files("t", version=version)) == len(ids)
+    # By timestamp: each version's own commit time reads exactly that version.
+    for commit in lh.history("t")[1:]:
+        got = ids_of(lh.read(spark, "t", timestamp=commit.timestamp_ms))
+        assert got == expected[commit.version], commit.version
     assert lh.files("t", version=4) == lh.files("t")
     assert {f.path for f in lh.files("t", version=1)} < {f.path for f in lh.files("t", version=2)}
     with pytest.raises(VersionNotFoundError, match="no version 5"):
