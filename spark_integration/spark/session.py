@@ -199,6 +199,18 @@ _JARS_LIST = "jars.txt"
 #: instance roles). Hadoop's own default list leaves profiles out.
 S3A_CREDENTIALS_PROVIDER = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
 
+#: Bounds on s3a's requests, as the file-system layer bounds pyarrow's: a paused or
+#: unreachable store costs a bounded wait and a clear error, not Hadoop's defaults of
+#: minutes of retries. A request may take up to two minutes (a 64 MB part on a slow
+#: link); settings passed after these (the builder's own) win.
+S3A_BOUNDS = {
+    "spark.hadoop.fs.s3a.connection.establish.timeout": "5s",
+    "spark.hadoop.fs.s3a.connection.timeout": "30s",
+    "spark.hadoop.fs.s3a.connection.request.timeout": "120s",
+    "spark.hadoop.fs.s3a.attempts.maximum": "3",
+    "spark.hadoop.fs.s3a.retry.limit": "3",
+}
+
 #: The Hadoop version in a client jar's name, ``hadoop-client-api-3.5.0.jar``.
 _HADOOP_CLIENT_JAR = re.compile(r"hadoop-client-api-(\d+(?:\.\d+)+)\.jar")
 
@@ -359,7 +371,10 @@ def s3a_conf(
     """
     env = os.environ if environ is None else environ
     jars = [str(jar) for jar in s3a_jars()]
-    conf = {"spark.hadoop.fs.s3a.aws.credentials.provider": S3A_CREDENTIALS_PROVIDER}
+    conf = {
+        "spark.hadoop.fs.s3a.aws.credentials.provider": S3A_CREDENTIALS_PROVIDER,
+        **S3A_BOUNDS,
+    }
     if ship_jars:
         conf["spark.jars"] = ",".join(jars)
     else:

@@ -232,3 +232,37 @@ def test_append_files_history_expiry_and_vacuum_on_s3(
         for f in lh.files("t")
         for i in filesystem.parquet_file(f.path).read().column("id").to_pylist()
     ) == [1, 2, 3]
+
+
+# --- the s3a settings Spark sessions get -----------------------------------------------
+
+
+def test_s3a_settings_come_from_the_aws_variables_and_carry_no_secret() -> None:
+    """``s3a_conf`` maps the standard variables onto s3a: an endpoint turns on path-style
+    addressing with SSL as its scheme says, the region is passed on, requests are
+    bounded, and no credential ever lands in the Spark conf (shown in UIs and logs)."""
+    from spark_integration import s3a_conf
+
+    secret = "do-not-copy-me"
+    local = s3a_conf(
+        {
+            "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+            "AWS_REGION": "eu-west-1",
+            "AWS_ACCESS_KEY_ID": "key",
+            "AWS_SECRET_ACCESS_KEY": secret,
+        }
+    )
+    assert local["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    assert local["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert local["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert local["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"
+    assert local["spark.hadoop.fs.s3a.attempts.maximum"] == "3"
+    assert local["spark.hadoop.fs.s3a.connection.establish.timeout"] == "5s"
+    assert not any(secret in value or value == "key" for value in local.values())
+    assert "hadoop-aws-" in local["spark.driver.extraClassPath"]
+
+    aws = s3a_conf({"AWS_ENDPOINT_URL_S3": "https://s3.example.com", "AWS_REGION": "us-east-2"})
+    assert aws["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "true"
+    assert "spark.hadoop.fs.s3a.endpoint" not in s3a_conf({})
+    with pytest.raises(ValueError, match="expected an http:// or https:// URL"):
+        s3a_conf({"AWS_ENDPOINT_URL": "ftp://127.0.0.1:9000"})
