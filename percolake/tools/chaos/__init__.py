@@ -4,7 +4,9 @@
 kill,pause,...`` starts a cluster of real processes on loopback (store, oracle, lock
 server, gateways, client processes; with ``--replicas N`` N replicas of ``percolake
 serve`` on the store instead of the oracle and the lock server, and the leader faults
-``leader-kill``, ``leader-pause``, ``leader-partition``, ``rolling-restart``), injects
+``leader-kill``, ``leader-pause``, ``leader-partition``, ``rolling-restart``; with
+``--workload lakehouse --warehouse s3`` a MinIO of the run's own holding the table, and
+the faults ``s3-pause`` and ``s3-kill`` on it), injects
 faults on a seeded schedule while the clients record every operation, heals
 everything, reads the final state and checks the history:
 
@@ -12,7 +14,7 @@ everything, reads the final state and checks the history:
   final read that must hold every acknowledged append;
 * bank: every full read sums to the total, the final balances add up;
 * lakehouse: every version a reader sees is whole, acknowledged commits are kept,
-  replays add nothing;
+  replays add nothing; on S3, every file the final versions name is in the bucket;
 * timestamps (AtlasDB TimeLock's Jepsen test): every timestamp a client received is
   unique and in real-time order, whichever replica served it;
 * for every workload, the oracle's timestamps: unique, increasing, across restarts.

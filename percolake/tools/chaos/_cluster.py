@@ -7,7 +7,9 @@ them by themselves. Restarted servers come back on their old port,
 so clients and gateways reconnect on their own. Clients are numbered Jepsen-style: a
 client slot whose process was killed comes back as a new process number
 (``slot + clients * generation``), so the killed process's last operation stays open
-in the history and is recorded as unknown.
+in the history and is recorded as unknown. With ``--warehouse s3`` the run also starts
+a MinIO of its own in its work folder (the lakehouse table's bucket), the target of the
+``s3-pause`` and ``s3-kill`` faults.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ CASSANDRA_YAML: Final[dict[str, Any]] = {
     "truncate_request_timeout": "60000ms",
 }
 KEYSPACE: Final = "chaos"
+#: MinIO starts in 1-2 s; a machine busy starting a dozen processes may take far longer.
+S3_STARTUP_TIMEOUT_S: Final = 120.0
+#: The bucket of the run's MinIO that holds the lakehouse warehouse.
+S3_BUCKET: Final = "chaos"
 #: How long the clients of a run may take to start (imports, connections) before the
 #: run's clock starts without the slow ones.
 CLIENT_READY_TIMEOUT_S: Final = 120.0
@@ -107,6 +113,8 @@ class Cluster:
         self.store_url = ""
         self.tso_store_url = ""
         self.warehouse = str(work_dir / "warehouse")
+        #: The run's own MinIO (``--warehouse s3``): a ``percolake.tools.s3.S3Server``.
+        self.s3: Any = None
         self.tso: Service | None = None
         self.locks: Service | None = None
         #: The replicated control plane (``--replicas``), instead of ``tso`` and ``locks``.
@@ -168,6 +176,39 @@ class Cluster:
 
         open_store(self.store_url).close()  # creates the keyspace once, before anyone races
         self.leader_watch = LeaderWatch(self.tso_store_url)
+
+    def start_s3(self) -> None:
+        """With ``--warehouse s3``: start MinIO in the work folder and put the warehouse
+        in a bucket there.
+
+        Its AWS variables go into this process's environment (the harness's setup and
+        final read reach the bucket through the file-system layer, which reads them
+        there) and into every gateway, replica and client it starts (:meth:`_s3_env`).
+        """
+        if self.config.warehouse != "s3":
+            return
+        from percolake.tools.s3 import S3Server
+
+        self.s3 = S3Server(self.work / "s3", startup_timeout_s=S3_STARTUP_TIMEOUT_S)
+        self.s3.start()
+        os.environ.update(self.s3.env())
+        self.s3.create_bucket(S3_BUCKET)
+        self.warehouse = f"s3://{S3_BUCKET}/warehouse"
+        log.info("MinIO on %s; warehouse %s", self.s3.endpoint_url, self.warehouse)
+
+    def _s3_env(self) -> dict[str, str]:
+        """The AWS variables of the run's MinIO (none without one)."""
+        return dict(self.s3.env()) if self.s3 is not None else {}
+
+    def heal_s3(self) -> str | None:
+        """Resume a paused MinIO or start a killed one again (same data, same port)."""
+        if self.s3 is None:
+            return None
+        if self.s3.alive():
+            self.s3.resume()  # SIGCONT: nothing happens to a server that runs
+            return None
+        self.s3.start()
+        return "restarted s3"
 
     @property
     def cassandra_nodes(self) -> list[int]:
@@ -278,7 +319,7 @@ class Cluster:
             ],
             self.work,
             self.registry,
-            env={**self._broken_env(), **self._oracle_env()},
+            env={**self._broken_env(), **self._oracle_env(), **self._s3_env()},
             gid=self._gid(GID_REPLICA_BASE + index),
         )
 
@@ -383,7 +424,7 @@ class Cluster:
                 ],
                 self.work,
                 self.registry,
-                env=self._broken_env(),
+                env={**self._broken_env(), **self._s3_env()},
                 gid=self._gid(GID_GATEWAY_BASE + i),
             )
             self.gateways.append(gateway.start())
@@ -528,7 +569,7 @@ class Cluster:
             command,
             self.work / "clients" / f"slot{client.slot}.log",
             self.registry,
-            env=self._broken_env(),
+            env={**self._broken_env(), **self._s3_env()},
             gid=self._gid(GID_CLIENT_BASE + client.slot),
         )
         client.proc.spawn()
@@ -577,6 +618,9 @@ class Cluster:
             if client.proc is not None and client.proc.paused:
                 client.proc.resume()
                 healed.append(f"resumed client-{client.slot}")
+        s3 = self.heal_s3()
+        if s3 is not None:
+            healed.append(s3)
         if self.cassandra is not None:
             import signal
 
@@ -651,6 +695,8 @@ class Cluster:
             self.embedded.stop()
         if self.cassandra is not None:
             self.cassandra.stop()
+        if self.s3 is not None:
+            self.s3.stop()
 
 
 def restart(service: Service, attempts: int = 5) -> None:

@@ -25,6 +25,8 @@ NEMESES: Final[tuple[str, ...]] = (
     "leader-pause",
     "leader-partition",
     "rolling-restart",
+    "s3-pause",
+    "s3-kill",
 )
 #: Faults that need the oracle on SQLite: the oracle-overlap run and its unsafe twin
 #: (oracles without a claim) compare on the embedded store, where the suite runs them.
@@ -36,6 +38,13 @@ NETWORK_NEMESES: Final[frozenset[str]] = frozenset({"partition", "slow", "leader
 REPLICA_NEMESES: Final[frozenset[str]] = frozenset(
     {"leader-kill", "leader-pause", "leader-partition", "rolling-restart"}
 )
+
+#: Faults on the run's own S3 server (``--warehouse s3``): MinIO stopped (SIGSTOP, healed
+#: by SIGCONT) or killed -9 (healed by a restart on the same data and port).
+S3_NEMESES: Final[frozenset[str]] = frozenset({"s3-pause", "s3-kill"})
+#: Where the lakehouse workload's table lives: a folder of the run, or a bucket on a
+#: MinIO the run starts in its work folder.
+WAREHOUSES: Final[tuple[str, ...]] = ("local", "s3")
 
 #: Environment variable that makes gateways commit with a deliberately broken protocol.
 BROKEN_PROTOCOL_ENV: Final = "PERCOLAKE_UNSAFE_BROKEN_PROTOCOL"
@@ -98,6 +107,11 @@ class RunConfig:
     #: 30 days, so nothing expires). Set, clients also run ``Lakehouse.expire`` now and
     #: then, so versions expire during the run; the mark retention stays 7 days.
     lakehouse_log_retention_s: float | None = None
+    #: lakehouse: ``local`` (a folder of the run) or ``s3``: the run starts its own MinIO
+    #: (``percolake.tools.s3``) in its work folder, the table lives in a bucket there,
+    #: clients write each file's object before committing it, and the checks also find
+    #: every file the final versions name in the bucket.
+    warehouse: Literal["local", "s3"] = "local"
     #: timestamps: deadline of one GetTimestamps call. Shorter than a leader pause, so
     #: a client pinned to a paused leader asks it again after the new leader served.
     ts_call_timeout_s: float = 0.5
@@ -230,6 +244,20 @@ class RunConfig:
                     "--lakehouse-log-retention-s applies to --workload lakehouse only, "
                     f"not {self.workload}"
                 )
+        if self.warehouse not in WAREHOUSES:
+            raise ValueError(
+                f"unknown warehouse {self.warehouse!r}: expected {'|'.join(WAREHOUSES)}"
+            )
+        if self.warehouse == "s3" and self.workload != "lakehouse":
+            raise ValueError(
+                f"--warehouse s3 applies to --workload lakehouse only, not {self.workload}"
+            )
+        on_s3 = S3_NEMESES.intersection(self.nemeses)
+        if on_s3 and self.warehouse != "s3":
+            raise ValueError(
+                f"{','.join(sorted(on_s3))} injects faults into the run's S3 server: "
+                "it needs --workload lakehouse --warehouse s3"
+            )
         if self.lease_ms < 100 or self.client_timeout_s <= 0 or self.idle_timeout_s <= 0:
             raise ValueError("lease, client timeout and idle timeout must be positive")
 

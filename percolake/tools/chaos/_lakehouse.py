@@ -1,9 +1,12 @@
 """The lakehouse workload: concurrent metadata-only appends to one table, and readers.
 
-Clients commit through ``spark_integration.Lakehouse.append_files`` (no Spark: the file
-lists are made up, which is all the metadata layer sees) with an ``(app_id, batch_id)``
-on every commit, and replay a batch whose outcome was unknown, exactly as a restarted
-Spark job would. Readers take ``version`` then ``files(version)``. The checks:
+Clients commit through ``spark_integration.Lakehouse.append_files`` (no Spark: on a
+local warehouse the file lists are made up, which is all the metadata layer sees; on an
+``s3://`` one, ``--warehouse s3``, each file's object is put through the file-system
+layer first, so the ``s3-pause`` and ``s3-kill`` faults land in writes) with an
+``(app_id, batch_id)`` on every commit, and replay a batch whose outcome was unknown,
+exactly as a restarted Spark job would. Readers take ``version`` then
+``files(version)``. The checks:
 
 * versions are dense, and each one adds whole commits: every file of a job, or none;
 * no job and no ``(app_id, batch_id)`` appears in two versions (replays add nothing);
@@ -11,6 +14,7 @@ Spark job would. Readers take ``version`` then ``files(version)``. The checks:
   batch whose every attempt definitely failed is not;
 * every read of version ``v`` saw exactly the files of versions ``0..v``, and no read
   saw an older version than one acknowledged before it began (no stale reads);
+* on S3, every file the final versions name is an object in the bucket;
 * commit timestamps follow the version number: a version's is above the one before
   it, or equal when both were committed by one transaction (a group commit), whose
   versions are consecutive.
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import io
 import os
 import random
 import time
@@ -114,6 +119,7 @@ class LakehouseAppends(Workload):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._replay: dict[str, Any] | None = None
+        self._parquet: bytes | None = None
 
     @staticmethod
     def open_lakehouse(
@@ -184,13 +190,27 @@ class LakehouseAppends(Workload):
         data_file = _spark_integration().DataFile
         location = os.path.join(lh.warehouse, TABLE)
         k = value["files"]
-        data = [
-            data_file(
-                os.path.join(location, f"{_JOB_PREFIX}{value['job']}", f"part-{i}-of-{k}.parquet"),
-                size_bytes=1000 + i,
-                record_count=self.config.rows_per_file,
-            )
+        paths = [
+            os.path.join(location, f"{_JOB_PREFIX}{value['job']}", f"part-{i}-of-{k}.parquet")
             for i in range(k)
+        ]
+        if self.config.warehouse == "s3":
+            # Each file's object is put before the commit names it, as a task would; a
+            # replay puts them again (same keys, same bytes). A store that refuses a
+            # put fails this attempt before anything is committed: a definite failure
+            # of this attempt, though an earlier one of a replay may have committed.
+            try:
+                payload = self._payload()
+                for path in paths:
+                    _filesystem().write_bytes(path, payload)
+            except Exception as exc:
+                return Completion("fail", value, error=describe(exc))
+            sizes = [len(payload)] * k
+        else:
+            sizes = [1000 + i for i in range(k)]  # metadata only: no file is written
+        data = [
+            data_file(path, size_bytes=size, record_count=self.config.rows_per_file)
+            for path, size in zip(paths, sizes, strict=True)
         ]
         if ctx.phase is not None:
             ctx.phase.set(ctx.phase.COMMITTING)
@@ -209,6 +229,17 @@ class LakehouseAppends(Workload):
                 ctx.phase.set(ctx.phase.IDLE)
         self._replay = None
         return Completion("ok", {**value, "version": version})
+
+    def _payload(self) -> bytes:
+        """A Parquet file of ``rows_per_file`` ids, the bytes of every object written."""
+        if self._parquet is None:
+            pa = importlib.import_module("pyarrow")
+            pq = importlib.import_module("pyarrow.parquet")
+            sink = io.BytesIO()
+            ids = pa.array(range(self.config.rows_per_file), pa.int64())
+            pq.write_table(pa.table({"id": ids}), sink)
+            self._parquet = sink.getvalue()
+        return self._parquet
 
     def _expire(self, ctx: ClientContext) -> Completion:
         """One ``Lakehouse.expire``: idempotent (bounds only rise), so its outcome only
@@ -296,6 +327,17 @@ class LakehouseAppends(Workload):
             "read_ms": read_ms,
             "log_retention_s": lh.retention(TABLE).log_retention_s,
         }
+        if self.config.warehouse == "s3":
+            # One listing of the table's objects (through the layer, with the run's
+            # MinIO in this process's AWS variables): far fewer requests than a HEAD
+            # per named file. Every version's files are in the latest's (appends only).
+            stored = {f.path for f in _filesystem().list_files(location)}
+            named = sorted(set(latest) | set(base))
+            value["objects"] = {
+                "named": len(named),
+                "stored": len(stored),
+                "missing": [p for p in named if f"{location}/{p}" not in stored],
+            }
         return [invoke, {**invoke, "type": "ok", "value": value}]
 
     def check(self, ops: list[dict[str, Any]]) -> list[CheckResult]:
@@ -316,7 +358,23 @@ class LakehouseAppends(Workload):
         self._check_acknowledged(acked, ops, commits, retained)
         self._check_reads(reads, ops, retained)
         self._check_expiry(expiry, ops, value, retained)
-        return [shape, acked, reads, expiry]
+        if "objects" not in value:
+            return [shape, acked, reads, expiry]
+        return [shape, acked, reads, expiry, self._check_objects(value["objects"])]
+
+    @staticmethod
+    def _check_objects(objects: dict[str, Any]) -> CheckResult:
+        """On S3: every file the final versions name is an object in the bucket."""
+        result = CheckResult("lakehouse objects")
+        missing: list[str] = objects["missing"]
+        if missing:
+            _flagger(result)(
+                "missing-object",
+                f"{len(missing)} file(s) named by committed versions are not in the store: "
+                f"{missing[:3]}",
+            )
+        result.stats.update(named=objects["named"], stored=objects["stored"], missing=len(missing))
+        return result
 
     def _check_versions(
         self,
@@ -372,8 +430,10 @@ class LakehouseAppends(Workload):
             # A group commit writes consecutive versions in one transaction: one stamp.
             if c["commit_ts"] is not None:
                 if previous is not None:
-                    ts, previous_txn = previous
-                    same = txn is not None and txn == previous_txn
+                    # Not previous_txn: that is the version just before, which this
+                    # check needs next time round, stamped or not.
+                    ts, stamped_txn = previous
+                    same = txn is not None and txn == stamped_txn
                     if (same and c["commit_ts"] != ts) or (not same and c["commit_ts"] <= ts):
                         flag(
                             "version-order",
@@ -720,6 +780,11 @@ class ServiceLakehouses:
 
     def expire(self, name: str) -> Any:
         return self._on_current("expire", name)
+
+
+def _filesystem() -> Any:
+    """The lakehouse's file-system layer (``spark_integration.spark.filesystem``)."""
+    return importlib.import_module("spark_integration.spark.filesystem")
 
 
 def _spark_integration() -> Any:

@@ -28,6 +28,11 @@ it after ``DEPOSE_AFTER_LEASES`` leases; on Cassandra every packet it sends, so 
 renewals fail and its lease runs out); ``rolling-restart`` stops every replica in
 turn gracefully (SIGTERM: a leader hands its row over), restarts it and waits until a
 leader serves again before the next.
+
+The S3 faults (``--warehouse s3``) hit the run's MinIO: ``s3-pause`` stops it (SIGSTOP)
+and ``s3-kill`` kills it -9, healed by SIGCONT or by a restart on the same data and
+port. Writes of table files then hang or fail, and so does a commit that dates its files
+by their objects' mtimes.
 """
 
 from __future__ import annotations
@@ -72,6 +77,9 @@ SLOW_LOSS: Final = 0.03
 #: on top of a few seconds (a loaded machine).
 LEADER_WAIT_LEASES: Final = 4
 LEADER_WAIT_S: Final = 10.0
+#: How long an ``s3-pause`` stops MinIO.
+S3_PAUSE_MIN_S: Final = 1.0
+S3_PAUSE_MAX_S: Final = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +133,8 @@ def fault_targets(config: RunConfig, *, owns_cassandra: bool) -> dict[str, list[
         "leader-pause": [["leader"]],
         "leader-partition": [["leader"]],
         "rolling-restart": [["replicas"]],
+        "s3-pause": [["s3"]] if config.warehouse == "s3" else [],
+        "s3-kill": [["s3"]] if config.warehouse == "s3" else [],
     }
     return {kind: [g for g in offered[kind] if g] for kind in config.nemeses}
 
@@ -146,6 +156,12 @@ def _duration(rng: random.Random, config: RunConfig, kind: str, target: str) -> 
     if kind == "rolling-restart":
         # Each replica: a graceful stop, a start, a leader serving again.
         return config.replicas * (3.0 + leader_s)
+    if kind == "s3-pause":
+        # Requests hang meanwhile; well inside the client's 30 s request timeout, so
+        # most complete after the wake-up, as on a stalled host.
+        return rng.uniform(S3_PAUSE_MIN_S, S3_PAUSE_MAX_S)
+    if kind == "s3-kill":
+        return rng.uniform(0.5, 3.0)  # down this long (requests refused), then restarted
     if kind == "kill":
         return rng.uniform(3.0, 10.0) if target.startswith("cassandra") else rng.uniform(0.2, 2.0)
     if kind == "pause":
@@ -246,6 +262,8 @@ class Nemesis:
             return self._leader_fault(kind)
         if kind == "rolling-restart":
             return self._rolling_restart()
+        if kind.startswith("s3-"):
+            return self._s3(kind)
         if target.startswith("cassandra-"):
             return self._cassandra(kind, int(target.removeprefix("cassandra-")))
         if target.startswith("client-"):
@@ -441,6 +459,18 @@ class Nemesis:
                 return True
             time.sleep(0.0005)
         return False
+
+    def _s3(self, kind: str) -> tuple[Callable[[], Any], dict[str, Any]]:
+        """Pause (SIGSTOP; healed by SIGCONT) or kill -9 (healed by a restart on the same
+        data and port) the run's MinIO."""
+        s3 = self.cluster.s3
+        if s3 is None:
+            raise RuntimeError(f"{kind} needs the run's S3 server (--warehouse s3)")
+        if kind == "s3-kill":
+            s3.kill()
+            return s3.start, {}
+        s3.pause()
+        return s3.resume, {}
 
     def _cassandra(self, kind: str, index: int) -> tuple[Callable[[], Any], dict[str, Any]]:
         cassandra = self.cluster.cassandra

@@ -176,6 +176,7 @@ def _run_inside(config: RunConfig, *, isolated: bool) -> int:
     stop = threading.Event()
     try:
         cluster.start_store()
+        cluster.start_s3()  # before the services: they are given its AWS variables
         cluster.start_services()
         setup_manager = cluster.direct_manager()
         try:
@@ -399,6 +400,7 @@ def _finish(
             "leader_lease_ms": config.leader_lease_ms,
             "replica_addresses": cluster.replica_names(),
             "store_reconnect_ms": config.store_reconnect_ms,
+            "warehouse": cluster.warehouse,
         },
         "leaders": (
             cluster.leader_watch.summary(cluster.replica_names())
@@ -513,6 +515,8 @@ def replay_command(config: RunConfig) -> str:
         parts.append(f"--late-settle-s {config.late_settle_s:g}")
     if config.lakehouse_log_retention_s is not None:
         parts.append(f"--lakehouse-log-retention-s {config.lakehouse_log_retention_s:g}")
+    if config.warehouse != "local":
+        parts.append(f"--warehouse {config.warehouse}")
     if config.unsafe_broken_protocol:
         parts.append("--unsafe-broken-protocol")
     if config.unsafe_no_oracle_claim:

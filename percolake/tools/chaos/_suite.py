@@ -1,7 +1,8 @@
 """``percolake chaos suite``: the long runs behind ``make chaos``.
 
 Every workload on a three-node Cassandra with partitions, kills, pauses and a slow
-network, plus faster runs on the embedded store that add volume: over half an hour
+network, plus faster runs on the embedded store that add volume, and the lakehouse on
+an S3 warehouse (the run's own MinIO, paused and killed -9): over half an hour
 and well over 100,000 transactions in all at ``--scale 1``. Each run leaves its report,
 plot, schedule and (gzipped) history in ``OUT/<name>/``; scratch data (Cassandra's,
 SQLite's, client logs) goes to ``--work-dir`` and is removed after a clean run.
@@ -21,6 +22,7 @@ from typing import Any, Final
 from percolake.tools.chaos._config import (
     NEMESES,
     REPLICA_NEMESES,
+    S3_NEMESES,
     SQLITE_ORACLE_NEMESES,
     RunConfig,
 )
@@ -28,12 +30,17 @@ from percolake.tools.chaos._config import (
 log = logging.getLogger("percolake.tools.chaos")
 
 #: Every fault a Cassandra run without replicas takes; SQLite runs add the oracle
-#: overlap. The leader faults need ``--replicas``.
+#: overlap. The leader faults need ``--replicas``, the S3 faults ``--warehouse s3``.
 ALL_FAULTS: Final = tuple(
-    n for n in NEMESES if n not in SQLITE_ORACLE_NEMESES and n not in REPLICA_NEMESES
+    n
+    for n in NEMESES
+    if n not in SQLITE_ORACLE_NEMESES and n not in REPLICA_NEMESES and n not in S3_NEMESES
 )
-SQLITE_FAULTS: Final = tuple(n for n in NEMESES if n not in REPLICA_NEMESES)
+SQLITE_FAULTS: Final = tuple(n for n in NEMESES if n not in REPLICA_NEMESES | S3_NEMESES)
 NO_SLOW: Final = ("kill", "pause", "partition")
+#: The lakehouse on S3: the run's MinIO paused and killed, besides process kills and
+#: pauses of the servers and clients that write to it and commit.
+S3_FAULTS: Final = ("kill", "pause", "s3-pause", "s3-kill")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +88,15 @@ def suite_runs(out: Path, work: Path, seed: int, scale: float) -> list[SuiteRun]
             nemeses=NO_SLOW,
             clients=4,
             **cassandra,
+        ),
+        run(
+            "sqlite-lakehouse-s3",
+            240,
+            workload="lakehouse",
+            warehouse="s3",
+            nemeses=S3_FAULTS,
+            fault_gap_s=2.0,
+            lakehouse_log_retention_s=5.0,
         ),
         run(
             "sqlite-list-append-snapshot",
@@ -144,7 +160,8 @@ def _summary(item: SuiteRun, code: int) -> dict[str, Any]:
         "exit": code,
         "workload": item.config.workload,
         "isolation": item.config.isolation,
-        "store": "cassandra x3" if item.config.cassandra_nodes else "sqlite",
+        "store": ("cassandra x3" if item.config.cassandra_nodes else "sqlite")
+        + (" + s3 (MinIO)" if item.config.warehouse == "s3" else ""),
         "nemesis": list(item.config.nemeses),
         "duration_s": item.config.duration_s,
         "seed": item.config.seed,

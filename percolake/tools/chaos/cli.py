@@ -144,6 +144,14 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         "it now and then, so versions expire during the run (default: the table's 30 days)",
     )
     run.add_argument(
+        "--warehouse",
+        choices=["local", "s3"],
+        default="local",
+        help="lakehouse workload: the table in a folder of the run (local), or in a bucket "
+        "on a MinIO the run starts in its work folder (s3; enables the s3-pause and "
+        "s3-kill nemeses)",
+    )
+    run.add_argument(
         "--unsafe-broken-protocol",
         action="store_true",
         help="TEST ONLY: commit without locks, conflict check before write; must find anomalies",
@@ -232,6 +240,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         gc_grace_ms=args.gc_grace_ms,
         late_settle_s=args.late_settle_s,
         lakehouse_log_retention_s=args.lakehouse_log_retention_s,
+        warehouse=args.warehouse,
     )
 
 
