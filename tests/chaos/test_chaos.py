@@ -320,8 +320,9 @@ def test_lakehouse_on_s3_stays_whole_and_names_only_stored_objects_under_s3_faul
     """Issue 25: the table in a bucket of the run's own MinIO, which is paused (SIGSTOP)
     and killed -9 while clients put their files' objects and commit them. Writes cut by
     a kill fail before anything is committed; the checks find every version whole and
-    every file the final versions name in the bucket. Three runs of this seed reached
-    176-213 ok operations, 17-21 failed writes and 4 faults (2 of each kind)."""
+    every file the final versions name in the bucket. Six runs of this seed reached
+    48-213 ok operations (48-69 on a machine at load 14 on 2 cores, where MinIO is
+    down for most of the run), 17-27 failed writes and 4 faults (2 of each kind)."""
     pytest.importorskip("pyspark")
     report = chaos_run(
         tmp_path / "lh-s3",
@@ -337,13 +338,13 @@ def test_lakehouse_on_s3_stays_whole_and_names_only_stored_objects_under_s3_faul
         "1",
         duration_s=15,
     )
-    assert_clean(report, min_ok=60, min_faults=2)
+    assert_clean(report, min_ok=20, min_faults=2)
     assert {f["kind"] for f in report["faults"]} == {"s3-pause", "s3-kill"}, report["faults"]
     assert report["cluster"]["warehouse"] == "s3://chaos/warehouse"
     # The faults reached the writes: some failed while the server was down.
     assert report["ops_fail"] >= 1, report["errors"]
     objects = report["checks"]["lakehouse objects"]
-    assert objects["missing"] == 0 and objects["named"] >= 100, objects
+    assert objects["missing"] == 0 and objects["named"] >= 40, objects
     assert "--warehouse s3" in report["replay"]
 
 
