@@ -57,7 +57,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -609,7 +609,9 @@ def measure_spark(
             anchor,
             [o / p for o, p in zip(po, pp, strict=True)],
             size + '; format("percolake") append time (write + commit) / plain Parquet '
-            "write time of paired runs (1.0 would be no overhead; lower is better)",
+            "write time of paired runs (1.0 would be no overhead; lower is better); each "
+            "pair, percolake s / Parquet s: "
+            + ", ".join(f"{o:.1f}/{p:.1f}" for o, p in zip(po, pp, strict=True)),
         ),
         summarize("spark.datasource.s3.write.seconds", "s", anchor, po, size),
         summarize("spark.datasource.s3.parquet.seconds", "s", anchor, pp, size),
@@ -624,7 +626,8 @@ def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[R
     runs = 1 if quick else 3
     systems = (PERCOLAKE, DELTA, ICEBERG)
     rows = 200_000 if quick else 10_000_000
-    spark_runs = 1 if quick else 3
+    spark_runs = 1 if quick else 5
+    load_before = os.getloadavg()[0]
     progress("lakehouse.s3: starting MinIO")
     with tempfile.TemporaryDirectory(prefix="percolake-s3-bench-") as tmp:
         root = Path(tmp)
@@ -635,7 +638,12 @@ def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[R
                 appends = measure_appends(pool, endpoint, root, systems, seconds, runs, progress)
             results = append_figures(appends)
             results += measure_spark(root, rows, spark_runs, progress)
-    return results
+    # How busy the shared machine was: the suite's own processes and anything else.
+    busy = (
+        f"1-min load average {load_before:.1f} when the suite started, "
+        f"{os.getloadavg()[0]:.1f} when it ended"
+    )
+    return [replace(r, note=f"{r.note}; {busy}") if isinstance(r, Figure) else r for r in results]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -61,6 +61,18 @@ CONTRACT_FIGURES: dict[str, str] = {
         "as the first, the gateway on a 3-node Cassandra with replication factor 3 "
         "(higher is better)"
     ),
+    "lakehouse.s3.appends.writers8.vs_deltalake.ratio": (
+        "as the first, the table on MinIO (same machine): percolake / delta-rs with "
+        "`conditional_put=etag` (higher is better; goal at least 10x, 0 failed commits)"
+    ),
+    "lakehouse.s3.appends.writers8.commits_per_s": (
+        "one-file appends per second, 8 writer processes through `percolake serve` on "
+        "SQLite, the table on MinIO (one CopyObject per commit for its data object)"
+    ),
+    "spark.datasource.s3.write.vs_parquet.ratio": (
+        '~1 GB written by `format("percolake")` to an `s3://` table on MinIO / by '
+        "`df.write.parquet` to `s3a://` on the same bucket (lower is better; goal 1.10 or less)"
+    ),
     "lakehouse.list_files.commits100000.vs_deltalake.ratio": (
         "listing a table's live files from a cold start after 100,000 commits, "
         "delta-rs time / percolake time (higher: percolake is faster)"
@@ -117,6 +129,13 @@ _COMPARISONS = (
         "`deltalake` and `pyiceberg` writer processes, same appends",
     ),
     (
+        "concurrent appends on S3",
+        "`append_files` to an `s3://` table on MinIO, 8 writer processes through "
+        "`percolake serve` on SQLite, S3 requests per commit counted by MinIO",
+        "`deltalake` (`conditional_put=etag`) and `pyiceberg` (SQL catalog on SQLite) "
+        "writer processes, same MinIO",
+    ),
+    (
         "concurrent appends, in process",
         "`append_files`, 1 to 8 threads, embedded manager",
         "`deltalake` (delta-rs) and `pyiceberg` (SQL catalog on SQLite)",
@@ -147,6 +166,11 @@ _COMPARISONS = (
         "Spark end-to-end writes",
         "`lh.append(df)`",
         "`df.write.parquet`, plus one delta-rs or pyiceberg commit of those files",
+    ),
+    (
+        "Spark writes to S3",
+        '`df.write.format("percolake")` of 10M rows (~1 GB) to an `s3://` table on MinIO',
+        "`df.write.parquet` of the same DataFrame to `s3a://` on the same bucket",
     ),
     (
         "timestamp oracle",
@@ -204,6 +228,27 @@ remote manager, through `percolake serve`; quick mode runs it on SQLite only. To
 where a gateway's time goes, run that suite with `PERCOLAKE_BENCH_PROFILE=cprofile`
 (or `py-spy`, when it is installed): each gateway is profiled and a summary with the
 RPCs served per commit is written to `.percolake/bench-profiles/`.
+
+Tables on S3 (`bench.bench_lakehouse_s3`) are measured against a real MinIO that the
+suite starts on 127.0.0.1 in a temporary folder, on the same machine as everything else.
+Appends: 8 writer processes (the deployed suite's pool) append one-file commits to one
+new table for a fixed time, each system in turn, order rotated per run. percolake's
+writers go through one `percolake serve` on SQLite and place each commit's 10-row
+Parquet object with one server-side CopyObject; delta-rs writers commit one `AddAction`
+(no data object) with the storage option `conditional_put=etag`, its safe setting for
+concurrent writers on S3 (commit files written with `If-None-Match`; the suite first
+checks that a stale handle's commit lands at the next version instead of overwriting);
+pyiceberg writers use a SQL catalog on SQLite with the warehouse on the same bucket and
+`add_files` (pyiceberg's own retries, then a reload and retry, up to 20 times). After
+every run the table is read back and must hold exactly the committed files. S3 requests
+per commit are MinIO's own count (`minio_api_requests_total` of its v3 metrics, made
+readable with `MINIO_PROMETHEUS_AUTH_TYPE=public`) over the run, divided by the
+successful commits. The Spark write puts one DataFrame (10 million rows, five columns,
+one a 64-character hash; quick mode 200,000) through `format("percolake")` into an
+`s3://` table and through `df.write.parquet` into `s3a://` on the same bucket (the s3a
+settings of `spark_integration.spark.session.s3a_conf`, Hadoop's default
+FileOutputCommitter, whose rename is a copy and a delete on S3), paired runs after a
+warm-up of each.
 """
 
 
