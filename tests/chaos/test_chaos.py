@@ -314,6 +314,7 @@ def test_a_group_commit_after_a_stamped_version_is_consecutive(tmp_path: Path) -
     assert "group-not-consecutive" in {a["type"] for a in result.anomalies}
 
 
+@pytest.mark.s3  # the run starts its own MinIO: -m "not s3" leaves it out
 def test_lakehouse_on_s3_stays_whole_and_names_only_stored_objects_under_s3_faults(
     tmp_path: Path,
 ) -> None:
