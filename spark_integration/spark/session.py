@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from spark_integration.engine.errors import LakehouseError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -218,7 +220,7 @@ _HADOOP_CLIENT_JAR = re.compile(r"hadoop-client-api-(\d+(?:\.\d+)+)\.jar")
 _fetch_lock = threading.Lock()
 
 
-class S3ASetupError(RuntimeError):
+class S3ASetupError(LakehouseError, RuntimeError):
     """The s3a jars could not be found or fetched (no Java, no network, no pyspark)."""
 
 
