@@ -4,10 +4,10 @@ its files, while it commits, and while vacuum deletes, and replays across a kill
 Each test starts its own MinIO (``S3Server`` in ``tmp_path``; the session's server is
 shared and must never be paused or killed) and points the file-system layer at it
 through the standard AWS variables. Files are written with pyarrow through the layer
-and committed with ``Lakehouse.append_files``, not by a Spark job: the Spark session
-of the suite is shared per worker and its s3a settings name the session's MinIO, so
-a Spark write could not be aimed at a server a test may kill. The task side of a
-Spark write is the same pyarrow ``write_table`` through the same layer.
+and committed with ``Lakehouse.append_files``: the Spark session of the suite is
+shared per worker and its s3a settings name the session's MinIO, so a Spark write
+cannot be aimed at a private server. The one Spark test (at the end) faults the
+session's own server and heals it before it returns.
 
 After every fault, once the server is back: every file named by any readable version
 exists, and a job that failed left only objects under its own job folder, which
@@ -28,13 +28,15 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 from percolake.tools.s3 import S3Server
 from spark_integration import DataFile, Lakehouse
-from spark_integration.engine.locations import join
+from spark_integration.engine import lakehouse_failpoints as fp
+from spark_integration.engine.locations import join, relative_to
 from spark_integration.spark import filesystem
-from spark_integration.spark.hook import new_job
+from spark_integration.spark.hook import STAGING_PREFIX, new_job
 from txn import TransactionConfig, TransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
@@ -388,3 +390,75 @@ def test_a_replay_across_a_killed_server_commits_its_batch_exactly_once(
     assert set(lh.vacuum("t", retain_seconds=0)) == {f.path for f in rewritten}
     assert_every_version_reads_its_objects(lh)
     assert ids_of(lh) == list(range(6))
+
+
+# --- during a Spark write --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["pause", "kill"])
+def test_a_spark_write_meeting_a_paused_or_killed_server_commits_whole_or_nothing(
+    spark: SparkSession, s3_server: S3Server, s3_warehouse: str, tmp_path: Path, fault: str
+) -> None:
+    """``Lakehouse.append`` of a Spark DataFrame whose tasks meet the store paused
+    (resumed after 1.5 s) or killed -9 (restarted after 1 s on the same data and port):
+    the session's own MinIO, since the Spark session's executors reach only it; the
+    test heals it before it returns. A pause only delays the write: it commits, every
+    row reads back and every object it names is there. A kill fails the job or, if the
+    restart comes inside the tasks' retries, commits: whole either way, and a failed
+    job's leftovers are only objects of its job folder, which vacuum removes."""
+    manager = TransactionManager.embedded(f"sqlite:///{tmp_path}/store.db", config=TEST_CONFIG)
+    healed: list[threading.Thread] = []
+
+    def strike(job_id: str) -> None:  # the job's folder is named; no task has run yet
+        if fault == "pause":
+            s3_server.pause()
+            healed.append(resume_after(s3_server, PAUSE_S))
+        else:
+            s3_server.kill()
+            healer = threading.Thread(target=lambda: (time.sleep(1.0), s3_server.start()))
+            healer.start()
+            healed.append(healer)
+
+    try:
+        lh = Lakehouse(manager, s3_warehouse)
+        lh.create_table("t", StructType([StructField("id", LongType())]))
+        df = spark.range(0, 4000, numPartitions=4)
+        lh.failpoints.enable(fp.BEFORE_WRITE, strike, times=1)
+        try:
+            version: int | None = lh.append("t", df)
+        except Exception:
+            assert fault == "kill", "a paused store only delays a write"
+            version = None
+        finally:
+            for thread in healed:
+                thread.join(60)
+            wait_serving(s3_server, s3_warehouse)
+        if version is not None:
+            assert version == 1
+            assert sorted(r.id for r in lh.read(spark, "t").collect()) == list(range(4000))
+            for f in lh.files("t"):
+                assert filesystem.exists(f.path), f"version 1 names a missing {f.path}"
+        else:
+            assert lh.version("t") == 0
+            table = join(lh.warehouse, "t")
+            leftovers = {f.path for f in filesystem.list_files(table)}
+            assert all(
+                (relative_to(table, p) or "").startswith(STAGING_PREFIX) for p in leftovers
+            ), leftovers
+            lh.vacuum("t", retain_seconds=0)
+            assert filesystem.list_files(table) == []
+    finally:
+        manager.close()
+
+
+def wait_serving(server: S3Server, warehouse: str) -> None:
+    """Bounded wait until the (restarted) server serves listings again (see ``restart``)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            filesystem.list_files(warehouse)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
