@@ -375,8 +375,16 @@ class Nemesis:
             replica.pause()
 
             def resume_it() -> dict[str, Any]:
+                # Past its lease means until another replica leads: on a loaded machine
+                # the followers may take longer than the planned pause to claim the
+                # lease, and waking the leader first would test nothing (bounded).
+                waited = self._await_new_epoch(detail["leader_before"])
                 replica.resume()
-                return {"resumed": replica.name, "leader_after": self._leader_row()}
+                return {
+                    "resumed": replica.name,
+                    "leader_after": self._leader_row(),
+                    "waited_for_takeover_s": round(waited, 2),
+                }
 
             return resume_it, detail
         network = self._network()
@@ -395,6 +403,19 @@ class Nemesis:
             return {"healed": replica.name, "leader_after": self._leader_row()}
 
         return heal, detail
+
+    def _await_new_epoch(self, before: dict[str, Any] | None) -> float:
+        """Wait (bounded) until the leader row shows an epoch above ``before``'s; returns
+        the seconds waited (a timeout leaves the fault's record to show no takeover)."""
+        lease_s = self.cluster.config.leader_lease_ms / 1000
+        started = time.monotonic()
+        deadline = started + LEADER_WAIT_S + LEADER_WAIT_LEASES * lease_s
+        while before is not None and time.monotonic() < deadline:
+            row = self._leader_row()
+            if row is not None and row["epoch"] > before["epoch"]:
+                break
+            time.sleep(0.05)
+        return time.monotonic() - started
 
     def _restart_embedded(self, embedded: Service) -> dict[str, Any]:
         """Start the killed embedded oracle again. As an embedded manager, it refuses
