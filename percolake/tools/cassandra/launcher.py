@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import fcntl
 import json
 import logging
 import os
@@ -26,11 +25,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from percolake.tools.processes import child_running, file_lock, send_signal, since, spawn, tail
 from wire.errors import PercolakeError
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ def ensure_jars(
     if jars_present(version, home):
         return target
     home.mkdir(parents=True, exist_ok=True)
-    with _file_lock(home / "fetch.lock"):
+    with file_lock(home / "fetch.lock"):
         if jars_present(version, home):  # another process fetched while we waited
             return target
         if shutil.which(mvn) is None:
@@ -184,7 +184,7 @@ def ensure_jars(
         if result.returncode != 0:
             raise CassandraError(
                 f"mvn failed (exit {result.returncode}) fetching Cassandra {version}:\n"
-                f"$ {' '.join(command)}\n{_tail(result.stdout + result.stderr, 40)}"
+                f"$ {' '.join(command)}\n{tail(result.stdout + result.stderr, 40)}"
             )
         if not any(staging.glob(f"cassandra-all-{version}.jar")):
             raise CassandraError(
@@ -193,18 +193,8 @@ def ensure_jars(
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         (target / _COMPLETE_MARKER).write_text(f"{version}\n")
-        log.info("fetched %d jars in %.1f s", len(list(target.glob("*.jar"))), _since(started))
+        log.info("fetched %d jars in %.1f s", len(list(target.glob("*.jar"))), since(started))
     return target
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # --- java ---------------------------------------------------------------------------
@@ -391,7 +381,7 @@ class CassandraCluster:
             layout.nodes,
             ",".join(self.contact_points),
             self.port,
-            _since(started),
+            since(started),
         )
 
     def stop(self) -> None:
@@ -403,16 +393,16 @@ class CassandraCluster:
         for index, pid in pids.items():
             if pid is not None:
                 log.info("stopping node %d (pid %d)", index, pid)
-                _signal(pid, signal.SIGTERM)
+                send_signal(pid, signal.SIGTERM)
                 # A node paused by a chaos test (SIGSTOP) acts on SIGTERM only once resumed.
-                _signal(pid, signal.SIGCONT)
+                send_signal(pid, signal.SIGCONT)
         deadline = time.monotonic() + self.stop_timeout_s
         for index, pid in pids.items():
             if pid is None:
                 continue
             if not self._wait_exit(index, pid, deadline):
                 log.warning("node %d (pid %d) ignored SIGTERM; killing it", index, pid)
-                _signal(pid, signal.SIGKILL)
+                send_signal(pid, signal.SIGKILL)
                 self._wait_exit(index, pid, time.monotonic() + 10)
             with contextlib.suppress(FileNotFoundError):
                 (self.layout.node_dir(index) / _PID_FILE).unlink()
@@ -423,7 +413,7 @@ class CassandraCluster:
         pid = self._alive_pid(index)
         if pid is None:
             raise CassandraError(f"node {index} is not running")
-        _signal(pid, sig)
+        send_signal(pid, sig)
 
     def start_node(self, index: int) -> None:
         """Restart one stopped node on its existing data and wait for CQL."""
@@ -465,7 +455,7 @@ class CassandraCluster:
         (node_dir / "logback.xml").write_text(_LOGBACK_XML.format(log_dir=node_dir / "logs"))
         command = java_command(self.layout, index, java, jars)
         (node_dir / "command.txt").write_text(" ".join(command) + "\n")
-        pid = _spawn(command, node_dir / "logs" / "stdout.log")
+        pid = spawn(command, node_dir / "logs" / "stdout.log")
         self._children[index] = pid
         (node_dir / _PID_FILE).write_text(f"{pid}\n")
         log.info(
@@ -480,7 +470,7 @@ class CassandraCluster:
         """The node's pid if that process is alive and really is this node's Cassandra."""
         child = self._children.get(index)
         if child is not None:
-            return child if _child_running(child) else None
+            return child if child_running(child) else None
         node_dir = self.layout.node_dir(index)
         pid = _read_pid(node_dir)
         if pid is None or not _is_our_node(pid, node_dir):
@@ -500,7 +490,7 @@ class CassandraCluster:
             if self._alive_pid(index) is None:
                 raise CassandraError(
                     f"node {index} ({address}) exited during startup; last log lines:\n"
-                    + self._log_tail(index)
+                    + self._logtail(index)
                 )
             if _port_open(address, self.port) and _cql_answers(address, self.port):
                 log.info("node %d (%s) answers CQL", index, address)
@@ -508,7 +498,7 @@ class CassandraCluster:
             if time.monotonic() > deadline:
                 raise CassandraError(
                     f"node {index} ({address}) did not answer CQL on port {self.port} within "
-                    f"{self.startup_timeout_s:.0f} s; last log lines:\n" + self._log_tail(index)
+                    f"{self.startup_timeout_s:.0f} s; last log lines:\n" + self._logtail(index)
                 )
             time.sleep(0.5)
 
@@ -551,13 +541,13 @@ class CassandraCluster:
         if _port_open("127.0.0.1", jmx):
             raise CassandraError(f"JMX port 127.0.0.1:{jmx} is already in use; choose jmx_port")
 
-    def _log_tail(self, index: int) -> str:
+    def _logtail(self, index: int) -> str:
         logs = self.layout.node_dir(index) / "logs"
         parts = []
         for name in ("stdout.log", "system.log"):
             path = logs / name
             if path.is_file():
-                parts.append(f"--- {path}\n{_tail(path.read_text(errors='replace'), 25)}")
+                parts.append(f"--- {path}\n{tail(path.read_text(errors='replace'), 25)}")
         return "\n".join(parts)
 
 
@@ -658,39 +648,6 @@ def _read_pid(node_dir: Path) -> int | None:
         return None
 
 
-def _spawn(command: Sequence[str], output: Path) -> int:
-    """Start ``command`` in a new session with stdout and stderr appended to ``output``.
-
-    A new session: the node outlives a CLI that started it and does not get the
-    terminal's Ctrl-C; it is stopped by pid instead. ``posix_spawn`` rather than
-    ``Popen``, whose object would warn when collected while the node runs on.
-    """
-    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        return os.posix_spawn(
-            command[0],
-            list(command),
-            dict(os.environ),
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, fd, 1),
-                (os.POSIX_SPAWN_DUP2, fd, 2),
-            ],
-            setsid=True,
-        )
-    finally:
-        os.close(fd)
-
-
-def _child_running(pid: int) -> bool:
-    """Whether a child of this process still runs; reaps it once it has exited."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # already reaped
-        return False
-    return done == 0
-
-
 def _is_our_node(pid: int, node_dir: Path) -> bool:
     """Whether ``pid`` is alive and is the Cassandra of ``node_dir`` (pids get reused)."""
     try:
@@ -702,11 +659,6 @@ def _is_our_node(pid: int, node_dir: Path) -> bool:
         return False
     yaml_uri = (node_dir / "cassandra.yaml").as_uri().encode()
     return b"CassandraDaemon" in cmdline and yaml_uri in cmdline
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
 
 
 def _port_open(address: str, port: int) -> bool:
@@ -749,14 +701,6 @@ def _cql_answers(address: str, port: int) -> bool:
 def _cql_peers(address: str, port: int) -> set[str]:
     rows = _cql_session_query(address, port, "SELECT peer, schema_version FROM system.peers_v2")
     return {str(r.peer) for r in rows or () if r.schema_version is not None}
-
-
-def _tail(text: str, lines: int) -> str:
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _since(started: float) -> float:
-    return time.monotonic() - started
 
 
 # --- command line -------------------------------------------------------------------

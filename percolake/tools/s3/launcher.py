@@ -13,10 +13,8 @@ from any process and a restart on the same folder finds its objects again.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import errno
-import fcntl
 import ipaddress
 import json
 import logging
@@ -32,11 +30,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from percolake.tools.processes import child_running, file_lock, send_signal, since, spawn, tail
 from wire.errors import PercolakeError
 
 log = logging.getLogger(__name__)
@@ -120,7 +119,7 @@ def ensure_minio(
         return binary
     version_dir = binary.parent.parent
     version_dir.mkdir(parents=True, exist_ok=True)
-    with _file_lock(home / "build.lock"):
+    with file_lock(home / "build.lock"):
         if minio_present(version, home):  # another process built it while we waited
             return binary
         go_path = shutil.which(go)
@@ -151,14 +150,14 @@ def ensure_minio(
         if returncode != 0:
             raise S3Error(
                 f"go install failed (exit {returncode}) building MinIO {version}:\n"
-                f"$ GOBIN={staging} GOFLAGS=-mod=mod {' '.join(command)}\n{_tail(output, 40)}"
+                f"$ GOBIN={staging} GOFLAGS=-mod=mod {' '.join(command)}\n{tail(output, 40)}"
             )
         if not (staging / "minio").is_file():
             raise S3Error(f"go install finished but left no minio binary in {staging}")
         shutil.rmtree(binary.parent, ignore_errors=True)
         staging.rename(binary.parent)
         (version_dir / _COMPLETE_MARKER).write_text(f"{MINIO_MODULE}@{version}\n")
-        log.info("built MinIO %s in %.0f s: %s", version, _since(started), binary)
+        log.info("built MinIO %s in %.0f s: %s", version, since(started), binary)
     return binary
 
 
@@ -174,26 +173,16 @@ def _run_build(command: Sequence[str], env: dict[str, str], output: Path) -> int
                 try:
                     return process.wait(timeout=_BUILD_PROGRESS_EVERY_S)
                 except subprocess.TimeoutExpired:
-                    if _since(started) > _BUILD_TIMEOUT_S:
+                    if since(started) > _BUILD_TIMEOUT_S:
                         raise S3Error(
                             f"building MinIO took over {_BUILD_TIMEOUT_S:.0f} s; gave up "
                             f"(output so far in {output})"
                         ) from None
-                    log.info("still building MinIO (%.0f min so far)", _since(started) / 60)
+                    log.info("still building MinIO (%.0f min so far)", since(started) / 60)
         finally:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # --- buckets ------------------------------------------------------------------------
@@ -415,7 +404,7 @@ class S3Server:
         log.info(
             "MinIO ready on %s in %.1f s (pid %d, data %s)",
             self.endpoint_url,
-            _since(started),
+            since(started),
             self._child,
             self.data_dir,
         )
@@ -456,7 +445,7 @@ class S3Server:
         with self.log_path.open("a") as sink:
             sink.write(f"--- percolake: {' '.join(command)}\n")
             log_offset = sink.tell()
-        self._child = _spawn(command, env, self.log_path)
+        self._child = spawn(command, self.log_path, env, mode=0o600)
         self._save_state(self._child)
         try:
             self._wait_ready(deadline, log_offset)
@@ -470,12 +459,12 @@ class S3Server:
         pid = self._alive_pid()
         if pid is not None:
             log.info("stopping MinIO (pid %d)", pid)
-            _signal(pid, signal.SIGTERM)
+            send_signal(pid, signal.SIGTERM)
             # A server paused by a chaos test (SIGSTOP) acts on SIGTERM only once resumed.
-            _signal(pid, signal.SIGCONT)
+            send_signal(pid, signal.SIGCONT)
             if not self._wait_exit(pid, time.monotonic() + self.stop_timeout_s):
                 log.warning("MinIO (pid %d) ignored SIGTERM; killing it", pid)
-                _signal(pid, signal.SIGKILL)
+                send_signal(pid, signal.SIGKILL)
                 self._wait_exit(pid, time.monotonic() + 10)
         self._child = None
         if self._load_state() is not None:
@@ -484,18 +473,18 @@ class S3Server:
     def kill(self) -> None:
         """SIGKILL the server and wait until it is gone (a crash, for chaos tests)."""
         pid = self._running_pid("kill")
-        _signal(pid, signal.SIGKILL)
+        send_signal(pid, signal.SIGKILL)
         if not self._wait_exit(pid, time.monotonic() + 10):
             raise S3Error(f"MinIO (pid {pid}) still runs 10 s after SIGKILL")
         self._child = None  # reaped: its pid may now belong to anyone
 
     def pause(self) -> None:
         """SIGSTOP the server: connections stay open and requests hang, as on a stalled host."""
-        _signal(self._running_pid("pause"), signal.SIGSTOP)
+        send_signal(self._running_pid("pause"), signal.SIGSTOP)
 
     def resume(self) -> None:
         """SIGCONT a paused server."""
-        _signal(self._running_pid("resume"), signal.SIGCONT)
+        send_signal(self._running_pid("resume"), signal.SIGCONT)
 
     def alive(self) -> bool:
         """Whether the server's process runs (paused counts: it is there, just stopped)."""
@@ -534,7 +523,7 @@ class S3Server:
     def _alive_pid(self) -> int | None:
         """The server's pid if that process is alive and really is this folder's MinIO."""
         if self._child is not None:
-            return self._child if _child_running(self._child) else None
+            return self._child if child_running(self._child) else None
         state = self._load_state()
         if state is None or state.pid is None:
             return None
@@ -557,7 +546,7 @@ class S3Server:
             if not self.alive():
                 raise S3Error(
                     f"MinIO exited during startup ({self.endpoint_url}, data {self.data_dir}); "
-                    f"last lines of {self.log_path}:\n{self._log_tail(log_offset)}"
+                    f"last lines of {self.log_path}:\n{self._logtail(log_offset)}"
                 )
             if ready:
                 return
@@ -565,16 +554,16 @@ class S3Server:
                 raise S3Error(
                     f"MinIO did not become ready on {self.endpoint_url} within "
                     f"{self.startup_timeout_s:.0f} s; last lines of {self.log_path}:\n"
-                    + self._log_tail(log_offset)
+                    + self._logtail(log_offset)
                 )
             time.sleep(0.1)
 
-    def _log_tail(self, offset: int) -> str:
+    def _logtail(self, offset: int) -> str:
         """The last lines MinIO wrote after ``offset`` (this launch's, not older runs')."""
         try:
             with self.log_path.open("rb") as handle:
                 handle.seek(offset)
-                return _tail(handle.read().decode(errors="replace"), 25)
+                return tail(handle.read().decode(errors="replace"), 25)
         except FileNotFoundError:
             return "(no log)"
 
@@ -612,39 +601,6 @@ def _read_state(path: Path) -> _State:
 # --- process and network helpers ------------------------------------------------------
 
 
-def _spawn(command: Sequence[str], env: dict[str, str], output: Path) -> int:
-    """Start ``command`` in a new session with stdout and stderr appended to ``output``.
-
-    A new session: the server outlives a CLI that started it and does not get the
-    terminal's Ctrl-C; it is stopped by pid instead. ``posix_spawn`` rather than
-    ``Popen``, whose object would warn when collected while the server runs on.
-    """
-    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        return os.posix_spawn(
-            command[0],
-            list(command),
-            env,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, fd, 1),
-                (os.POSIX_SPAWN_DUP2, fd, 2),
-            ],
-            setsid=True,
-        )
-    finally:
-        os.close(fd)
-
-
-def _child_running(pid: int) -> bool:
-    """Whether a child of this process still runs; reaps it once it has exited."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # already reaped
-        return False
-    return done == 0
-
-
 def _process_started(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks after boot), or None once it has exited.
 
@@ -670,11 +626,6 @@ def _process_started(pid: int) -> int | None:
 def _stat_fields(stat: Path) -> list[str]:
     """The fields of a ``/proc/.../stat`` after the command name; [0] is the state."""
     return stat.read_text().rsplit(")", 1)[-1].split()
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
 
 
 def _free_port(avoid: int | None = None) -> int:
@@ -714,14 +665,6 @@ def _health_ready(endpoint_url: str) -> bool:
             return bool(reply.status == 200)
     except (urllib.error.URLError, OSError):
         return False
-
-
-def _tail(text: str, lines: int) -> str:
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _since(started: float) -> float:
-    return time.monotonic() - started
 
 
 # --- command line -------------------------------------------------------------------
