@@ -157,7 +157,8 @@ class Writer(Protocol):
 
 
 class PercolakeWriter:
-    """``Lakehouse(TransactionManager.remote(gateway), warehouse).append_files``."""
+    """``Lakehouse(TransactionManager.remote(gateway), warehouse).append_files``; each
+    commit's data file is a hard link to one source file (no bytes written)."""
 
     def __init__(self, spec: Spec) -> None:
         from spark_integration import Lakehouse
@@ -167,16 +168,26 @@ class PercolakeWriter:
         self.lh = Lakehouse(self.tm, spec.warehouse)
         self.table = spec.table
         self.source = spec.source
-        self.size = os.path.getsize(spec.source)
-        self.folder = Path(spec.warehouse) / spec.table / f"_lh_job=w{spec.index}"
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.size = self._size(spec.source)
+        self.folder = self._folder(spec)
         self.lh.version(self.table)  # connected, table loaded: the handle is open
+
+    def _folder(self, spec: Spec) -> str:
+        folder = Path(spec.warehouse) / spec.table / f"_lh_job=w{spec.index}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder)
+
+    def _size(self, source: str) -> int:
+        return os.path.getsize(source)
+
+    def _place(self, source: str, path: str) -> None:
+        os.link(source, path)
 
     def append(self, n: int) -> None:
         from spark_integration import DataFile
 
-        path = str(self.folder / f"part-{n:09d}.parquet")
-        os.link(self.source, path)
+        path = f"{self.folder}/part-{n:09d}.parquet"
+        self._place(self.source, path)
         self.lh.append_files(self.table, [DataFile(path, self.size, SOURCE_ROWS)])
 
     def extras(self) -> dict[str, int]:

@@ -55,7 +55,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -68,6 +67,7 @@ from bench.bench_lakehouse_deployed import (
     ICEBERG,
     PERCOLAKE,
     SOURCE_ROWS,
+    PercolakeWriter,
     Run,
     Spec,
     WriterPool,
@@ -92,15 +92,6 @@ METRICS_PATH = "/minio/metrics/v3/api/requests"
 SPARK_TABLE = "s3_events"
 
 
-def _job_folder() -> str:
-    """A job folder named as Spark jobs name theirs: the start time is in the name, so
-    a commit need not ask S3 for the files' mtimes."""
-    now_ms = time.time_ns() // 1_000_000
-    seconds, millis = divmod(now_ms, 1000)
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(seconds))
-    return f"_lh_job={stamp}.{millis:03d}Z-{uuid.uuid4().hex[:16]}"
-
-
 def _copy(source: str, target: str) -> None:
     """One server-side CopyObject: the commit's data object, without uploading it."""
     from spark_integration.spark import filesystem
@@ -113,34 +104,23 @@ def _copy(source: str, target: str) -> None:
 # --- what a writer process does (built by the deployed benchmark's pool) ---------------
 
 
-class S3PercolakeWriter:
-    """``Lakehouse(TransactionManager.remote(gateway), "s3://...").append_files`` of one
-    object placed by CopyObject per commit."""
+class S3PercolakeWriter(PercolakeWriter):
+    """The deployed benchmark's writer on an ``s3://`` table: each commit's data object
+    is placed by one server-side CopyObject, in a job folder named as Spark jobs name
+    theirs (the start time is in the name, so a commit need not ask S3 for mtimes)."""
 
-    def __init__(self, spec: Spec) -> None:
-        from spark_integration import Lakehouse
-        from txn import TransactionManager
+    def _folder(self, spec: Spec) -> str:
+        from spark_integration.spark.hook import new_job
 
-        self.tm = TransactionManager.remote(spec.gateway)
-        self.lh = Lakehouse(self.tm, spec.warehouse)
-        self.table = spec.table
-        self.source = spec.source
-        self.folder = f"{spec.warehouse}/{spec.table}/{_job_folder()}"
-        self.size = _object_size(spec.source)
-        self.lh.version(self.table)  # connected, table loaded: the handle is open
+        return new_job(f"{spec.warehouse}/{spec.table}").staging
 
-    def append(self, n: int) -> None:
-        from spark_integration import DataFile
+    def _size(self, source: str) -> int:
+        from spark_integration.spark import filesystem
 
-        path = f"{self.folder}/part-{n:09d}.parquet"
-        _copy(self.source, path)
-        self.lh.append_files(self.table, [DataFile(path, self.size, SOURCE_ROWS)])
+        return filesystem.file_size(source)
 
-    def extras(self) -> dict[str, int]:
-        return {}
-
-    def close(self) -> None:
-        self.tm.close()
+    def _place(self, source: str, path: str) -> None:
+        _copy(source, path)
 
 
 class S3DeltaWriter:
@@ -199,12 +179,6 @@ class S3IcebergWriter:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.catalog.engine.dispose()
-
-
-def _object_size(path: str) -> int:
-    from spark_integration.spark import filesystem
-
-    return filesystem.file_size(path)
 
 
 def _delta_schema() -> Any:
