@@ -321,14 +321,17 @@ class RunningServer:
 
     def _drain(self, deadline: float) -> None:
         """Refuse new transactions and wait (bounded by ``deadline``) for the open ones."""
+        # Begin is refused first: it is what the drain promises, and the health round
+        # below runs the services' probes, which a loaded store can make slow.
+        if self._gateway is not None:
+            self._gateway.drain(
+                f"gateway {self.address} is shutting down and begins no new transaction: "
+                "begin it on another replica"
+            )
         # Load balancers and probes of the services see NOT_SERVING from now on.
         self.health_monitor.drain()
         if self._gateway is None:
             return
-        self._gateway.drain(
-            f"gateway {self.address} is shutting down and begins no new transaction: "
-            "begin it on another replica"
-        )
         open_now = self._gateway.open_transactions()
         if open_now:
             log.info(
