@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from wire.errors import (
     CommitUnknownError,
+    DeadlockError,
     NotTransactionOwnerError,
     OutcomeForgottenError,
     PercolakeError,
@@ -24,6 +25,7 @@ from wire.errors import (
 
 __all__ = [
     "CommitUnknownError",
+    "DeadlockError",
     "NotTransactionOwnerError",
     "OutcomeForgottenError",
     "PercolakeError",

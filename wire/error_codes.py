@@ -24,6 +24,8 @@ REASON_KEY = "percolake-reason"
 
 # Reasons (see proto/percolake/v1/transaction.proto).
 CONFLICT = "conflict"
+#: A deadlock victim (a TransactionConflictError whose reason is "deadlock").
+DEADLOCK = "deadlock"
 ABORTED = "aborted"
 SNAPSHOT_TOO_OLD = "snapshot-too-old"
 COMMIT_UNKNOWN = "commit-unknown"
@@ -112,6 +114,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         (root.TableExistsError, grpc.StatusCode.ALREADY_EXISTS, TABLE_EXISTS),
         (root.VersionNotFoundError, grpc.StatusCode.OUT_OF_RANGE, VERSION_NOT_FOUND),
         (root.SnapshotTooOldError, grpc.StatusCode.ABORTED, SNAPSHOT_TOO_OLD),
+        (root.DeadlockError, grpc.StatusCode.ABORTED, DEADLOCK),
         (root.TransactionConflictError, grpc.StatusCode.ABORTED, CONFLICT),
         (root.TransactionAbortedError, grpc.StatusCode.ABORTED, ABORTED),
         (root.CommitUnknownError, grpc.StatusCode.UNKNOWN, COMMIT_UNKNOWN),
@@ -160,6 +163,7 @@ def error_from(err: grpc.RpcError) -> Exception:
             reason = str(metadatum[1])
     by_reason: dict[str, Callable[[str], Exception]] = {
         CONFLICT: root.TransactionConflictError,
+        DEADLOCK: root.DeadlockError,
         ABORTED: root.TransactionAbortedError,
         SNAPSHOT_TOO_OLD: root.SnapshotTooOldError,
         UNKNOWN_TRANSACTION: root.TransactionNotFoundError,

@@ -89,7 +89,20 @@ class TransactionAbortedError(TransactionError):
 
 
 class TransactionConflictError(TransactionAbortedError):
-    """Aborted because of a concurrent transaction; retrying may succeed."""
+    """Aborted because of a concurrent transaction; retrying may succeed.
+
+    ``reason`` names the kind of conflict for callers and dashboards: ``conflict``
+    unless a subclass says more (``deadlock``: :class:`DeadlockError`)."""
+
+    reason: str = "conflict"
+
+
+class DeadlockError(TransactionConflictError):
+    """Chosen as the victim of a deadlock: the transaction waited in the lock server's
+    queue for a lock held, directly or through other waiters, by a transaction that
+    waits for one of its own. Nothing was committed; retrying may succeed."""
+
+    reason = "deadlock"
 
 
 class SnapshotTooOldError(TransactionConflictError):
@@ -149,6 +162,7 @@ class ConcurrentModificationError(LakehouseError, TransactionConflictError):
 __all__ = [
     "CommitUnknownError",
     "ConcurrentModificationError",
+    "DeadlockError",
     "LakehouseError",
     "NotTransactionOwnerError",
     "OracleFencedError",

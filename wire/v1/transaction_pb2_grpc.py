@@ -30,7 +30,7 @@ class TransactionServiceStub:
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:
-    ABORTED              conflict | aborted | snapshot-too-old  (definitely not committed)
+    ABORTED              conflict | deadlock | aborted | snapshot-too-old  (definitely not committed)
     UNKNOWN              commit-unknown            (outcome unknown, rule S6)
     NOT_FOUND            unknown-transaction
     FAILED_PRECONDITION  transaction-closed | not-owner
@@ -98,7 +98,7 @@ class TransactionServiceServicer:
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:
-    ABORTED              conflict | aborted | snapshot-too-old  (definitely not committed)
+    ABORTED              conflict | deadlock | aborted | snapshot-too-old  (definitely not committed)
     UNKNOWN              commit-unknown            (outcome unknown, rule S6)
     NOT_FOUND            unknown-transaction
     FAILED_PRECONDITION  transaction-closed | not-owner
@@ -228,7 +228,7 @@ class TransactionService:
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:
-    ABORTED              conflict | aborted | snapshot-too-old  (definitely not committed)
+    ABORTED              conflict | deadlock | aborted | snapshot-too-old  (definitely not committed)
     UNKNOWN              commit-unknown            (outcome unknown, rule S6)
     NOT_FOUND            unknown-transaction
     FAILED_PRECONDITION  transaction-closed | not-owner

@@ -31,7 +31,7 @@ class TransactionServiceStub:
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:
-      ABORTED              conflict | aborted | snapshot-too-old  (definitely not committed)
+      ABORTED              conflict | deadlock | aborted | snapshot-too-old  (definitely not committed)
       UNKNOWN              commit-unknown            (outcome unknown, rule S6)
       NOT_FOUND            unknown-transaction
       FAILED_PRECONDITION  transaction-closed | not-owner
@@ -66,7 +66,7 @@ class TransactionServiceAsyncStub(TransactionServiceStub):
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:
-      ABORTED              conflict | aborted | snapshot-too-old  (definitely not committed)
+      ABORTED              conflict | deadlock | aborted | snapshot-too-old  (definitely not committed)
       UNKNOWN              commit-unknown            (outcome unknown, rule S6)
       NOT_FOUND            unknown-transaction
       FAILED_PRECONDITION  transaction-closed | not-owner
@@ -97,7 +97,7 @@ class TransactionServiceServicer(metaclass=_abc_1.ABCMeta):
 
     Errors travel as gRPC status codes; trailing metadata "percolake-reason" carries a
     machine-readable reason:
-      ABORTED              conflict | aborted | snapshot-too-old  (definitely not committed)
+      ABORTED              conflict | deadlock | aborted | snapshot-too-old  (definitely not committed)
       UNKNOWN              commit-unknown            (outcome unknown, rule S6)
       NOT_FOUND            unknown-transaction
       FAILED_PRECONDITION  transaction-closed | not-owner
