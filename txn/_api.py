@@ -60,6 +60,15 @@ class Transaction(ReadTransaction, Protocol):
         """Set once committed."""
         ...
 
+    def get_for_update(self, table: str, row: bytes, column: bytes) -> bytes | None:
+        """Lock the cell (waiting in the lock server's queue) and return its latest
+        committed value, or this transaction's own write of it; ``None`` when absent.
+
+        A lock-wait timeout or a deadlock (``DeadlockError``, reason ``deadlock``) raises a
+        ``TransactionConflictError`` and aborts the transaction.
+        """
+        ...
+
     def put(self, table: str, row: bytes, column: bytes, value: bytes) -> None: ...
 
     def delete(self, table: str, row: bytes, column: bytes) -> None: ...
@@ -95,8 +104,13 @@ class Manager(Protocol):
         fn: Callable[[Transaction], T],
         isolation: Isolation = Isolation.SNAPSHOT,
         max_attempts: int = 10,
+        *,
+        pessimistic: bool = False,
     ) -> T:
-        """``fn(tx)`` and commit, retried only on conflicts (definitely not committed)."""
+        """``fn(tx)`` and commit, retried only on conflicts (definitely not committed).
+
+        ``pessimistic``: each attempt's ``get`` of a cell is a ``get_for_update``.
+        """
         ...
 
     def attach(self, txn_id: str) -> Transaction:

@@ -26,6 +26,7 @@ from txn._services import cell_lock, commit_lock
 from txn._status import ABORTED, TXN_TABLE, decode_outcome, encode_outcome, txn_key
 from txn.errors import (
     CommitUnknownError,
+    DeadlockError,
     SnapshotTooOldError,
     TransactionAbortedError,
     TransactionConflictError,
@@ -75,6 +76,8 @@ _CONFLICT_REASONS = {"lock": "lock_timeout", "validate": "validation", "commit_p
 def _abort_reason(step: str, exc: TransactionAbortedError) -> str:
     if isinstance(exc, SnapshotTooOldError):
         return "snapshot_too_old"
+    if isinstance(exc, DeadlockError):
+        return "deadlock"
     if isinstance(exc, TransactionConflictError):
         return _CONFLICT_REASONS.get(step, "conflict")
     return "other"
@@ -100,11 +103,18 @@ class CommitAttempt:
         reads: ReadSet | None,
         *,
         steps: tuple[str, ...] | None = None,
+        read_bounds: Mapping[tuple[str, Cell], int] | None = None,
+        held: tuple[LockToken, ...] = (),
     ) -> None:
+        """``read_bounds``: the ``for_update_ts`` of each cell the transaction locked with
+        ``get_for_update`` (the conflict check reads older writers from there, not from
+        ``start_ts``); ``held``: the tokens of those locks, released with the commit's own."""
         self._rt = rt
         self.start_ts = start_ts
         self._writes = writes
         self._reads = reads
+        self._read_bounds = dict(read_bounds or {})
+        self._held = held
         self._steps = PROTOCOL if steps is None else steps_named(steps)
         self._next = 0
         self._token: LockToken | None = None
@@ -189,6 +199,7 @@ class CommitAttempt:
         if status is TransactionStatus.ABORTED and self._wrote:
             _abandon(self._rt, self.start_ts, self._writes, entry_written=self.outcome == ABORTED)
         _release(self._rt, self._token)
+        release_all(self._rt, self._held)
         self._next = len(self._steps)
         # A failed commit's latency: the steps that ran, the one that failed and the
         # clean-up above, what its client waited before it learned the outcome.
@@ -206,7 +217,7 @@ class CommitAttempt:
         self._rt.failpoints.hit(fp.AFTER_WRITE, self.start_ts)
 
     def _check(self) -> None:
-        _check_write_conflicts(self._rt, self.start_ts, self._writes)
+        _check_write_conflicts(self._rt, self.start_ts, self._writes, self._read_bounds)
         self._rt.failpoints.hit(fp.AFTER_CONFLICT_CHECK, self.start_ts)
 
     def _commit_ts(self) -> None:
@@ -232,6 +243,7 @@ class CommitAttempt:
 
     def _release(self) -> None:
         _release(self._rt, self._token)
+        release_all(self._rt, self._held)
         self._rt.failpoints.hit(fp.AFTER_RELEASE, self.start_ts)
 
 
@@ -298,6 +310,12 @@ def _release(rt: Runtime, token: LockToken | None) -> None:
         log.debug("could not release locks %s: %s", token, exc)
 
 
+def release_all(rt: Runtime, tokens: tuple[LockToken, ...]) -> None:
+    """Release ``get_for_update`` grants, best effort: locks are liveness only (S5)."""
+    for token in tokens:
+        _release(rt, token)
+
+
 def _write_versions(rt: Runtime, start_ts: int, writes: WriteBuffer) -> None:
     def put(table: str, cells: Mapping[Cell, bytes | None]) -> None:
         rt.store.put_versions(
@@ -307,22 +325,45 @@ def _write_versions(rt: Runtime, start_ts: int, writes: WriteBuffer) -> None:
     _each_table(rt, writes, put)
 
 
-def _check_write_conflicts(rt: Runtime, start_ts: int, writes: WriteBuffer) -> None:
+def _check_write_conflicts(
+    rt: Runtime,
+    start_ts: int,
+    writes: WriteBuffer,
+    read_bounds: Mapping[tuple[str, Cell], int] | None = None,
+) -> None:
     """First committer wins: abort if a writer of one of our cells committed in our way.
 
     Writer W of cell c conflicts when W.start > T.start and W committed, or
-    W.start < T.start and W.commit > T.start. Below T.start the newest writer that
-    committed before T.start ends the search: an older writer committing after T.start
-    would have conflicted with that one, and at most one of the two can commit.
+    W.start < T.start and W.commit > bound(c), where bound(c) is T.start, or the
+    ``for_update_ts`` at which T read c under its lock (``read_bounds``, from
+    ``get_for_update``). Below T.start the newest writer that committed before bound(c)
+    ends the search: an older writer committing after it would have conflicted with
+    that one, and at most one of the two can commit (docs/design/protocol.md,
+    "Pessimistic reads").
     """
-    _each_table(
-        rt, writes, lambda table, cells: _check_table_conflicts(rt, table, list(cells), start_ts)
-    )
+    bounds = read_bounds or {}
+
+    def check(table: str, cells: Mapping[Cell, bytes | None]) -> None:
+        keys = list(cells)
+        table_bounds = {c: bounds[(table, c)] for c in keys if (table, c) in bounds}
+        _check_table_conflicts(rt, table, keys, start_ts, table_bounds)
+
+    _each_table(rt, writes, check)
 
 
-def _check_table_conflicts(rt: Runtime, table: str, keys: list[Cell], start_ts: int) -> None:
+def _check_table_conflicts(
+    rt: Runtime,
+    table: str,
+    keys: list[Cell],
+    start_ts: int,
+    read_bounds: Mapping[Cell, int] | None = None,
+) -> None:
     # One newest-first read usually shows every newer writer and the newest older ones;
-    # only cells with long histories need more reads.
+    # only cells with long histories need more reads. A writer that began after us
+    # conflicts whenever it commits, whatever the cell's bound: its version sorts above
+    # ours, and readers take the newest committed version by start timestamp, so it
+    # must not commit before us (it did, if it committed at all by the time we check).
+    bounds = read_bounds or {}
     page = rt.store.get_version_timestamps(table, keys, limit=_CONFLICT_PAGE)
     newer: set[int] = set()
     where: dict[int, tuple[str, Cell]] = {}  # a cell of each writer, for the resolver
@@ -362,12 +403,16 @@ def _check_table_conflicts(rt: Runtime, table: str, keys: list[Cell], start_ts: 
                 outcome = outcomes[ts]
                 if outcome < 0:  # ABORTED or GONE
                     continue
-                if outcome > start_ts:
+                # Every ts here is below start_ts: our own version (at start_ts) is never
+                # among them, even when the bound (a for_update_ts) lies above it.
+                bound = bounds.get(cell, start_ts)
+                if outcome > bound:
                     raise TransactionConflictError(
                         f"write-write conflict in {table!r}: transaction {ts} committed "
-                        f"at {outcome}, after {start_ts} started"
+                        f"at {outcome}, after {start_ts} "
+                        + ("started" if bound == start_ts else f"read the cell at {bound}")
                     )
-                break  # committed before we started: no older writer matters
+                break  # committed before we read the cell: no older writer matters
             else:
                 if cell in below_bound:  # every older version seen was aborted: read on
                     next_bound[cell] = min([below_bound[cell], *tss])

@@ -163,15 +163,20 @@ class TransactionManager:
 
     # --- transactions ------------------------------------------------------------
 
-    def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> EmbeddedTransaction:
+    def begin(
+        self, isolation: Isolation = Isolation.SNAPSHOT, *, pessimistic: bool = False
+    ) -> EmbeddedTransaction:
+        """A new transaction; ``pessimistic``: its ``get`` locks (``get_for_update``)."""
         check_isolation(isolation)
+        if not isinstance(pessimistic, bool):
+            raise TypeError(f"pessimistic must be a bool, got {pessimistic!r}")
         if self._closed:
             raise TransactionError("transaction manager is closed")
         try:
             start_ts = self._rt.timestamps.next_timestamp()
         except (StoreError, OracleFencedError) as exc:
             raise ServiceUnavailableError(f"no start timestamp: {exc}") from exc
-        txn = EmbeddedTransaction(self._rt, start_ts, isolation)
+        txn = EmbeddedTransaction(self._rt, start_ts, isolation, pessimistic=pessimistic)
         self._rt.active.add(txn)
         self._rt.registration.start()
         return txn
@@ -181,14 +186,25 @@ class TransactionManager:
         fn: Callable[[EmbeddedTransaction], T],
         isolation: Isolation = Isolation.SNAPSHOT,
         max_attempts: int = 10,
+        *,
+        pessimistic: bool = False,
     ) -> T:
         """Run ``fn(tx)`` and commit, retrying on conflicts with jittered backoff.
 
         Only :class:`TransactionConflictError` is retried: it guarantees that the
         attempt did not commit. An unknown outcome is never retried blindly (S6).
+        ``pessimistic``: each attempt's ``get`` locks the cell (``get_for_update``), so
+        what is left to retry is deadlock victims, lock-wait timeouts and the rarer
+        conflicts locks do not prevent (docs/design/protocol.md, "Pessimistic reads").
         """
+        if not isinstance(pessimistic, bool):
+            raise TypeError(f"pessimistic must be a bool, got {pessimistic!r}")
         policy = RetryPolicy(max_attempts=max_attempts)
-        return run_transaction(self.begin, self.outcome, fn, policy, isolation=isolation)[0]
+
+        def begin(isolation: Isolation) -> EmbeddedTransaction:
+            return self.begin(isolation, pessimistic=pessimistic)
+
+        return run_transaction(begin, self.outcome, fn, policy, isolation=isolation)[0]
 
     def attach(self, txn_id: str) -> EmbeddedTransaction:
         raise TransactionError(

@@ -8,12 +8,20 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from lockserver import LockToken
 from storage_adapters import Cell, StoreError
+from tso import OracleFencedError
 from txn._args import check_cell, check_cells, check_put, check_scan
 from txn._buffer import WriteBuffer
-from txn._committer import CommitAttempt
+from txn._committer import CommitAttempt, release_all
 from txn._isolation import Isolation, TransactionStatus
-from txn.errors import ServiceUnavailableError, TransactionClosedError
+from txn._services import cell_lock
+from txn.errors import (
+    DeadlockError,
+    ServiceUnavailableError,
+    TransactionClosedError,
+    TransactionConflictError,
+)
 from wire import metrics
 
 if TYPE_CHECKING:
@@ -60,12 +68,26 @@ def _pull(
 
 
 class EmbeddedTransaction:
-    """One transaction of an embedded manager. Belongs to one thread; see ``txn.Transaction``."""
+    """One transaction of an embedded manager. Belongs to one thread; see ``txn.Transaction``.
 
-    def __init__(self, runtime: Runtime, start_ts: int, isolation: Isolation) -> None:
+    ``pessimistic``: every ``get`` is a ``get_for_update`` (``tm.run(fn, pessimistic=True)``).
+    """
+
+    def __init__(
+        self, runtime: Runtime, start_ts: int, isolation: Isolation, *, pessimistic: bool = False
+    ) -> None:
         self._rt = runtime
         self.start_ts = start_ts
         self.isolation = isolation
+        self.pessimistic = pessimistic
+        #: ``for_update_ts`` of each cell locked by ``get_for_update`` (the first one):
+        #: the commit's conflict check reads older writers of the cell from there.
+        self._for_update: dict[tuple[str, Cell], int] = {}
+        #: Locked cells a writer that began after us committed to: no write of ours to
+        #: them can commit (see ``_doom``).
+        self._doomed: set[tuple[str, Cell]] = set()
+        #: The grants of those locks, released when the transaction ends.
+        self._held: list[LockToken] = []
         self._status = TransactionStatus.ACTIVE
         self._read_only_commit_ts: int | None = None
         #: Once handed over, the commit owns the outcome; see ``status``.
@@ -104,9 +126,112 @@ class EmbeddedTransaction:
     # --- reads ---------------------------------------------------------------------
 
     def get(self, table: str, row: bytes, column: bytes) -> bytes | None:
-        """The cell's value at this transaction's snapshot, own writes included."""
+        """The cell's value at this transaction's snapshot, own writes included.
+
+        In a pessimistic transaction this is :meth:`get_for_update`.
+        """
+        if self.pessimistic:
+            return self.get_for_update(table, row, column)
         cell = check_cell(table, row, column)
         return self._get_cells(table, [cell]).get(cell)
+
+    def get_for_update(self, table: str, row: bytes, column: bytes) -> bytes | None:
+        """Lock the cell (waiting in the lock server's queue) and return its latest
+        committed value, or this transaction's own write of it.
+
+        The value is read at a fresh timestamp, ``for_update_ts``, taken once the lock
+        is held, so it includes every commit before the lock was granted; the commit
+        then checks for writers of the cell from there, not from ``start_ts``
+        (docs/design/protocol.md, "Pessimistic reads"). A lock-wait timeout raises
+        :class:`~txn.errors.TransactionConflictError`, a deadlock
+        :class:`~txn.errors.DeadlockError`; both abort the transaction.
+        """
+        cell = check_cell(table, row, column)
+        self._check_active()
+        key = (table, cell)
+        fresh = key not in self._for_update
+        if fresh:
+            self._lock_for_update(table, cell)
+            try:
+                self._for_update[key] = self._rt.timestamps.next_timestamp()
+            except (StoreError, OracleFencedError) as exc:
+                raise ServiceUnavailableError(f"no for_update timestamp: {exc}") from exc
+        for_update_ts = self._for_update[key]
+        buffered, value = self._writes.lookup(table, cell)
+        if not buffered:
+            value = self._read_locked(table, cell, for_update_ts)
+        if fresh:
+            self._doom(table, cell, for_update_ts)
+        return value
+
+    def _lock_for_update(self, table: str, cell: Cell) -> None:
+        """Take the cell's lock as this transaction's (the owner its commit locks as, so
+        the commit's own lock step is granted at once: locks are reentrant per owner)."""
+        wait_ms = self._rt.config.lock_wait_ms
+        try:
+            token = self._rt.locks.lock(
+                [cell_lock(table, cell.row, cell.column)],
+                str(self.start_ts),
+                self._rt.config.lease_ms,
+                wait_timeout_ms=wait_ms,
+            )
+        except DeadlockError:
+            self._end("deadlock")
+            raise
+        if token is None:
+            self._end("lock_timeout")
+            raise TransactionConflictError(
+                f"lock-wait timeout: transaction {self.start_ts} waited {wait_ms} ms "
+                f"(lock_wait_ms) for the lock of {table!r} cell {cell.row!r}/{cell.column!r}, "
+                "held by another transaction; it was aborted"
+            )
+        self._held.append(token)
+
+    def _read_locked(self, table: str, cell: Cell, for_update_ts: int) -> bytes | None:
+        try:
+            found = self._rt.reader.read_cells(table, [cell], for_update_ts)
+            self._rt.guard.check(self.start_ts)  # after the read (rule S8)
+        except StoreError as exc:
+            metrics.record_store_error("read")
+            raise ServiceUnavailableError(f"read of {table!r} failed: {exc}") from exc
+        value = found.get(cell)
+        if self._reads is not None:
+            # Validated at commit_ts like every read: equal there, it was right.
+            self._reads.cells[(table, cell)] = value
+        return value
+
+    def _doom(self, table: str, cell: Cell, for_update_ts: int) -> None:
+        """Note whether a writer that began after us committed to the cell before we
+        read it: then no write of ours to it can commit (its version would sort above
+        ours while committed before us), and a write raises at once instead of at commit.
+        A transaction that only reads the cell is not concerned."""
+        try:
+            found = self._rt.store.get_version_timestamps(
+                table, [cell], above_ts=self.start_ts, below_ts=for_update_ts
+            )
+            tss = set(found.get(cell, []))
+            if tss:
+                where = {ts: (table, cell) for ts in tss}
+                committed = [
+                    ts for ts, o in self._rt.resolver.resolve(tss, where=where).items() if o >= 0
+                ]
+            else:
+                committed = []
+        except StoreError as exc:
+            metrics.record_store_error("read")
+            raise ServiceUnavailableError(f"read of {table!r} failed: {exc}") from exc
+        if committed:
+            self._doomed.add((table, cell))
+            if self._writes.lookup(table, cell)[0]:
+                self._conflict_on_write(table, cell)
+
+    def _conflict_on_write(self, table: str, cell: Cell) -> None:
+        self._end("conflict")
+        raise TransactionConflictError(
+            f"write-write conflict in {table!r}: a transaction that began after "
+            f"{self.start_ts} committed cell {cell.row!r}/{cell.column!r} before this one "
+            "locked it; this transaction cannot write it and was aborted"
+        )
 
     def get_many(
         self, table: str, cells: Iterable[tuple[bytes, bytes]]
@@ -218,12 +343,16 @@ class EmbeddedTransaction:
         """Buffer a write; it becomes visible to others only when the commit succeeds."""
         cell = check_put(table, row, column, value)
         self._check_active()
+        if (table, cell) in self._doomed:
+            self._conflict_on_write(table, cell)
         self._writes.put(table, cell, value)
 
     def delete(self, table: str, row: bytes, column: bytes) -> None:
         """Buffer a delete (a tombstone version)."""
         cell = check_cell(table, row, column)
         self._check_active()
+        if (table, cell) in self._doomed:
+            self._conflict_on_write(table, cell)
         self._writes.put(table, cell, None)
 
     @property
@@ -244,8 +373,11 @@ class EmbeddedTransaction:
         self._check_active()
         if not self._writes:
             # Read-only: the snapshot was consistent; nothing to validate (docs/design/protocol.md).
+            # Locked reads at for_update_ts included: a read-only transaction writes no
+            # version whose order they could break.
             self._status = TransactionStatus.COMMITTED
             self._read_only_commit_ts = self.start_ts
+            self._release_held()
             return self.start_ts
         return self.committer().run()
 
@@ -256,12 +388,15 @@ class EmbeddedTransaction:
         (``COMMIT_STEPS``, unless a test built the manager with a broken protocol).
         """
         self._check_active()
+        held, self._held = tuple(self._held), []
         self._commit = CommitAttempt(
             self._rt,
             self.start_ts,
             self._writes,
             self._reads,
             steps=self._rt.commit_steps if steps is None else steps,
+            read_bounds=self._for_update,
+            held=held,  # released with the commit's own locks, whatever its outcome
         )
         return self._commit
 
@@ -272,8 +407,17 @@ class EmbeddedTransaction:
         the gateway says why it aborts a transaction its client did not.
         """
         self._check_active()
+        self._end(reason)
+
+    def _end(self, reason: str) -> None:
+        """Abort: nothing was written; release the locks of ``get_for_update``."""
         self._status = TransactionStatus.ABORTED
+        self._release_held()
         metrics.record_abort(reason)
+
+    def _release_held(self) -> None:
+        held, self._held = tuple(self._held), []
+        release_all(self._rt, held)
 
     def __enter__(self) -> EmbeddedTransaction:
         return self

@@ -126,6 +126,13 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                 forgotten, _ = self._finished.popitem(last=False)
                 self._reaped.discard(forgotten)
 
+    def _finish_if_ended(self, txn_id: str, entry: _Open) -> None:
+        """Finish a transaction that a call aborted on its own (``get_for_update``'s
+        lock-wait timeout or deadlock): it no longer counts as open. The caller holds
+        ``entry.lock``."""
+        if entry.tx.status is TransactionStatus.ABORTED:
+            self._finish(txn_id, entry)
+
     def _aborted_as_idle(self, txn_id: str) -> TransactionAbortedError:
         # Aborted, not "closed": its client's next call (a Write flushed by commit, or
         # the Commit) must learn that nothing of it committed, and why.
@@ -246,7 +253,12 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
         try:
             entry = self._entry(request.txn_id)
             with entry.lock:
-                value = entry.tx.get(request.table, request.row, request.column)
+                read = entry.tx.get_for_update if request.for_update else entry.tx.get
+                try:
+                    value = read(request.table, request.row, request.column)
+                finally:
+                    # A lock-wait timeout or a deadlock aborted it: it is finished here.
+                    self._finish_if_ended(request.txn_id, entry)
         except Exception as exc:
             abort_with(context, exc)
         if value is None:
@@ -319,11 +331,15 @@ class TransactionServicer(pb_grpc.TransactionServiceServicer):
                         f"transaction would buffer more than "
                         f"{self._limits.max_buffered_writes} writes"
                     )
-                for m in request.mutations:
-                    if m.WhichOneof("kind") == "put":
-                        entry.tx.put(m.table, m.row, m.column, m.put)
-                    else:
-                        entry.tx.delete(m.table, m.row, m.column)
+                try:
+                    for m in request.mutations:
+                        if m.WhichOneof("kind") == "put":
+                            entry.tx.put(m.table, m.row, m.column, m.put)
+                        else:
+                            entry.tx.delete(m.table, m.row, m.column)
+                finally:
+                    # A write to a locked cell that a later writer committed aborts it.
+                    self._finish_if_ended(request.txn_id, entry)
                 buffered = entry.tx.buffered_writes
         except Exception as exc:
             abort_with(context, exc)

@@ -63,11 +63,15 @@ class RemoteTransaction:
         start_ts: int,
         isolation: Isolation,
         commit_secret: str | None,
+        *,
+        pessimistic: bool = False,
     ) -> None:
         self._m = manager
         self.id = txn_id
         self.start_ts = start_ts
         self.isolation = isolation
+        #: Every ``get`` is a ``get_for_update`` (``run(fn, pessimistic=True)``).
+        self.pessimistic = pessimistic
         self.status = TransactionStatus.ACTIVE
         self.commit_ts: int | None = None
         self._secret = commit_secret
@@ -129,6 +133,9 @@ class RemoteTransaction:
     # --- reads ---------------------------------------------------------------------
 
     def get(self, table: str, row: bytes, column: bytes) -> bytes | None:
+        """The cell's value at the snapshot; in a pessimistic transaction, a locked read."""
+        if self.pessimistic:
+            return self.get_for_update(table, row, column)
         check_cell(table, row, column)
         self._check_active()
         self.flush()
@@ -136,6 +143,34 @@ class RemoteTransaction:
             self._m._stub.Get, pb.GetRequest(txn_id=self.id, table=table, row=row, column=column)
         )
         return got.value if got.found else None
+
+    def get_for_update(self, table: str, row: bytes, column: bytes) -> bytes | None:
+        """Lock the cell in the gateway's lock server and return its latest committed
+        value (``txn.Transaction.get_for_update``). A lock-wait timeout or a deadlock
+        aborted the transaction in the gateway: this handle is aborted too."""
+        check_cell(table, row, column)
+        self._check_active()
+        self._flush_or_end()
+        request = pb.GetRequest(
+            txn_id=self.id, table=table, row=row, column=column, for_update=True
+        )
+        try:
+            got = self._call(self._m._stub.Get, request)
+        except TransactionAbortedError:
+            self._pending.clear()
+            self.status = TransactionStatus.ABORTED
+            raise
+        return got.value if got.found else None
+
+    def _flush_or_end(self) -> None:
+        """Flush; a conflict the gateway raised on a write (a locked cell that a later
+        writer committed) aborted the transaction there, so this handle ends too."""
+        try:
+            self.flush()
+        except TransactionAbortedError:
+            self._pending.clear()
+            self.status = TransactionStatus.ABORTED
+            raise
 
     def get_many(
         self, table: str, cells: Iterable[tuple[bytes, bytes]]
@@ -355,10 +390,17 @@ class RemoteTransactionManager:
             raise TransactionError("transaction manager is closed")
         return call(fn, request, self._conn, self.timeout_s)
 
-    def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> RemoteTransaction:
+    def begin(
+        self, isolation: Isolation = Isolation.SNAPSHOT, *, pessimistic: bool = False
+    ) -> RemoteTransaction:
+        """A new transaction; ``pessimistic``: its ``get`` locks (``get_for_update``)."""
         check_isolation(isolation)
+        if not isinstance(pessimistic, bool):
+            raise TypeError(f"pessimistic must be a bool, got {pessimistic!r}")
         got = self._call(self._stub.Begin, pb.BeginRequest(isolation=isolation_to_pb(isolation)))
-        return RemoteTransaction(self, got.txn_id, got.start_ts, isolation, got.commit_secret)
+        return RemoteTransaction(
+            self, got.txn_id, got.start_ts, isolation, got.commit_secret, pessimistic=pessimistic
+        )
 
     def attach(self, txn_id: str) -> RemoteTransaction:
         """Join an open transaction that another process began (a Spark executor)."""
@@ -375,9 +417,18 @@ class RemoteTransactionManager:
         fn: Callable[[RemoteTransaction], T],
         isolation: Isolation = Isolation.SNAPSHOT,
         max_attempts: int = 10,
+        *,
+        pessimistic: bool = False,
     ) -> T:
+        """``txn.Manager.run``; ``pessimistic``: each attempt's ``get`` locks the cell."""
+        if not isinstance(pessimistic, bool):
+            raise TypeError(f"pessimistic must be a bool, got {pessimistic!r}")
         policy = RetryPolicy(max_attempts=max_attempts)
-        return run_transaction(self.begin, self.outcome, fn, policy, isolation=isolation)[0]
+
+        def begin(isolation: Isolation) -> RemoteTransaction:
+            return self.begin(isolation, pessimistic=pessimistic)
+
+        return run_transaction(begin, self.outcome, fn, policy, isolation=isolation)[0]
 
     def outcome(self, txn_id: str, *, settle: bool = False) -> TransactionStatus | None:
         """``COMMITTED`` or ``ABORTED`` once decided; ``None`` while undecided.

@@ -60,7 +60,8 @@ COMMITS = Counter(
 #: called ``abort``.
 ABORT_REASONS = (
     "conflict",  # write-write conflict: another writer of a cell committed first
-    "lock_timeout",  # waited --lock-wait-ms for a concurrent committer's locks
+    "lock_timeout",  # waited --lock-wait-ms for locks another transaction held
+    "deadlock",  # chosen as a deadlock's victim by the lock server (DeadlockError)
     "lock_lost",  # a reader or writer found the commit stalled and aborted it
     "validation",  # SERIALIZABLE: what it read changed before commit_ts
     "snapshot_too_old",  # the snapshot fell below the garbage-collection safe point

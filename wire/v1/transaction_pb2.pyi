@@ -163,10 +163,16 @@ class GetRequest(_message.Message):
     TABLE_FIELD_NUMBER: _builtins.int
     ROW_FIELD_NUMBER: _builtins.int
     COLUMN_FIELD_NUMBER: _builtins.int
+    FOR_UPDATE_FIELD_NUMBER: _builtins.int
     txn_id: _builtins.str
     table: _builtins.str
     row: _builtins.bytes
     column: _builtins.bytes
+    for_update: _builtins.bool
+    """get_for_update: lock the cell in the lock server (waiting in its queue) and read
+    its latest committed value at a fresh timestamp. A lock-wait timeout answers
+    ABORTED conflict, a deadlock ABORTED deadlock; either aborts the transaction.
+    """
     def __init__(
         self,
         *,
@@ -174,10 +180,11 @@ class GetRequest(_message.Message):
         table: _builtins.str = ...,
         row: _builtins.bytes = ...,
         column: _builtins.bytes = ...,
+        for_update: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "row", b"row", "table", b"table", "txn_id", b"txn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "for_update", b"for_update", "row", b"row", "table", b"table", "txn_id", b"txn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

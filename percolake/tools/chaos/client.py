@@ -73,10 +73,12 @@ class FailoverManager:
         """The manager of every gateway, the one this client uses now first."""
         return self._managers[self._current :] + self._managers[: self._current]
 
-    def begin(self, isolation: Isolation = Isolation.SNAPSHOT) -> Transaction:
+    def begin(
+        self, isolation: Isolation = Isolation.SNAPSHOT, *, pessimistic: bool = False
+    ) -> Transaction:
         manager = self._managers[self._current]
         try:
-            return manager.begin(isolation)
+            return manager.begin(isolation, pessimistic=pessimistic)
         except ServiceUnavailableError:
             self._current = (self._current + 1) % len(self._managers)
             raise
@@ -86,9 +88,15 @@ class FailoverManager:
         fn: Callable[[Transaction], T],
         isolation: Isolation = Isolation.SNAPSHOT,
         max_attempts: int = 10,
+        *,
+        pessimistic: bool = False,
     ) -> T:
         policy = RetryPolicy(max_attempts=max_attempts)
-        return run_transaction(self.begin, self.outcome, fn, policy, isolation=isolation)[0]
+
+        def begin(isolation: Isolation) -> Transaction:
+            return self.begin(isolation, pessimistic=pessimistic)
+
+        return run_transaction(begin, self.outcome, fn, policy, isolation=isolation)[0]
 
     def attach(self, txn_id: str) -> Transaction:
         return self._managers[self._current].attach(txn_id)
