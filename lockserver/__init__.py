@@ -6,6 +6,8 @@ from lockserver._table import (
     LockTable,
     LockTableClosedError,
     LockToken,
+    LockWait,
+    render_descriptor,
 )
 from wire.errors import StaleTokenError
 
@@ -15,5 +17,7 @@ __all__ = [
     "LockTable",
     "LockTableClosedError",
     "LockToken",
+    "LockWait",
     "StaleTokenError",
+    "render_descriptor",
 ]

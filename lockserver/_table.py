@@ -7,6 +7,10 @@ rejected so that no client believes it still holds a lock it lost. A table that
 served one term of a replicated control plane is closed when the term ends
 (:meth:`LockTable.close`): its grants end with it, and calls still waiting in it fail
 instead of being granted after the term.
+
+The table is also the queue that pessimistic transactions wait in: locks of one owner
+are reentrant, and a wait that would close a cycle of owners waiting for each other is
+refused with :class:`~wire.errors.DeadlockError` instead of waiting until its timeout.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from wire import metrics
-from wire.errors import ServiceUnavailableError, StaleTokenError
+from wire.errors import DeadlockError, ServiceUnavailableError, StaleTokenError
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,10 @@ log = logging.getLogger(__name__)
 #: longer than this means a dead client blocks others for too long.
 MAX_LEASE_MS = 10 * 60 * 1000
 MAX_DESCRIPTOR_BYTES = 4096
+#: How many waits :meth:`LockTable.waits` returns unless asked otherwise.
+DEFAULT_WAITS_LIMIT = 10
+#: Descriptors and owners are cut to this many characters in messages and status.
+_RENDERED_CHARS = 48
 
 
 class LockToken(NamedTuple):
@@ -39,12 +47,21 @@ class LockToken(NamedTuple):
     lock_id: int
 
 
+class LockWait(NamedTuple):
+    """A lock call waiting now, as :meth:`LockTable.waits` reports it."""
+
+    owner: str
+    descriptor: bytes  # the descriptor it waits for now
+    waited_s: float  # since the call began to wait (on this or an earlier descriptor)
+    waits_for: str | None  # the owner it waits behind: the holder, else the queue ahead
+
+
 class LockTableClosedError(ServiceUnavailableError):
     """This lock table was closed (its term of the control plane ended): it grants,
     refreshes and releases nothing more. The caller asks whoever serves locks now."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity: queues hold and remove them
 class _Grant:
     token: LockToken
     owner: str
@@ -52,12 +69,59 @@ class _Grant:
     lease_ms: int
     expires_at: float
     acquired: int = 0  # descriptors acquired so far, in sorted order
+    waiting_on: bytes | None = None  # the descriptor whose queue it stands in
+    waiting_since: float | None = None  # table clock, when the call first waited
+    checked_at: int = -1  # the table's wait count at its last deadlock check
+    wait_started: float | None = None  # time.monotonic(), when it first waited (metrics)
 
 
 @dataclass(slots=True)
 class _Slot:
-    holder: _Grant | None = None
+    #: Live grants holding the descriptor: one, or several of one owner (reentrancy).
+    holders: list[_Grant] = field(default_factory=list)
     queue: deque[_Grant] = field(default_factory=deque)
+    #: How many grants of each owner stand in the queue (for the wait-for graph).
+    queued: dict[str, int] = field(default_factory=dict)
+
+    def enqueue(self, grant: _Grant) -> None:
+        self.queue.append(grant)
+        self.queued[grant.owner] = self.queued.get(grant.owner, 0) + 1
+
+    def dequeue(self, grant: _Grant) -> None:
+        # Usually at the head; a reentrant grant leaves from wherever it stood.
+        if self.queue and self.queue[0] is grant:
+            self.queue.popleft()
+        elif grant in self.queue:
+            self.queue.remove(grant)
+        else:
+            return
+        left = self.queued[grant.owner] - 1
+        if left:
+            self.queued[grant.owner] = left
+        else:
+            del self.queued[grant.owner]
+
+    def first_of_owner(self, grant: _Grant) -> int:
+        """Where the first grant of ``grant``'s owner stands in the queue (it stands in
+        it): a call behind one of its own owner's is granted with that one (reentry),
+        so it waits only for what stands ahead of that one."""
+        position = self.queue.index(grant)
+        if self.queued[grant.owner] > 1:
+            for ahead in range(position):
+                if self.queue[ahead].owner == grant.owner:
+                    return ahead
+        return position
+
+
+def render_descriptor(descriptor: bytes) -> str:
+    """A descriptor as readable text for messages and ``percolake status``: printable
+    ASCII as is, other bytes escaped, cut to a few dozen characters."""
+    text = repr(descriptor)[2:-1]
+    return _cut(text, f"… ({len(descriptor)} bytes)")
+
+
+def _cut(text: str, suffix: str = "…") -> str:
+    return text if len(text) <= _RENDERED_CHARS else text[:_RENDERED_CHARS] + suffix
 
 
 def _check_descriptors(descriptors: Iterable[bytes]) -> tuple[bytes, ...]:
@@ -95,6 +159,20 @@ class LockTable:
     serves waiters first-come first-served. A holder whose lease ran out is
     treated as gone: the next waiter takes the lock, and the old token no longer
     refreshes or releases anything.
+
+    Locks are reentrant per owner: a descriptor held by a live grant of owner O is
+    granted at once to another call of O, ahead of the queue (O would otherwise wait
+    behind a waiter that waits for O), and stays held until every grant of O holding it
+    is released or expired. Tokens stay per grant. A transaction that locks cells one
+    by one (``get_for_update``), then its whole commit batch, relies on this.
+
+    Cycles come only from such incremental grants of one owner. A call about to wait
+    (and, when new waits began since, one woken up) follows the wait-for graph between
+    owners: its owner waits for the owner holding the descriptor and for the owners
+    queued ahead of it. If that leads back to its own owner, the call is the victim: it
+    releases what it acquired so far (not its owner's other grants) and raises
+    :class:`~wire.errors.DeadlockError` naming the cycle. The check runs under the
+    table's condition, where the cycle closes, so each cycle has exactly one victim.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -105,7 +183,14 @@ class LockTable:
         self._grants: dict[int, _Grant] = {}
         self._ids = itertools.count(1)
         self._closed = False
+        #: Waiting grants by owner: the nodes of the wait-for graph.
+        self._waiting: dict[str, list[_Grant]] = {}
+        self._waiter_count = 0
+        #: How many waits began: a woken call checks for a cycle again only when it
+        #: changed, as only a new wait can close a cycle.
+        self._waits_begun = 0
         metrics.track_locks_held(self.__len__)
+        metrics.track_lock_waiters(self.waiter_count)
 
     def close(self) -> None:
         """End every grant and refuse every call from now on; calls waiting in the
@@ -116,6 +201,8 @@ class LockTable:
             self._closed = True
             self._grants.clear()
             self._slots.clear()
+            self._waiting.clear()
+            self._waiter_count = 0
             self._cond.notify_all()
 
     @property
@@ -138,7 +225,10 @@ class LockTable:
         lease_ms: int,
         wait_timeout_ms: int = 0,
     ) -> LockToken | None:
-        """Lock every descriptor or none. Returns a token, or ``None`` on timeout."""
+        """Lock every descriptor or none. Returns a token, or ``None`` on timeout.
+
+        Raises :class:`~wire.errors.DeadlockError` when waiting would close a cycle of
+        owners waiting for each other; the call then holds nothing."""
         wanted = _check_descriptors(descriptors)
         if not isinstance(owner, str) or not owner:
             raise ValueError("owner must be a non-empty str")
@@ -159,58 +249,206 @@ class LockTable:
                 expires_at=deadline + lease / 1000,
             )
             self._grants[grant.token.lock_id] = grant
-            waited_since: float | None = None  # for the metrics
             for descriptor in wanted:
                 slot = self._slots.setdefault(descriptor, _Slot())
-                slot.queue.append(grant)
-                while not self._can_take(slot, grant):
-                    remaining = deadline - self._clock()
-                    if remaining <= 0:
-                        slot.queue.remove(grant)
-                        if slot.holder is None and not slot.queue:
-                            del self._slots[descriptor]
-                        self._drop(grant)
-                        metrics.record_lock_wait(waited_since)
-                        return None
-                    waited_since = waited_since or time.monotonic()
-                    self._cond.wait(min(remaining, self._time_to_expiry(slot)))
-                    # Closed while waiting: the term ended, nothing may be granted in it.
-                    self._check_open()
-                slot.queue.popleft()
-                slot.holder = grant
+                # Queued even when it need not wait: a slot with a queue is never
+                # unlinked, not even when an expired holder is dropped on the way.
+                slot.enqueue(grant)
+                if not self._can_take(slot, grant) and not self._wait_for(
+                    slot, descriptor, grant, deadline
+                ):
+                    return None
+                slot.dequeue(grant)
+                slot.holders.append(grant)
                 grant.acquired += 1
             grant.expires_at = self._clock() + lease / 1000
-            metrics.record_lock_wait(waited_since)
+            metrics.record_lock_wait(grant.wait_started)
             return grant.token
 
-    def _can_take(self, slot: _Slot, grant: _Grant) -> bool:
-        if slot.queue[0] is not grant:
+    def _wait_for(self, slot: _Slot, descriptor: bytes, grant: _Grant, deadline: float) -> bool:
+        """Wait in the queue (``grant`` stands in it) until ``grant`` may take
+        ``descriptor``: ``True`` then, ``False`` on timeout or when its partial locks
+        were lost (it is out of the queue and holds nothing). Raises on deadlock and
+        when the table closes."""
+        if deadline <= self._clock():
+            # No wait allowed (or its time is up): a try is neither a waiter nor a
+            # deadlock victim, as it never waits.
+            self._give_up(slot, descriptor, grant)
             return False
-        holder = slot.holder
-        if holder is None:
-            return True
-        if holder.expires_at <= self._clock():
+        self._begin_wait(grant, descriptor)
+        try:
+            while not self._can_take(slot, grant):
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    self._give_up(slot, descriptor, grant)
+                    return False
+                if grant.checked_at != self._waits_begun:
+                    self._check_deadlock(slot, descriptor, grant)
+                if grant.wait_started is None:
+                    grant.wait_started = time.monotonic()
+                self._cond.wait(min(remaining, self._time_to_expiry(slot)))
+                # Closed while waiting: the term ended, nothing may be granted in it.
+                self._check_open()
+                if grant.token.lock_id not in self._grants:
+                    # Its partial locks expired while it waited (its thread woke late):
+                    # what it held is gone, so it cannot be granted all or nothing.
+                    self._give_up(slot, descriptor, grant)
+                    return False
+        finally:
+            self._end_wait(grant)
+        return True
+
+    def _give_up(self, slot: _Slot, descriptor: bytes, grant: _Grant) -> None:
+        self._leave(slot, descriptor, grant)
+        if grant.wait_started is not None:  # it waited, here or for an earlier descriptor
+            metrics.record_lock_wait(grant.wait_started)
+            metrics.record_lock_wait_timeout()
+
+    def _can_take(self, slot: _Slot, grant: _Grant) -> bool:
+        """Whether ``grant`` may hold the slot now: its owner holds it already (reentry,
+        ahead of the queue), or it is free and ``grant`` is first in line."""
+        now = self._clock()
+        for holder in [h for h in slot.holders if h.expires_at <= now]:
             log.debug("lease of %s (%s) expired", holder.token, holder.owner)
             self._drop(holder)
-            return True
-        return False
+        if slot.holders:
+            return slot.holders[0].owner == grant.owner
+        return slot.queue[0] is grant
 
     def _time_to_expiry(self, slot: _Slot) -> float:
-        if slot.holder is None:
+        if not slot.holders:
             return 0.05
-        return max(slot.holder.expires_at - self._clock(), 0.001)
+        return max(min(h.expires_at for h in slot.holders) - self._clock(), 0.001)
+
+    def _begin_wait(self, grant: _Grant, descriptor: bytes) -> None:
+        grant.waiting_on = descriptor
+        if grant.waiting_since is None:
+            grant.waiting_since = self._clock()
+        self._waiting.setdefault(grant.owner, []).append(grant)
+        self._waiter_count += 1
+        self._waits_begun += 1
+
+    def _end_wait(self, grant: _Grant) -> None:
+        grant.waiting_on = None
+        mine = self._waiting.get(grant.owner)
+        if mine is None or grant not in mine:
+            return  # the table was closed: its graph is gone already
+        mine.remove(grant)
+        if not mine:
+            del self._waiting[grant.owner]
+        self._waiter_count -= 1
+
+    def _leave(self, slot: _Slot, descriptor: bytes, grant: _Grant) -> None:
+        """``grant`` gives up waiting: out of the queue, and everything it holds freed."""
+        slot.dequeue(grant)
+        if not slot.holders and not slot.queue and self._slots.get(descriptor) is slot:
+            del self._slots[descriptor]
+        self._drop(grant)
 
     def _drop(self, grant: _Grant) -> None:
         """Release everything ``grant`` holds; the caller holds the condition."""
         self._grants.pop(grant.token.lock_id, None)
         for descriptor in grant.descriptors[: grant.acquired]:
             slot = self._slots.get(descriptor)
-            if slot is not None and slot.holder is grant:
-                slot.holder = None
-                if not slot.queue:
+            if slot is not None and grant in slot.holders:
+                slot.holders.remove(grant)
+                if not slot.holders and not slot.queue:
                     del self._slots[descriptor]
         grant.acquired = 0
         self._cond.notify_all()
+
+    # --- deadlocks -----------------------------------------------------------------
+
+    def _edges(self, grant: _Grant) -> list[str | tuple[bytes, int]]:
+        """Where a waiting grant's wait leads in the wait-for graph: the owner holding its
+        descriptor, and the owners queued ahead of its owner's first grant in that queue
+        (a later one is granted with the first, by reentry). Those ahead are one node,
+        ``(descriptor, n)``: the first ``n`` of the queue, which leads to the ``n``-th's
+        owner and to ``(descriptor, n - 1)``; a queue of many waiters costs a chain,
+        not an edge from each waiter to each one ahead of it."""
+        descriptor = grant.waiting_on
+        slot = None if descriptor is None else self._slots.get(descriptor)
+        if descriptor is None or slot is None or grant not in slot.queue:
+            return []
+        out: list[str | tuple[bytes, int]] = []
+        now = self._clock()
+        live = [h for h in slot.holders if h.expires_at > now]
+        if live:
+            if live[0].owner == grant.owner:
+                return []  # granted by reentry as soon as its thread wakes: no wait
+            out.append(live[0].owner)
+        ahead = slot.first_of_owner(grant)
+        if ahead:
+            out.append((descriptor, ahead))
+        return out
+
+    def _ahead(self, node: tuple[bytes, int]) -> list[str | tuple[bytes, int]]:
+        descriptor, count = node
+        slot = self._slots.get(descriptor)
+        if slot is None or count > len(slot.queue):
+            return []
+        out: list[str | tuple[bytes, int]] = [slot.queue[count - 1].owner]
+        if count > 1:
+            out.append((descriptor, count - 1))
+        return out
+
+    def _find_cycle(self, grant: _Grant) -> list[tuple[str, bytes, str]] | None:
+        """The shortest cycle of the wait-for graph that starts with ``grant``'s wait and
+        leads back to its owner, as (owner, descriptor it waits on, owner it waits for)
+        edges; ``None`` when there is none. Breadth first, each node once."""
+        start = grant.owner
+        # How each node was reached: from which owner, waiting on which descriptor.
+        reached: dict[str | tuple[bytes, int], tuple[str, bytes]] = {}
+        frontier: deque[str | tuple[bytes, int]] = deque()
+
+        def visit(node: str | tuple[bytes, int], owner: str, descriptor: bytes) -> None:
+            if node not in reached:
+                reached[node] = (owner, descriptor)
+                frontier.append(node)
+
+        assert grant.waiting_on is not None
+        for node in self._edges(grant):
+            visit(node, start, grant.waiting_on)
+        while frontier and start not in reached:
+            node = frontier.popleft()
+            if isinstance(node, str):
+                for waiting in self._waiting.get(node, ()):
+                    assert waiting.waiting_on is not None
+                    for target in self._edges(waiting):
+                        visit(target, node, waiting.waiting_on)
+            else:
+                for target in self._ahead(node):
+                    visit(target, *reached[node])
+        if start not in reached:
+            return None
+        edges: list[tuple[str, bytes, str]] = []
+        current = start
+        while True:
+            before, descriptor = reached[current]
+            edges.append((before, descriptor, current))
+            if before == start:
+                return edges[::-1]
+            current = before
+
+    def _check_deadlock(self, slot: _Slot, descriptor: bytes, grant: _Grant) -> None:
+        """Raise :class:`DeadlockError` if ``grant``'s wait closes a cycle, after giving up
+        the wait and what it holds so that the others of the cycle proceed."""
+        grant.checked_at = self._waits_begun
+        cycle = self._find_cycle(grant)
+        if cycle is None:
+            return
+        text = "; ".join(
+            f"{_cut(waiter)} waits for {_cut(holder)} on '{render_descriptor(d)}'"
+            for waiter, d, holder in cycle
+        )
+        self._leave(slot, descriptor, grant)
+        metrics.record_lock_wait(grant.wait_started)
+        metrics.record_lock_deadlock()
+        log.warning("deadlock in lock epoch %d: %s; victim %s", self.epoch, text, grant.owner)
+        raise DeadlockError(
+            f"deadlock: {text}; {_cut(grant.owner)} gives up its wait, "
+            "releases this call's locks and aborts"
+        )
 
     # --- holding -----------------------------------------------------------------
 
@@ -244,7 +482,9 @@ class LockTable:
             return True
 
     def unlock(self, token: LockToken) -> bool:
-        """Release the batch; ``False`` when it was already lost (expired or released)."""
+        """Release the batch; ``False`` when it was already lost (expired or released).
+
+        A descriptor its owner also holds through another grant stays held by that one."""
         with self._cond:
             grant = self._live_grant(token)
             if grant is None:
@@ -260,12 +500,9 @@ class LockTable:
         with self._cond:
             self._check_open()
             slot = self._slots.get(d)
-            if slot is None or slot.holder is None:
+            if slot is None or self._expire_if_due(slot):
                 return None
-            if slot.holder.expires_at <= self._clock():
-                self._drop(slot.holder)
-                return None
-            return slot.holder.owner
+            return slot.holders[0].owner
 
     def wait_until_released(self, descriptors: Iterable[bytes], timeout_ms: int) -> bool:
         """Wait until no live lease holds any of ``descriptors``; ``False`` on timeout.
@@ -280,7 +517,7 @@ class LockTable:
             deadline = self._clock() + wait / 1000
             while True:
                 self._check_open()
-                busy = [s for d in wanted if (s := self._slots.get(d)) and s.holder is not None]
+                busy = [s for d in wanted if (s := self._slots.get(d)) and s.holders]
                 live = [s for s in busy if not self._expire_if_due(s)]
                 if not live:
                     return True
@@ -290,11 +527,51 @@ class LockTable:
                 self._cond.wait(min([remaining] + [self._time_to_expiry(s) for s in live]))
 
     def _expire_if_due(self, slot: _Slot) -> bool:
-        holder = slot.holder
-        if holder is not None and holder.expires_at <= self._clock():
+        """Drop the slot's holders whose lease ran out; ``True`` when none is left."""
+        now = self._clock()
+        for holder in [h for h in slot.holders if h.expires_at <= now]:
             self._drop(holder)
-            return True
-        return holder is None
+        return not slot.holders
+
+    def waits(self, limit: int = DEFAULT_WAITS_LIMIT) -> list[LockWait]:
+        """The ``limit`` longest waits now, longest first: who waits, for which
+        descriptor, since when, and behind whom (for ``percolake status``)."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError(f"limit must be a non-negative int, got {limit!r}")
+        with self._cond:
+            if self._closed:
+                return []
+            now = self._clock()
+            found = []
+            for grants in self._waiting.values():
+                for grant in grants:
+                    assert grant.waiting_on is not None and grant.waiting_since is not None
+                    ahead = self._waits_behind(grant)
+                    found.append(
+                        LockWait(
+                            owner=grant.owner,
+                            descriptor=grant.waiting_on,
+                            waited_s=max(0.0, now - grant.waiting_since),
+                            waits_for=ahead,
+                        )
+                    )
+        found.sort(key=lambda w: w.waited_s, reverse=True)
+        return found[:limit]
+
+    def _waits_behind(self, grant: _Grant) -> str | None:
+        """The owner a waiting grant waits for first: the holder's, else the nearest
+        queued ahead of its owner's first grant in the queue."""
+        for node in self._edges(grant):
+            if isinstance(node, str):
+                return node
+            descriptor, count = node
+            return self._slots[descriptor].queue[count - 1].owner
+        return None
+
+    def waiter_count(self) -> int:
+        """How many lock calls wait in the table now (the ``percolake_lock_waiters``
+        gauge)."""
+        return self._waiter_count
 
     def __len__(self) -> int:
         """How many lock batches are currently granted (live or not yet reaped)."""

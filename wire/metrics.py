@@ -10,7 +10,8 @@ says what each one counts.
 Recording is cheap: the hot paths use children bound to their labels once (the
 ``*_BY_*`` dictionaries below), never a label lookup per call. The gauges of what is
 open or held now are computed when scraped, from the live objects that registered
-(:func:`track_open_transactions`, :func:`track_locks_held`), held weakly.
+(:func:`track_open_transactions`, :func:`track_locks_held`, :func:`track_lock_waiters`),
+held weakly.
 """
 
 from __future__ import annotations
@@ -126,6 +127,17 @@ LOCK_WAIT_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 LOCKS_HELD = Gauge("percolake_locks_held", "Lock batches granted by this process's lock server")
+LOCK_WAITERS = Gauge(
+    "percolake_lock_waiters", "Lock calls waiting in this process's lock server's queues now"
+)
+LOCK_WAIT_TIMEOUTS = Counter(
+    "percolake_lock_wait_timeouts_total",
+    "Lock acquisitions that waited until their wait timeout and got nothing",
+)
+LOCK_DEADLOCKS = Counter(
+    "percolake_lock_deadlocks_total",
+    "Lock calls refused as the victim of a deadlock (DeadlockError): one per cycle found",
+)
 
 # --- leader election ------------------------------------------------------------------
 #
@@ -185,6 +197,16 @@ def record_lock_wait(since: float | None) -> None:
     if since is not None:
         LOCK_WAITS.inc()
         LOCK_WAIT_SECONDS.observe(time.monotonic() - since)
+
+
+def record_lock_wait_timeout() -> None:
+    """A lock acquisition waited until its timeout and got nothing."""
+    LOCK_WAIT_TIMEOUTS.inc()
+
+
+def record_lock_deadlock() -> None:
+    """A lock call was chosen as the victim of a deadlock."""
+    LOCK_DEADLOCKS.inc()
 
 
 def record_leader_seen() -> None:
@@ -353,8 +375,10 @@ class _SumOfLive:
 
 _open_transactions = _SumOfLive()
 _locks_held = _SumOfLive()
+_lock_waiters = _SumOfLive()
 OPEN_TRANSACTIONS.set_function(_open_transactions)
 LOCKS_HELD.set_function(_locks_held)
+LOCK_WAITERS.set_function(_lock_waiters)
 
 
 def track_open_transactions(count: Callable[[], int]) -> None:
@@ -365,6 +389,11 @@ def track_open_transactions(count: Callable[[], int]) -> None:
 def track_locks_held(count: Callable[[], int]) -> None:
     """Add a lock table's count of granted lock batches (a bound method) to the gauge."""
     _locks_held.add(count)
+
+
+def track_lock_waiters(count: Callable[[], int]) -> None:
+    """Add a lock table's count of waiting lock calls (a bound method) to the gauge."""
+    _lock_waiters.add(count)
 
 
 class MetricsServer:

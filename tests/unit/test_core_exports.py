@@ -17,7 +17,9 @@ pytestmark = pytest.mark.unit
 EXPORTS = {
     "txn": {
         "COMMIT_STEPS",
+        "CONFLICTS",
         "CommitAttempt",
+        "ConflictRate",
         "DEFAULT_GRACE_MS",
         "EmbeddedTransaction",
         "GarbageCollector",
@@ -73,9 +75,11 @@ EXPORTS = {
         "LockTable",
         "LockTableClosedError",
         "LockToken",
+        "LockWait",
         "MAX_DESCRIPTOR_BYTES",
         "MAX_LEASE_MS",
         "StaleTokenError",
+        "render_descriptor",
     },
     "storage_adapters": {
         "AVAILABLE_STORES",

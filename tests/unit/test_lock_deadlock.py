@@ -1,0 +1,390 @@
+"""The lock table as a queue for pessimistic transactions: locks reentrant per owner,
+deadlocks found in the wait-for graph between owners (exactly one victim per cycle),
+and waits that can be seen (``LockTable.waits`` and the lock metrics).
+
+Waiting calls run in threads; a test waits (bounded) until they stand in the queue
+before it acts, and joins them with a bound, so nothing here depends on timing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from prometheus_client import REGISTRY
+
+from lockserver import LockTable, LockTableClosedError, LockToken, render_descriptor
+from wire.errors import DeadlockError, TransactionConflictError
+
+pytestmark = pytest.mark.unit
+
+LONG_MS = 30_000
+JOIN_S = 10.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Call:
+    """One ``lock`` call in a thread of its own: its token, or what it raised."""
+
+    def __init__(
+        self, table: LockTable, descriptors: list[bytes], owner: str, wait_ms: int = LONG_MS
+    ) -> None:
+        self.token: LockToken | None = None
+        self.error: BaseException | None = None
+        self.returned = threading.Event()
+
+        def run() -> None:
+            try:
+                self.token = table.lock(
+                    descriptors, owner, lease_ms=60_000, wait_timeout_ms=wait_ms
+                )
+            except BaseException as exc:  # reported to the test, which asserts on it
+                self.error = exc
+            finally:
+                self.returned.set()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def result(self) -> LockToken | None:
+        self.thread.join(JOIN_S)
+        assert not self.thread.is_alive(), "the lock call did not return"
+        if self.error is not None:
+            raise self.error
+        return self.token
+
+
+def until(condition: Callable[[], bool]) -> None:
+    """Wait (bounded) for a state other threads reach."""
+    deadline = time.monotonic() + JOIN_S
+    while not condition():
+        assert time.monotonic() < deadline, "the state was not reached"
+        time.sleep(0.002)
+
+
+def waiters(table: LockTable, count: int) -> None:
+    until(lambda: table.waiter_count() == count)
+
+
+def sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+def take(table: LockTable, descriptors: list[bytes], owner: str) -> LockToken:
+    token = table.lock(descriptors, owner, lease_ms=60_000)
+    assert token is not None
+    return token
+
+
+# --- reentrancy -------------------------------------------------------------------------
+
+
+def test_an_owner_locks_what_it_holds_again_at_once_with_a_token_per_grant() -> None:
+    table = LockTable()
+    first = take(table, [b"x"], "1")
+    second = table.lock([b"x", b"y"], "1", lease_ms=60_000, wait_timeout_ms=0)
+    assert second is not None and second != first
+    assert table.holder(b"x") == "1" and table.holder(b"y") == "1"
+    # Another owner still cannot have it.
+    assert table.lock([b"x"], "2", lease_ms=1000, wait_timeout_ms=0) is None
+
+
+def test_a_descriptor_stays_held_until_every_grant_of_its_owner_is_released() -> None:
+    table = LockTable()
+    first = take(table, [b"x"], "1")
+    second = take(table, [b"x"], "1")
+    assert table.unlock(first)
+    assert table.holder(b"x") == "1"
+    assert not table.unlock(first)  # a token releases its own grant, once
+    assert table.refresh(second)
+    assert table.unlock(second)
+    assert table.holder(b"x") is None
+
+
+def test_a_reentrant_call_bypasses_the_queue_and_the_waiter_gets_the_lock_after_both() -> None:
+    table = LockTable()
+    first = take(table, [b"x"], "1")
+    waiter = Call(table, [b"x"], "2")
+    waiters(table, 1)
+    # "1" would wait behind "2", which waits for "1", if it queued.
+    second = table.lock([b"x"], "1", lease_ms=60_000, wait_timeout_ms=0)
+    assert second is not None
+    assert table.unlock(first)
+    assert table.holder(b"x") == "1" and not waiter.returned.is_set()
+    assert table.unlock(second)
+    assert waiter.result() is not None
+    assert table.holder(b"x") == "2"
+
+
+def test_one_grant_of_an_owner_expires_and_the_other_keeps_the_descriptor() -> None:
+    clock = FakeClock()
+    table = LockTable(clock=clock)
+    short = table.lock([b"x"], "1", lease_ms=100)
+    long = table.lock([b"x"], "1", lease_ms=1000)
+    assert short is not None and long is not None
+    clock.now += 0.2
+    assert table.holder(b"x") == "1"
+    assert not table.refresh(short)
+    assert table.lock([b"x"], "2", lease_ms=100) is None
+    clock.now += 1.0
+    assert table.holder(b"x") is None
+    assert not table.refresh(long)
+    assert table.lock([b"x"], "2", lease_ms=100) is not None
+
+
+def test_a_waiting_reentrant_call_is_granted_when_its_owner_takes_the_lock() -> None:
+    """A call of "2" queued behind "1"'s lock; "2" then gets it through another grant:
+    the queued call takes it too, out of turn, though "3" stands ahead of it."""
+    table = LockTable()
+    held = take(table, [b"x"], "1")
+    first_of_2 = Call(table, [b"x"], "2")
+    waiters(table, 1)
+    third = Call(table, [b"x"], "3")
+    waiters(table, 2)
+    second_of_2 = Call(table, [b"x"], "2")
+    waiters(table, 3)
+    assert table.unlock(held)
+    assert first_of_2.result() is not None
+    assert second_of_2.result() is not None
+    assert table.holder(b"x") == "2" and not third.returned.is_set()
+    table.close()
+    with pytest.raises(LockTableClosedError):
+        third.result()
+
+
+# --- deadlocks --------------------------------------------------------------------------
+
+
+def test_two_owners_crossing_on_two_descriptors_one_is_the_victim_the_other_proceeds() -> None:
+    table = LockTable()
+    deadlocks = sample("percolake_lock_deadlocks_total")
+    take(table, [b"a"], "1")
+    b_of_2 = take(table, [b"b"], "2")
+    one = Call(table, [b"b"], "1")
+    waiters(table, 1)
+    with pytest.raises(DeadlockError) as raised:
+        table.lock([b"a"], "2", lease_ms=60_000, wait_timeout_ms=LONG_MS)
+    error = raised.value
+    assert isinstance(error, TransactionConflictError) and error.reason == "deadlock"
+    text = str(error)
+    assert "2 waits for 1 on 'a'" in text and "1 waits for 2 on 'b'" in text, text
+    assert sample("percolake_lock_deadlocks_total") - deadlocks == 1
+    # Only the victim's call gave up: "2" still holds b, "1" still waits for it.
+    assert table.holder(b"b") == "2" and table.waiter_count() == 1
+    assert not one.returned.is_set()
+    # The victim's transaction aborts and releases the rest; the other proceeds.
+    assert table.unlock(b_of_2)
+    assert one.result() is not None
+    assert table.holder(b"b") == "1"
+    assert sample("percolake_lock_deadlocks_total") - deadlocks == 1
+
+
+def test_the_victim_releases_what_its_call_acquired_so_far() -> None:
+    table = LockTable()
+    take(table, [b"b"], "1")
+    d_of_2 = take(table, [b"d"], "2")
+    one = Call(table, [b"d"], "1")
+    waiters(table, 1)
+    # "2" takes a at once, then would wait on b for "1", which waits for "2".
+    with pytest.raises(DeadlockError):
+        table.lock([b"a", b"b"], "2", lease_ms=60_000, wait_timeout_ms=LONG_MS)
+    assert table.holder(b"a") is None
+    assert table.holder(b"d") == "2"
+    assert table.unlock(d_of_2)
+    assert one.result() is not None
+
+
+def test_a_three_owner_cycle_has_one_victim_and_unwinds() -> None:
+    table = LockTable()
+    a_of_1 = take(table, [b"a"], "1")
+    b_of_2 = take(table, [b"b"], "2")
+    c_of_3 = take(table, [b"c"], "3")
+    one = Call(table, [b"b"], "1")
+    waiters(table, 1)
+    two = Call(table, [b"c"], "2")
+    waiters(table, 2)
+    with pytest.raises(DeadlockError) as raised:
+        table.lock([b"a"], "3", lease_ms=60_000, wait_timeout_ms=LONG_MS)
+    text = str(raised.value)
+    for edge in ("3 waits for 1 on 'a'", "1 waits for 2 on 'b'", "2 waits for 3 on 'c'"):
+        assert edge in text, text
+    assert not one.returned.is_set() and not two.returned.is_set()
+    assert table.unlock(c_of_3)  # the victim aborts
+    c_of_2 = two.result()
+    assert c_of_2 is not None
+    assert table.unlock(c_of_2) and table.unlock(b_of_2)
+    assert one.result() is not None
+    assert table.unlock(a_of_1)
+
+
+def test_a_cycle_through_a_waiter_queued_ahead_is_found() -> None:
+    """ "3" waits on a behind "2" (not only for a's holder "1"); "2" then waits, through
+    another call of its own, for c, which "3" holds: "2" waits for "3" waits for "2"."""
+    table = LockTable()
+    a_of_1 = take(table, [b"a"], "1")
+    take(table, [b"c"], "3")
+    two = Call(table, [b"a"], "2")
+    waiters(table, 1)
+    three = Call(table, [b"a"], "3")
+    waiters(table, 2)
+    with pytest.raises(DeadlockError) as raised:
+        table.lock([b"c"], "2", lease_ms=60_000, wait_timeout_ms=LONG_MS)
+    text = str(raised.value)
+    assert "2 waits for 3 on 'c'" in text and "3 waits for 2 on 'a'" in text, text
+    assert table.unlock(a_of_1)
+    a_of_2 = two.result()
+    assert a_of_2 is not None
+    assert table.unlock(a_of_2)
+    assert three.result() is not None
+
+
+def test_plain_fifo_waiting_is_no_deadlock() -> None:
+    table = LockTable()
+    deadlocks = sample("percolake_lock_deadlocks_total")
+    held = take(table, [b"x"], "0")
+    calls = []
+    for owner in ("1", "2", "3", "4"):
+        calls.append(Call(table, [b"x"], owner))
+        waiters(table, len(calls))
+    assert table.unlock(held)
+    for call in calls:
+        token = call.result()
+        assert token is not None
+        assert table.unlock(token)
+    assert sample("percolake_lock_deadlocks_total") == deadlocks
+
+
+def test_sorted_batches_and_ordered_incremental_grants_never_deadlock() -> None:
+    """Batches in any order are sorted; owners that lock one descriptor at a time in one
+    global order never wait in a cycle either. No call is refused as a deadlock."""
+    table = LockTable()
+    deadlocks = sample("percolake_lock_deadlocks_total")
+    errors: list[BaseException] = []
+
+    def batches(owner: str, descriptors: list[bytes]) -> None:
+        try:
+            for i in range(30):
+                token = table.lock(descriptors, f"{owner}.{i}", 60_000, LONG_MS)
+                assert token is not None
+                table.unlock(token)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def one_by_one(owner: str) -> None:
+        try:
+            for i in range(30):
+                tokens = [table.lock([d], f"{owner}.{i}", 60_000, LONG_MS) for d in (b"1", b"2")]
+                # The commit's batch locks the same cells again, with the same owner.
+                tokens.append(table.lock([b"1", b"2", b"3"], f"{owner}.{i}", 60_000, LONG_MS))
+                for token in tokens:
+                    assert token is not None
+                    table.unlock(token)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=batches, args=("a", [b"1", b"2", b"3"])),
+        threading.Thread(target=batches, args=("b", [b"3", b"2", b"1"])),
+        threading.Thread(target=one_by_one, args=("c",)),
+        threading.Thread(target=one_by_one, args=("d",)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_S * 2)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+    assert sample("percolake_lock_deadlocks_total") == deadlocks
+    assert len(table) == 0 and table.waiter_count() == 0
+
+
+def test_a_try_lock_never_waits_so_it_is_never_a_victim() -> None:
+    table = LockTable()
+    take(table, [b"a"], "1")
+    take(table, [b"b"], "2")
+    one = Call(table, [b"b"], "1")
+    waiters(table, 1)
+    assert table.lock([b"a"], "2", lease_ms=1000, wait_timeout_ms=0) is None
+    table.close()
+    with pytest.raises(LockTableClosedError):
+        one.result()
+
+
+def test_a_deadlock_message_cuts_long_descriptors_and_owners() -> None:
+    table = LockTable()
+    long_a, long_b = b"a" * 3000, b"\x00\xff" * 1500
+    owner_1, owner_2 = "1" * 500, "2" * 500
+    take(table, [long_a], owner_1)
+    take(table, [long_b], owner_2)
+    one = Call(table, [long_b], owner_1)
+    waiters(table, 1)
+    with pytest.raises(DeadlockError) as raised:
+        table.lock([long_a], owner_2, lease_ms=1000, wait_timeout_ms=LONG_MS)
+    assert len(str(raised.value)) < 600
+    assert render_descriptor(long_b).startswith("\\x00\\xff")
+    assert render_descriptor(long_b).endswith("(3000 bytes)")
+    assert render_descriptor(b"t\x00\x01") == "t\\x00\\x01"
+    table.close()
+    with pytest.raises(LockTableClosedError):
+        one.result()
+
+
+# --- visible waits ----------------------------------------------------------------------
+
+
+def test_waits_lists_the_longest_waits_first_with_whom_they_wait_for() -> None:
+    clock = FakeClock()
+    table = LockTable(clock=clock)
+    assert table.waits() == []
+    take(table, [b"x"], "holder")
+    take(table, [b"y"], "other")
+    early = Call(table, [b"x"], "early")
+    waiters(table, 1)
+    clock.now += 2.0
+    late = Call(table, [b"x"], "late")
+    waiters(table, 2)
+    clock.now += 0.5
+    on_y = Call(table, [b"y"], "on-y")
+    waiters(table, 3)
+    got = table.waits()
+    assert [(w.owner, w.descriptor, w.waits_for) for w in got] == [
+        ("early", b"x", "holder"),
+        ("late", b"x", "holder"),
+        ("on-y", b"y", "other"),
+    ]
+    assert [w.waited_s for w in got] == [2.5, 0.5, 0.0]
+    assert [w.owner for w in table.waits(limit=1)] == ["early"]
+    with pytest.raises(ValueError):
+        table.waits(limit=-1)
+    table.close()
+    assert table.waits() == []
+    for call in (early, late, on_y):
+        with pytest.raises(LockTableClosedError):
+            call.result()
+    assert table.waiter_count() == 0
+
+
+def test_the_waiters_gauge_and_the_timeout_counter() -> None:
+    table = LockTable()
+    gauge = sample("percolake_lock_waiters")
+    timeouts = sample("percolake_lock_wait_timeouts_total")
+    waits = sample("percolake_lock_waits_total")
+    held = take(table, [b"x"], "1")
+    waiting = Call(table, [b"x"], "2")
+    waiters(table, 1)
+    assert sample("percolake_lock_waiters") - gauge == 1
+    assert table.unlock(held)
+    assert waiting.result() is not None
+    assert sample("percolake_lock_waiters") == gauge
+    assert table.lock([b"x"], "3", lease_ms=1000, wait_timeout_ms=20) is None
+    assert sample("percolake_lock_wait_timeouts_total") - timeouts == 1
+    assert sample("percolake_lock_waits_total") - waits == 2
+    assert table.waiter_count() == 0 and table.waits() == []
