@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from lockserver import LockTable, LockTableClosedError, LockToken
+from lockserver import LockTable, LockTableClosedError, LockToken, LockWait
 from lockserver.lock_service import RemoteLockService
 from storage_adapters import KVStore, StoreError
 from tso import (
@@ -416,6 +416,12 @@ class ControlPlane:
     def locks_held(self) -> int:
         term = self._local()
         return 0 if term is None else len(term.locks)
+
+    def lock_waits(self, limit: int) -> list[LockWait]:
+        """The longest waits in the leader's table; a follower has none (as with
+        :meth:`locks_held`, the leader's own status tells them)."""
+        term = self._local()
+        return [] if term is None else term.locks.waits(limit)
 
     def serving_problem(self) -> str | None:
         """Why this replica cannot serve its role now, for health checks; ``None`` when

@@ -65,6 +65,8 @@ class RunningServer:
         self._closers: list[Callable[[], None]] = []
         self._gateway: TransactionServicer | None = None
         self.control: ControlPlane | None = None
+        #: The lock table a lone lock server (no replicas) serves, for its status.
+        self._lock_table: LockTable | None = None
         self._lakehouse: LakehouseServicer | None = None
         self._store: KVStore | None = None
         #: A split gateway's oracle and lock server, with the role each serves.
@@ -106,6 +108,7 @@ class RunningServer:
                 address=lambda: self.address,
                 control=self.control,
                 open_transactions=self._open_transactions,
+                lock_table=self._lock_table,
             ),
             self.server,
         )
@@ -247,6 +250,8 @@ class RunningServer:
         # roles all and tso elect on one row, and whichever leads is asked for both.
         if role in ("all", "locks") or (role == "tso" and isinstance(plane, ControlPlane)):
             lock_pb2_grpc.add_LockServiceServicer_to_server(LockServicer(table), self.server)
+            if isinstance(table, LockTable):
+                self._lock_table = table
             names.append(ROLE_SERVICES["locks"])
         if role in ("all", "txn"):
             assert store is not None

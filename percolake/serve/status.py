@@ -1,4 +1,5 @@
-"""``percolake status``: who leads a replica set, in which epoch, and what each holds.
+"""``percolake status``: who leads a replica set, in which epoch, what each holds and
+which lock calls wait longest.
 
 Every ``percolake serve`` process answers ``ControlService.GetStatus``
 (:class:`ControlServicer`); the command asks each address it is given and prints one
@@ -16,6 +17,7 @@ from typing import TextIO
 
 import grpc
 
+from lockserver import LockTable, LockWait, render_descriptor
 from percolake import __version__
 from percolake.serve.replica import ControlPlane
 from wire.auth import TlsConfig
@@ -26,10 +28,15 @@ from wire.v1 import control_pb2 as pb
 from wire.v1 import control_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ControlService"].full_name
+#: How many of a lock server's longest waits its status reports.
+STATUS_LOCK_WAITS = 5
 
 
 class ControlServicer(pb_grpc.ControlServiceServicer):
-    """What this process says of itself: role, store, election, load."""
+    """What this process says of itself: role, store, election, load.
+
+    Its locks and lock waits are those of the table it serves: a replica set's
+    leader's (``control``; a follower reports none), or a lone ``lock_table``."""
 
     def __init__(
         self,
@@ -39,10 +46,12 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
         address: Callable[[], str],
         control: ControlPlane | None,
         open_transactions: Callable[[], int] = lambda: 0,
+        lock_table: LockTable | None = None,
     ) -> None:
         self._role, self._store, self._address = role, store, address
         self._control = control
         self._open_transactions = open_transactions
+        self._lock_table = lock_table
 
     def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.ServicerContext
@@ -50,6 +59,7 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
         try:
             leases = []
             locks = 0
+            waits: list[LockWait] = []
             if self._control is not None:
                 view = self._control.view()
                 leases.append(
@@ -66,6 +76,10 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
                     )
                 )
                 locks = self._control.locks_held()
+                waits = self._control.lock_waits(STATUS_LOCK_WAITS)
+            elif self._lock_table is not None and not self._lock_table.closed:
+                locks = len(self._lock_table)
+                waits = self._lock_table.waits(STATUS_LOCK_WAITS)
             return pb.GetStatusResponse(
                 address=self._address(),
                 role=self._role,
@@ -74,6 +88,15 @@ class ControlServicer(pb_grpc.ControlServiceServicer):
                 open_transactions=self._open_transactions(),
                 locks_held=locks,
                 version=__version__,
+                lock_waits=[
+                    pb.LockWait(
+                        owner=w.owner,
+                        descriptor=w.descriptor,
+                        waited_s=w.waited_s,
+                        waits_for=w.waits_for or "",
+                    )
+                    for w in waits
+                ],
             )
         except Exception as exc:
             abort_with(context, exc)
@@ -101,6 +124,9 @@ class ProcessStatus:
     open_transactions: int = 0
     locks_held: int = 0
     leases: list[dict[str, object]] = field(default_factory=list)
+    #: The longest lock waits, longest first: owner, descriptor (as text), waited_s,
+    #: waits_for (``None``: not known).
+    lock_waits: list[dict[str, object]] = field(default_factory=list)
 
 
 def ask(address: str, token: str | None, tls: TlsConfig | None, timeout_s: float) -> ProcessStatus:
@@ -135,6 +161,15 @@ def ask(address: str, token: str | None, tls: TlsConfig | None, timeout_s: float
                 "lease_ms": lease.lease_ms,
             }
             for lease in got.leases
+        ],
+        lock_waits=[
+            {
+                "owner": wait.owner,
+                "descriptor": render_descriptor(wait.descriptor),
+                "waited_s": round(wait.waited_s, 3),
+                "waits_for": wait.waits_for or None,
+            }
+            for wait in got.lock_waits
         ],
     )
 
@@ -209,6 +244,13 @@ def render(statuses: Sequence[ProcessStatus], out: TextIO) -> None:
                 f"{s.address}: store {s.store or '-'}, {s.open_transactions} open "
                 f"transactions, {s.locks_held} lock batches held\n"
             )
+            if s.lock_waits:
+                out.write(f"{s.address}: longest lock waits:\n")
+            for wait in s.lock_waits:
+                out.write(
+                    f"  {_seconds(wait['waited_s'])}  {wait['owner']} waits for "
+                    f"{wait['waits_for'] or '-'} on '{wait['descriptor']}'\n"
+                )
 
 
 def _seconds(value: object) -> str:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15wire/v1/control.proto\x12\x0cpercolake.v1\"\x12\n\x10GetStatusRequest\"\xb5\x01\n\x0bLeaseStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07leading\x18\x03 \x01(\x08\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x11\n\tleader_id\x18\x05 \x01(\t\x12\x16\n\x0eleader_address\x18\x06 \x01(\t\x12\x11\n\trow_age_s\x18\x07 \x01(\x01\x12\x14\n\x0clease_left_s\x18\x08 \x01(\x01\x12\x10\n\x08lease_ms\x18\t \x01(\r\"\xac\x01\n\x11GetStatusResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05store\x18\x03 \x01(\t\x12)\n\x06leases\x18\x04 \x03(\x0b\x32\x19.percolake.v1.LeaseStatus\x12\x19\n\x11open_transactions\x18\x05 \x01(\r\x12\x12\n\nlocks_held\x18\x06 \x01(\r\x12\x0f\n\x07version\x18\x07 \x01(\t2^\n\x0e\x43ontrolService\x12L\n\tGetStatus\x12\x1e.percolake.v1.GetStatusRequest\x1a\x1f.percolake.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15wire/v1/control.proto\x12\x0cpercolake.v1\"\x12\n\x10GetStatusRequest\"\xb5\x01\n\x0bLeaseStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07leading\x18\x03 \x01(\x08\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x11\n\tleader_id\x18\x05 \x01(\t\x12\x16\n\x0eleader_address\x18\x06 \x01(\t\x12\x11\n\trow_age_s\x18\x07 \x01(\x01\x12\x14\n\x0clease_left_s\x18\x08 \x01(\x01\x12\x10\n\x08lease_ms\x18\t \x01(\r\"R\n\x08LockWait\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x12\n\ndescriptor\x18\x02 \x01(\x0c\x12\x10\n\x08waited_s\x18\x03 \x01(\x01\x12\x11\n\twaits_for\x18\x04 \x01(\t\"\xd8\x01\n\x11GetStatusResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05store\x18\x03 \x01(\t\x12)\n\x06leases\x18\x04 \x03(\x0b\x32\x19.percolake.v1.LeaseStatus\x12\x19\n\x11open_transactions\x18\x05 \x01(\r\x12\x12\n\nlocks_held\x18\x06 \x01(\r\x12\x0f\n\x07version\x18\x07 \x01(\t\x12*\n\nlock_waits\x18\x08 \x03(\x0b\x32\x16.percolake.v1.LockWait2^\n\x0e\x43ontrolService\x12L\n\tGetStatus\x12\x1e.percolake.v1.GetStatusRequest\x1a\x1f.percolake.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATUSREQUEST']._serialized_end=57
   _globals['_LEASESTATUS']._serialized_start=60
   _globals['_LEASESTATUS']._serialized_end=241
-  _globals['_GETSTATUSRESPONSE']._serialized_start=244
-  _globals['_GETSTATUSRESPONSE']._serialized_end=416
-  _globals['_CONTROLSERVICE']._serialized_start=418
-  _globals['_CONTROLSERVICE']._serialized_end=512
+  _globals['_LOCKWAIT']._serialized_start=243
+  _globals['_LOCKWAIT']._serialized_end=325
+  _globals['_GETSTATUSRESPONSE']._serialized_start=328
+  _globals['_GETSTATUSRESPONSE']._serialized_end=544
+  _globals['_CONTROLSERVICE']._serialized_start=546
+  _globals['_CONTROLSERVICE']._serialized_end=640
 # @@protoc_insertion_point(module_scope)

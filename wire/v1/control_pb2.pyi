@@ -86,6 +86,40 @@ class LeaseStatus(_message.Message):
 Global___LeaseStatus: _TypeAlias = LeaseStatus  # noqa: Y015
 
 @_typing.final
+class LockWait(_message.Message):
+    """A lock call waiting in this process's lock table (the leader's, in a replica set)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OWNER_FIELD_NUMBER: _builtins.int
+    DESCRIPTOR_FIELD_NUMBER: _builtins.int
+    WAITED_S_FIELD_NUMBER: _builtins.int
+    WAITS_FOR_FIELD_NUMBER: _builtins.int
+    owner: _builtins.str
+    """who waits (a transaction's start timestamp, for commits)"""
+    descriptor: _builtins.bytes
+    """the lock it waits for now"""
+    waited_s: _builtins.float
+    """seconds since the call began to wait"""
+    waits_for: _builtins.str
+    """the owner it waits behind: the holder, else the queue ahead ("" none)"""
+    def __init__(
+        self,
+        *,
+        owner: _builtins.str = ...,
+        descriptor: _builtins.bytes = ...,
+        waited_s: _builtins.float = ...,
+        waits_for: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["descriptor", b"descriptor", "owner", b"owner", "waited_s", b"waited_s", "waits_for", b"waits_for"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LockWait: _TypeAlias = LockWait  # noqa: Y015
+
+@_typing.final
 class GetStatusResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -96,6 +130,7 @@ class GetStatusResponse(_message.Message):
     OPEN_TRANSACTIONS_FIELD_NUMBER: _builtins.int
     LOCKS_HELD_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    LOCK_WAITS_FIELD_NUMBER: _builtins.int
     address: _builtins.str
     """where this process serves"""
     role: _builtins.str
@@ -112,6 +147,10 @@ class GetStatusResponse(_message.Message):
     def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseStatus]:
         """empty when this process takes part in no election"""
 
+    @_builtins.property
+    def lock_waits(self) -> _containers.RepeatedCompositeFieldContainer[Global___LockWait]:
+        """the longest waits now, longest first"""
+
     def __init__(
         self,
         *,
@@ -122,10 +161,11 @@ class GetStatusResponse(_message.Message):
         open_transactions: _builtins.int = ...,
         locks_held: _builtins.int = ...,
         version: _builtins.str = ...,
+        lock_waits: _abc.Iterable[Global___LockWait] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "leases", b"leases", "locks_held", b"locks_held", "open_transactions", b"open_transactions", "role", b"role", "store", b"store", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "leases", b"leases", "lock_waits", b"lock_waits", "locks_held", b"locks_held", "open_transactions", b"open_transactions", "role", b"role", "store", b"store", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
