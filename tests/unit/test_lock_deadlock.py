@@ -15,7 +15,11 @@ import pytest
 from prometheus_client import REGISTRY
 
 from lockserver import LockTable, LockTableClosedError, LockToken, render_descriptor
+from percolake.serve.replica import ControlPlane
+from percolake.serve.status import ControlServicer
+from storage_adapters import open_store
 from wire.errors import DeadlockError, TransactionConflictError
+from wire.v1 import control_pb2 as pb
 
 pytestmark = pytest.mark.unit
 
@@ -35,7 +39,11 @@ class Call:
     """One ``lock`` call in a thread of its own: its token, or what it raised."""
 
     def __init__(
-        self, table: LockTable, descriptors: list[bytes], owner: str, wait_ms: int = LONG_MS
+        self,
+        table: LockTable | ControlPlane,
+        descriptors: list[bytes],
+        owner: str,
+        wait_ms: int = LONG_MS,
     ) -> None:
         self.token: LockToken | None = None
         self.error: BaseException | None = None
@@ -388,3 +396,30 @@ def test_the_waiters_gauge_and_the_timeout_counter() -> None:
     assert sample("percolake_lock_wait_timeouts_total") - timeouts == 1
     assert sample("percolake_lock_waits_total") - waits == 2
     assert table.waiter_count() == 0 and table.waits() == []
+
+
+def test_a_replica_set_leader_reports_its_waits_and_its_deadlocks() -> None:
+    """Through the control plane of a replica set (the leader's table answers): the
+    status lists the wait, and a deadlock victim gets DeadlockError, not a retry."""
+    store = open_store("memory://")
+    plane = ControlPlane(store, lease_ms=5000, failover_s=1.0)
+    plane.lease.address = "127.0.0.1:1"
+    plane.lease.step()
+    assert plane.lease.valid()
+    status = ControlServicer(role="locks", store="memory://", address=lambda: "x", control=plane)
+    try:
+        assert plane.lock([b"a"], "1", lease_ms=60_000) is not None
+        b_of_2 = plane.lock([b"b"], "2", lease_ms=60_000)
+        assert b_of_2 is not None
+        one = Call(plane, [b"b"], "1")
+        until(lambda: len(plane.lock_waits(5)) == 1)
+        got = status.GetStatus(pb.GetStatusRequest(), None)  # type: ignore[arg-type]
+        assert [(w.owner, w.descriptor, w.waits_for) for w in got.lock_waits] == [("1", b"b", "2")]
+        assert got.locks_held == 3  # batches in the table: two granted, one waiting
+        with pytest.raises(DeadlockError):
+            plane.lock([b"a"], "2", lease_ms=60_000, wait_timeout_ms=LONG_MS)
+        assert plane.unlock(b_of_2)
+        assert one.result() is not None
+        assert plane.lock_waits(5) == []
+    finally:
+        plane.close()
