@@ -35,10 +35,13 @@ class SnapshotReader:
         *,
         skip_ts: int | None = None,
         below: dict[Cell, int] | None = None,
+        writers: dict[Cell, int] | None = None,
     ) -> dict[Cell, bytes | None]:
         """Visible value of each cell (``None``: deleted); cells never written left out.
 
         ``below`` starts some cells' search under a lower bound than the snapshot.
+        ``writers``, when given, receives the start timestamp of each visible version
+        (``get_for_update`` asks whether a writer that began after it committed first).
         """
         bounds = {cell: snapshot_ts for cell in cells}
         if below:
@@ -60,6 +63,8 @@ class SnapshotReader:
                 outcome = outcomes.get(version.ts)
                 if version.ts != skip_ts and self._visible(version.ts, outcome, snapshot_ts):
                     out[cell] = version.value
+                    if writers is not None:
+                        writers[cell] = version.ts
                     continue
                 if outcome == ABORTED:
                     garbage.append((cell.row, cell.column, version.ts))

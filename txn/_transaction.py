@@ -159,9 +159,12 @@ class EmbeddedTransaction:
         for_update_ts = self._for_update[key]
         buffered, value = self._writes.lookup(table, cell)
         if not buffered:
-            value = self._read_locked(table, cell, for_update_ts)
+            return self._read_locked(table, cell, for_update_ts)
         if fresh:
-            self._doom(table, cell, for_update_ts)
+            # Our own write is the answer, but the read still tells whether it can commit.
+            self._read_locked(table, cell, for_update_ts)
+            if key in self._doomed:
+                self._conflict_on_write(table, cell)
         return value
 
     def _lock_for_update(self, table: str, cell: Cell) -> None:
@@ -188,42 +191,28 @@ class EmbeddedTransaction:
         self._held.append(token)
 
     def _read_locked(self, table: str, cell: Cell, for_update_ts: int) -> bytes | None:
+        """The cell's newest committed value below ``for_update_ts``.
+
+        Also notes whether its writer began after us: then no write of ours to the cell
+        can commit (our version would sort below one that committed before us; see
+        docs/design/protocol.md, "Pessimistic reads"), and a ``put`` or ``delete`` of it
+        raises at once instead of at commit. A transaction that only reads it is not
+        concerned.
+        """
+        writers: dict[Cell, int] = {}
         try:
-            found = self._rt.reader.read_cells(table, [cell], for_update_ts)
+            found = self._rt.reader.read_cells(table, [cell], for_update_ts, writers=writers)
             self._rt.guard.check(self.start_ts)  # after the read (rule S8)
         except StoreError as exc:
             metrics.record_store_error("read")
             raise ServiceUnavailableError(f"read of {table!r} failed: {exc}") from exc
+        if writers.get(cell, -1) > self.start_ts:
+            self._doomed.add((table, cell))
         value = found.get(cell)
         if self._reads is not None:
             # Validated at commit_ts like every read: equal there, it was right.
             self._reads.cells[(table, cell)] = value
         return value
-
-    def _doom(self, table: str, cell: Cell, for_update_ts: int) -> None:
-        """Note whether a writer that began after us committed to the cell before we
-        read it: then no write of ours to it can commit (its version would sort above
-        ours while committed before us), and a write raises at once instead of at commit.
-        A transaction that only reads the cell is not concerned."""
-        try:
-            found = self._rt.store.get_version_timestamps(
-                table, [cell], above_ts=self.start_ts, below_ts=for_update_ts
-            )
-            tss = set(found.get(cell, []))
-            if tss:
-                where = {ts: (table, cell) for ts in tss}
-                committed = [
-                    ts for ts, o in self._rt.resolver.resolve(tss, where=where).items() if o >= 0
-                ]
-            else:
-                committed = []
-        except StoreError as exc:
-            metrics.record_store_error("read")
-            raise ServiceUnavailableError(f"read of {table!r} failed: {exc}") from exc
-        if committed:
-            self._doomed.add((table, cell))
-            if self._writes.lookup(table, cell)[0]:
-                self._conflict_on_write(table, cell)
 
     def _conflict_on_write(self, table: str, cell: Cell) -> None:
         self._end("conflict")
