@@ -84,7 +84,7 @@ class EmbeddedTransaction:
         #: the commit's conflict check reads older writers of the cell from there.
         self._for_update: dict[tuple[str, Cell], int] = {}
         #: Locked cells a writer that began after us committed to: no write of ours to
-        #: them can commit (see ``_doom``).
+        #: them can commit (see ``_read_locked``).
         self._doomed: set[tuple[str, Cell]] = set()
         #: The grants of those locks, released when the transaction ends.
         self._held: list[LockToken] = []
