@@ -9,15 +9,17 @@ from txn._config import TransactionConfig
 from txn._gc import GarbageCollector, GcLoop, GcReport
 from txn._isolation import Isolation, TransactionStatus
 from txn._manager import TransactionManager
-from txn._retry import RetriesExhaustedError, RetryPolicy, run_transaction
+from txn._retry import CONFLICTS, ConflictRate, RetriesExhaustedError, RetryPolicy, run_transaction
 from txn._safepoint import DEFAULT_GRACE_MS, Registration
 from txn._services import LockService, TimestampSource
 from txn._transaction import EmbeddedTransaction
 
 __all__ = [
     "COMMIT_STEPS",
+    "CONFLICTS",
     "DEFAULT_GRACE_MS",
     "CommitAttempt",
+    "ConflictRate",
     "EmbeddedTransaction",
     "GarbageCollector",
     "GcLoop",
