@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from lockserver import LockTable
+from storage_adapters import VersionWrite
 from txn import Isolation, TransactionConfig, TransactionManager, TransactionStatus
 from txn.errors import DeadlockError, TransactionClosedError, TransactionConflictError
+from txn.tables import TXN_TABLE, encode_outcome, txn_key
 from wire import metrics
 
 pytestmark = pytest.mark.unit
@@ -248,6 +250,25 @@ def test_a_writer_that_began_later_and_committed_first_wins(tm: TransactionManag
     _put(tm, Y, b"later")
     assert reader.get_for_update(T, *Y) == b"later"
     assert reader.commit() == reader.start_ts  # read only: nothing to refuse
+
+
+def test_the_commit_refuses_a_later_started_writer_that_committed_before_for_update_ts(
+    tm: TransactionManager,
+) -> None:
+    """The check itself, past get_for_update's early refusal: a writer that began after
+    us and committed before our for_update_ts is injected once we have read. Checking it
+    from for_update_ts (it committed before: "read") would let our version, sorted below
+    its own, commit after it, and every reader would keep its value: a lost update."""
+    tx = tm.begin()
+    burnt = [tm.begin() for _ in range(3)]  # timestamps between start_ts and F
+    assert tx.get_for_update(T, *X) is None
+    writer, commit_ts = burnt[0].start_ts, burnt[1].start_ts
+    tm.store.put_versions(T, [VersionWrite(X[0], X[1], writer, b"theirs")])
+    tm.store.put_unless_exists(TXN_TABLE, txn_key(writer), encode_outcome(commit_ts))
+    tx.put(T, *X, b"mine")
+    with pytest.raises(TransactionConflictError, match="started after"):
+        tx.commit()
+    assert _read(tm, X) == b"theirs"
 
 
 def test_a_writer_committing_after_for_update_ts_still_conflicts(
