@@ -13,13 +13,20 @@ from pathlib import Path
 import pytest
 
 from storage_adapters import KVStore, open_store
-from txn import TransactionConfig, TransactionManager
+from txn import CONFLICTS, TransactionConfig, TransactionManager
 
 pytest_plugins = ["tests.cassandra_plugin", "tests.s3_plugin", "tests.spark_plugin"]
 
 StoreFactory = Callable[[], KVStore]
 
 _counter = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _uncontended_retries() -> None:
+    """Each test starts with this process's retry backoff uncontended (``txn.CONFLICTS``):
+    the conflicts of one test would otherwise widen the next test's backoff."""
+    CONFLICTS.reset()
 
 
 def _shared_jvm(item: pytest.Item) -> str | None:

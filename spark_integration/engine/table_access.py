@@ -117,6 +117,10 @@ class TableAccess:
             cap_s=RETRY_CAP_S,
             settle_unknown=settle_unknown or job_id is not None,
             give_up_on=(ConcurrentModificationError,),
+            # The fixed window: this engine serves every table from one process (the
+            # gateway), whose conflict rate must not pace one table for another's
+            # contention; the deadline, not a count of attempts, bounds the retries.
+            adaptive=False,
         )
 
         def outcome(txn_id: str, *, settle: bool = False) -> TransactionStatus | None:
