@@ -189,6 +189,7 @@ class EmbeddedTransaction:
                 "held by another transaction; it was aborted"
             )
         self._held.append(token)
+        metrics.PESSIMISTIC_LOCKS.inc()
 
     def _read_locked(self, table: str, cell: Cell, for_update_ts: int) -> bytes | None:
         """The cell's newest committed value below ``for_update_ts``.

@@ -138,6 +138,10 @@ LOCK_DEADLOCKS = Counter(
     "percolake_lock_deadlocks_total",
     "Lock calls refused as the victim of a deadlock (DeadlockError): one per cycle found",
 )
+PESSIMISTIC_LOCKS = Counter(
+    "percolake_pessimistic_locks_total",
+    "Cells locked at read time by get_for_update (granted; a cell locked twice counts once)",
+)
 
 # --- leader election ------------------------------------------------------------------
 #

@@ -329,6 +329,16 @@ def test_a_deadlock_aborts_one_victim_and_the_other_commits(tm: TransactionManag
     assert _read(tm, X) == b"1" and _read(tm, Y) == b"1"
 
 
+def test_each_cell_locked_is_counted_once(tm: TransactionManager) -> None:
+    before = metrics.PESSIMISTIC_LOCKS._value.get()
+    tx = tm.begin()
+    tx.get_for_update(T, *X)
+    tx.get_for_update(T, *X)  # already held: no second lock, the same for_update_ts
+    tx.get_for_update(T, *Y)
+    tx.commit()
+    assert metrics.PESSIMISTIC_LOCKS._value.get() == before + 2
+
+
 def test_get_for_update_checks_its_arguments(tm: TransactionManager) -> None:
     tx = tm.begin()
     with pytest.raises(ValueError):
