@@ -42,6 +42,7 @@ SUITES = [
     "bench.bench_lakehouse_s3",
     "bench.bench_ha",
     "bench.bench_restart",
+    "bench.bench_hotkeys",
     "bench.bench_gc",
     "bench.bench_datasource",
     "bench.bench_checker",
