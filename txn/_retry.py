@@ -7,25 +7,35 @@ Nothing else is retried blindly. A :class:`CommitUnknownError` is settled first
 which fences it, so "not committed" then stays true and a retry is safe;
 "committed" returns the attempt's result; anything else re-raises the unknown.
 Backoff is full jitter (each delay uniform in ``[0, window]``) so that writers who
-collided spread out instead of colliding again, and the window adapts to contention:
-``window = scale * min(cap, base * 2**attempt)``, where ``scale`` (1 to
-``ConflictRate.max_scale``) is set by a process-wide :class:`ConflictRate` that every
-attempt reports to.
+collided spread out instead of colliding again, and the window adapts to contention
+through a process-wide :class:`ConflictRate` (:data:`CONFLICTS`) that every attempt
+reports to: after the n-th conflict the window is ``scale * min(cap, base * 2**n)``,
+and a new transaction waits ``(scale - 1) * min(cap, 2 * base)`` at most before its
+first attempt (nothing at scale 1); widening stops at :data:`MAX_ADAPTIVE_WINDOW_S`.
 
 Why adapt: how wide the window must be depends on how many writers share a hot cell
-(issue 28: 64 clients on 4 counters, 16 per counter, lost ten times in a row 112
-times with a fixed 5 ms to 0.5 s window), and a window wide enough for that would
-slow a lightly contended workload. The scale is an integral controller on the share
-of attempts that conflicted: each conflict widens it, each success narrows it, in
-proportions that settle where ``target`` (20 %) of attempts conflict; at that rate
-ten attempts in a row all lose with a probability of about 1e-7. An uncontended
-process has no conflicts, so its scale stays 1 and it never sleeps: its first
-attempts cost what they cost before. The scale also halves every ``half_life_s``
-without an attempt, so a burst of contention long past does not delay a later
-retry. One estimator per process (not per cell: the loop does not know the cells),
-so a process whose few hot cells share it with many cold ones widens less than
-those cells alone would ask for; the exponential growth with the attempt number
-still spreads their retries.
+and how long an attempt takes, which the loop cannot know in advance. With the fixed
+5 ms to 0.5 s window, 64 clients on 4 counters through a gateway (issue 28) lost ten
+times in a row by the dozen; a window that wide from the start would slow a lightly
+contended workload. The scale is an integral controller on the share of attempts that
+conflicted: each conflict widens it, each success narrows it, in proportions that
+settle where ``target`` (20 %) of attempts conflict; at that rate ten attempts in a
+row all lose with a probability of about 1e-7.
+
+Why new transactions wait too: the writer that just won starts its next transaction
+at once, so without pacing a hot cell is always busy with someone's first attempt,
+and a retry, however late, finds it so (measured: retries lost about 70 % of the time
+whatever the window). Pacing leaves gaps in which retries can win.
+
+What it costs: an uncontended process has no conflicts, so its scale stays 1 and
+nothing sleeps, as before. The scale halves every ``half_life_s`` without a report,
+so contention long past does not delay later work. One estimator per process (not per
+cell: the loop does not know the cells): a process whose hot cells are a small share
+of its transactions sees a low conflict rate and widens little (its retries still
+spread by ``2**n``); one whose transactions mostly contend paces them all, which is
+what spares them their retries. Policies with ``adaptive=False`` keep the fixed
+window and report nothing (the lakehouse engine: one gateway process serves every
+table, so one table's contention must not pace another's).
 """
 
 from __future__ import annotations
