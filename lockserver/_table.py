@@ -167,10 +167,11 @@ class LockTable:
     by one (``get_for_update``), then its whole commit batch, relies on this.
 
     Cycles come only from such incremental grants of one owner. A call about to wait
-    (and, when new waits began since, one woken up) follows the wait-for graph between
-    owners: its owner waits for the owner holding the descriptor and for the owners
-    queued ahead of it. If that leads back to its own owner, the call is the victim: it
-    releases what it acquired so far (not its owner's other grants) and raises
+    (and a woken one, when the graph may have gained an edge since) follows the
+    wait-for graph between owners: its owner waits for the owner holding the descriptor
+    and for the owners queued ahead of its owner's first call in that queue. If that
+    leads back to its own owner, the call is the victim: it releases what it acquired
+    so far (not its owner's other grants) and raises
     :class:`~wire.errors.DeadlockError` naming the cycle. The check runs under the
     table's condition, where the cycle closes, so each cycle has exactly one victim.
     """
@@ -186,9 +187,11 @@ class LockTable:
         #: Waiting grants by owner: the nodes of the wait-for graph.
         self._waiting: dict[str, list[_Grant]] = {}
         self._waiter_count = 0
-        #: How many waits began: a woken call checks for a cycle again only when it
-        #: changed, as only a new wait can close a cycle.
-        self._waits_begun = 0
+        #: Changes that can add an edge to the wait-for graph, and so close a cycle: a
+        #: wait begins, or a call of an owner leaves a queue (or a holding) while a
+        #: later call of that owner stays in the queue, which then waits for those it
+        #: stood behind. A woken call checks for a cycle again only when it changed.
+        self._graph_changes = 0
         metrics.track_locks_held(self.__len__)
         metrics.track_lock_waiters(self.waiter_count)
 
@@ -259,6 +262,9 @@ class LockTable:
                 ):
                     return None
                 slot.dequeue(grant)
+                if grant.owner in slot.queued:
+                    # Its owner's later calls here are granted now by reentry: wake them.
+                    self._cond.notify_all()
                 slot.holders.append(grant)
                 grant.acquired += 1
             grant.expires_at = self._clock() + lease / 1000
@@ -282,7 +288,7 @@ class LockTable:
                 if remaining <= 0:
                     self._give_up(slot, descriptor, grant)
                     return False
-                if grant.checked_at != self._waits_begun:
+                if grant.checked_at != self._graph_changes:
                     self._check_deadlock(slot, descriptor, grant)
                 if grant.wait_started is None:
                     grant.wait_started = time.monotonic()
@@ -326,7 +332,7 @@ class LockTable:
             grant.waiting_since = self._clock()
         self._waiting.setdefault(grant.owner, []).append(grant)
         self._waiter_count += 1
-        self._waits_begun += 1
+        self._graph_changes += 1
 
     def _end_wait(self, grant: _Grant) -> None:
         grant.waiting_on = None
@@ -341,6 +347,8 @@ class LockTable:
     def _leave(self, slot: _Slot, descriptor: bytes, grant: _Grant) -> None:
         """``grant`` gives up waiting: out of the queue, and everything it holds freed."""
         slot.dequeue(grant)
+        if grant.owner in slot.queued:
+            self._graph_changes += 1
         if not slot.holders and not slot.queue and self._slots.get(descriptor) is slot:
             del self._slots[descriptor]
         self._drop(grant)
@@ -354,6 +362,8 @@ class LockTable:
                 slot.holders.remove(grant)
                 if not slot.holders and not slot.queue:
                     del self._slots[descriptor]
+                elif not slot.holders and grant.owner in slot.queued:
+                    self._graph_changes += 1
         grant.acquired = 0
         self._cond.notify_all()
 
@@ -433,7 +443,7 @@ class LockTable:
     def _check_deadlock(self, slot: _Slot, descriptor: bytes, grant: _Grant) -> None:
         """Raise :class:`DeadlockError` if ``grant``'s wait closes a cycle, after giving up
         the wait and what it holds so that the others of the cycle proceed."""
-        grant.checked_at = self._waits_begun
+        grant.checked_at = self._graph_changes
         cycle = self._find_cycle(grant)
         if cycle is None:
             return

@@ -254,6 +254,53 @@ def test_a_cycle_through_a_waiter_queued_ahead_is_found() -> None:
     assert three.result() is not None
 
 
+def test_a_cycle_closed_when_a_call_leaves_the_queue_is_found_by_a_woken_waiter() -> None:
+    """No new wait closes this cycle: "x" has two calls queued on s, one ahead of "y"
+    and one behind it; the later one waits only for what the first waits for (it is
+    granted with it). When the first times out, the later one waits for "y", which
+    (through a call of its own) waits for t, held by "x": a waiter woken by the change
+    finds the cycle, and exactly one of the two calls is the victim."""
+    clock = FakeClock()
+    table = LockTable(clock=clock)
+    take(table, [b"s"], "h")
+    take(table, [b"t"], "x")
+    first_of_x = Call(table, [b"s"], "x", wait_ms=1000)
+    waiters(table, 1)
+    y_on_s = Call(table, [b"s"], "y")
+    waiters(table, 2)
+    y_on_t = Call(table, [b"t"], "y")
+    waiters(table, 3)
+    later_of_x = Call(table, [b"s"], "x")
+    waiters(table, 4)
+
+    def wake_everyone() -> None:
+        table.unlock(take(table, [b"unrelated"], "p"))
+
+    # Every waiter wakes and checks once more, finding no cycle: from now on only a
+    # change of the graph makes them look again.
+    wake_everyone()
+    until(
+        lambda: all(
+            grant.checked_at == table._graph_changes
+            for grants in list(table._waiting.values())
+            for grant in grants
+        )
+    )
+    clock.now += 2  # the first call of "x" is past its wait; woken, it gives up
+    wake_everyone()
+    assert first_of_x.result() is None
+    until(lambda: later_of_x.returned.is_set() or y_on_t.returned.is_set())
+    table.close()
+    outcomes = []
+    for call in (later_of_x, y_on_t, y_on_s):
+        try:
+            outcomes.append(type(call.result()))
+        except (DeadlockError, LockTableClosedError) as exc:
+            outcomes.append(type(exc))
+    assert sorted(o.__name__ for o in outcomes[:2]) == ["DeadlockError", "LockTableClosedError"]
+    assert outcomes[2] is LockTableClosedError
+
+
 def test_plain_fifo_waiting_is_no_deadlock() -> None:
     table = LockTable()
     deadlocks = sample("percolake_lock_deadlocks_total")
