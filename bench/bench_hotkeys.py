@@ -24,7 +24,15 @@ running at the deadline is let finish (bounded by :data:`STRAGGLER_S`), and afte
 run every counter is read back: it must equal the increments its clients saw commit,
 exactly (a commit whose outcome was unknown may or may not have landed and widens the
 check by one). A mismatch is logged as an error and counted in
-``txn.hotkeys.counters_off`` (goal 0).
+``txn.hotkeys.counters_off`` (goal 0). Transactions still retrying at the deadline
+meet less contention from then on, so a run's failures are a slight undercount of a
+workload that goes on; longer runs (full mode) make that tail a smaller share.
+
+The retry backoff adapts per process (``txn.CONFLICTS``, the share of attempts that
+conflicted); each client process resets it at the start of a run, so runs do not
+inherit each other's contention, and logs its scale and rate at the end.
+``--mode optimistic_fixed`` holds it at scale 1, the fixed window of before issue 28,
+for a before/after in one run (not part of the suite's default modes).
 
 ``python -m bench --quick --only bench.bench_hotkeys`` runs the suite (quick: SQLite
 only, 4 s runs, one run per configuration) and merges its figures into
