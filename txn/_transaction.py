@@ -210,10 +210,27 @@ class EmbeddedTransaction:
         if writers.get(cell, -1) > self.start_ts:
             self._doomed.add((table, cell))
         value = found.get(cell)
-        if self._reads is not None:
-            # Validated at commit_ts like every read: equal there, it was right.
-            self._reads.cells[(table, cell)] = value
+        self._record_read(table, cell, value)  # validated at commit_ts like every read
         return value
+
+    def _record_read(self, table: str, cell: Cell, value: bytes | None) -> None:
+        """SERIALIZABLE: remember what a read returned, for step 5 to validate.
+
+        A cell read at ``start_ts`` and again, locked, at ``for_update_ts`` may have
+        returned two values; the commit re-reads one value at ``commit_ts``, so at least
+        one of them cannot be validated, and keeping either would let the other go
+        unchecked. Such a transaction aborts here with a serialization failure.
+        """
+        if self._reads is None:
+            return
+        key = (table, cell)
+        if key in self._reads.cells and self._reads.cells[key] != value:
+            self._end("validation")
+            raise TransactionConflictError(
+                f"serialization failure: {table!r} cell {cell.row!r}/{cell.column!r} read "
+                f"differently at {self.start_ts} and, locked, at {self._for_update.get(key)}"
+            )
+        self._reads.cells[key] = value
 
     def _conflict_on_write(self, table: str, cell: Cell) -> None:
         self._end("conflict")
@@ -249,9 +266,8 @@ class EmbeddedTransaction:
             except StoreError as exc:
                 metrics.record_store_error("read")
                 raise ServiceUnavailableError(f"read of {table!r} failed: {exc}") from exc
-            if self._reads is not None:
-                for cell in from_store:
-                    self._reads.cells[(table, cell)] = visible.get(cell)
+            for cell in from_store:
+                self._record_read(table, cell, visible.get(cell))
             for cell, value in visible.items():
                 if value is not None:
                     out[cell] = value

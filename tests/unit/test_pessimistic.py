@@ -301,6 +301,29 @@ def test_serializable_still_validates_an_unlocked_read(tm: TransactionManager) -
     assert _read(tm, X) == b"0"
 
 
+def test_serializable_refuses_a_cell_read_with_two_values(tm: TransactionManager) -> None:
+    """Read at start_ts, then locked at for_update_ts after a commit changed it: one
+    value cannot be validated at commit_ts, so neither order of the reads may pass."""
+    for locked_first in (False, True):
+        _put(tm, X, b"0")
+        earlier = tm.begin()
+        tx = tm.begin(Isolation.SERIALIZABLE)
+        earlier.put(T, *X, b"changed")
+        earlier.commit()  # after tx's snapshot, before its locked read
+        with pytest.raises(TransactionConflictError, match="serialization failure"):
+            if locked_first:
+                assert tx.get_for_update(T, *X) == b"changed"
+                tx.get(T, *X)  # at start_ts: b"0"
+            else:
+                assert tx.get(T, *X) == b"0"
+                tx.get_for_update(T, *X)
+        assert tx.status is TransactionStatus.ABORTED
+    same = tm.begin(Isolation.SERIALIZABLE)  # nothing changed in between: fine
+    assert same.get(T, *X) == same.get_for_update(T, *X) == same.get(T, *X) == b"changed"
+    same.put(T, *X, b"1")
+    same.commit()
+
+
 def test_a_deadlock_aborts_one_victim_and_the_other_commits(tm: TransactionManager) -> None:
     a, b = tm.begin(), tm.begin()
     a.get_for_update(T, *X)
