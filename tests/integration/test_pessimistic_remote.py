@@ -165,3 +165,25 @@ def test_get_for_update_reads_a_later_commit_and_refuses_what_cannot_commit(
     assert own.get_for_update(T, row, b"v") == b"own"  # read-your-writes, locked
     own.commit()
     assert _read(tm, row) == b"own"
+
+
+def test_an_attached_handle_locks_for_the_transaction_it_joined(
+    tm: RemoteTransactionManager, gateway: ServerProcess
+) -> None:
+    row = b"attached"
+    with tm.begin() as setup:
+        setup.put(T, row, b"v", b"0")
+    owner = tm.begin()
+    with TransactionManager.remote(gateway.address) as executor_side:
+        executor = executor_side.attach(owner.id)
+        assert executor.get_for_update(T, row, b"v") == b"0"  # the owner's lock now
+        executor.put(T, row, b"v", b"1")
+        executor.detach()
+    assert owner.get_for_update(T, row, b"v") == b"1"  # reentrant: same owner, own write
+    other = tm.begin()
+    with pytest.raises(TransactionConflictError, match="lock-wait timeout"):
+        other.get_for_update(T, row, b"v")  # held by the owner's transaction
+    owner.commit()
+    after = tm.begin()
+    assert after.get_for_update(T, row, b"v") == b"1"  # released by the commit
+    after.commit()
