@@ -84,6 +84,12 @@ class ConflictRate:
     rate alone would rest where the rate is still high, as a wide window is what keeps
     it low). It stays within ``[1, max_scale]`` and halves every ``half_life_s``
     without a report. ``clock`` is injectable for tests.
+
+    ``rate`` is what the loop reports (the out-of-retries error, its debug log, the
+    benchmarks); ``scale`` is what it acts on. The default ``max_scale`` of 200 lets
+    the pacing window of the default policy reach about 2 s: what 16 writers on one
+    cell through a loaded gateway needed (``bench.bench_hotkeys``, 64 clients on 4
+    counters, settled at scales of 50 to 150).
     """
 
     def __init__(
