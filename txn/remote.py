@@ -121,6 +121,13 @@ class RemoteTransaction:
                     self._m._stub.Write,
                     pb.WriteRequest(txn_id=self.id, mutations=batch, attached=self.attached),
                 )
+            except TransactionAbortedError:
+                # The gateway ended the transaction (a write to a locked cell that a
+                # writer which began later committed first, or reaped as idle): so
+                # does this handle, and nothing buffered will ever be sent.
+                self._pending.clear()
+                self.status = TransactionStatus.ABORTED
+                raise
             except BaseException:
                 self._pending[:0] = batch  # nothing of a failed batch was applied
                 raise
@@ -150,7 +157,7 @@ class RemoteTransaction:
         aborted the transaction in the gateway: this handle is aborted too."""
         check_cell(table, row, column)
         self._check_active()
-        self._flush_or_end()
+        self.flush()
         request = pb.GetRequest(
             txn_id=self.id, table=table, row=row, column=column, for_update=True
         )
@@ -161,16 +168,6 @@ class RemoteTransaction:
             self.status = TransactionStatus.ABORTED
             raise
         return got.value if got.found else None
-
-    def _flush_or_end(self) -> None:
-        """Flush; a conflict the gateway raised on a write (a locked cell that a later
-        writer committed) aborted the transaction there, so this handle ends too."""
-        try:
-            self.flush()
-        except TransactionAbortedError:
-            self._pending.clear()
-            self.status = TransactionStatus.ABORTED
-            raise
 
     def get_many(
         self, table: str, cells: Iterable[tuple[bytes, bytes]]
