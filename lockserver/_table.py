@@ -71,7 +71,7 @@ class _Grant:
     acquired: int = 0  # descriptors acquired so far, in sorted order
     waiting_on: bytes | None = None  # the descriptor whose queue it stands in
     waiting_since: float | None = None  # table clock, when the call first waited
-    checked_at: int = -1  # the table's wait count at its last deadlock check
+    checked_at: int = -1  # the table's graph changes at its last deadlock check
     wait_started: float | None = None  # time.monotonic(), when it first waited (metrics)
 
 
@@ -167,7 +167,7 @@ class LockTable:
     by one (``get_for_update``), then its whole commit batch, relies on this.
 
     Cycles come only from such incremental grants of one owner. A call about to wait
-    (and a woken one, when the graph may have gained an edge since) follows the
+    (and a woken one, when the graph gained an edge no new wait added) follows the
     wait-for graph between owners: its owner waits for the owner holding the descriptor
     and for the owners queued ahead of its owner's first call in that queue. If that
     leads back to its own owner, the call is the victim: it releases what it acquired
@@ -187,10 +187,13 @@ class LockTable:
         #: Waiting grants by owner: the nodes of the wait-for graph.
         self._waiting: dict[str, list[_Grant]] = {}
         self._waiter_count = 0
-        #: Changes that can add an edge to the wait-for graph, and so close a cycle: a
-        #: wait begins, or a call of an owner leaves a queue (or a holding) while a
-        #: later call of that owner stays in the queue, which then waits for those it
-        #: stood behind. A woken call checks for a cycle again only when it changed.
+        #: Changes that add edges to the wait-for graph other than a wait beginning: a
+        #: call of an owner leaves a queue (or a holding) while a later call of that
+        #: owner stays in the queue, which then waits for those it stood behind. A call
+        #: checks for a cycle when it begins to wait (a cycle its wait closes is found
+        #: then, by it), and once woken only when this count changed since: a cycle
+        #: can close in no other way, and a check on every wake-up of every waiter
+        #: would cost each release the square of the waiters.
         self._graph_changes = 0
         metrics.track_locks_held(self.__len__)
         metrics.track_lock_waiters(self.waiter_count)
@@ -328,11 +331,11 @@ class LockTable:
 
     def _begin_wait(self, grant: _Grant, descriptor: bytes) -> None:
         grant.waiting_on = descriptor
+        grant.checked_at = -1  # a new wait: checked before it sleeps
         if grant.waiting_since is None:
             grant.waiting_since = self._clock()
         self._waiting.setdefault(grant.owner, []).append(grant)
         self._waiter_count += 1
-        self._graph_changes += 1
 
     def _end_wait(self, grant: _Grant) -> None:
         grant.waiting_on = None

@@ -210,6 +210,26 @@ def test_the_victim_releases_what_its_call_acquired_so_far() -> None:
     assert one.result() is not None
 
 
+def test_a_batch_that_waited_for_one_descriptor_checks_again_at_the_next() -> None:
+    """ "2"'s batch waits for a (held by "3", who waits for nothing), then takes it and
+    would wait for b, held by "1", who meanwhile waits for d, held by "2"."""
+    table = LockTable()
+    d_of_2 = take(table, [b"d"], "2")
+    take(table, [b"b"], "1")
+    a_of_3 = take(table, [b"a"], "3")
+    batch = Call(table, [b"a", b"b"], "2")
+    waiters(table, 1)
+    one = Call(table, [b"d"], "1")
+    waiters(table, 2)
+    assert table.unlock(a_of_3)
+    with pytest.raises(DeadlockError) as raised:
+        batch.result()
+    assert "2 waits for 1 on 'b'" in str(raised.value), raised.value
+    assert table.holder(b"a") is None  # what the batch took is free again
+    assert table.unlock(d_of_2)
+    assert one.result() is not None
+
+
 def test_a_three_owner_cycle_has_one_victim_and_unwinds() -> None:
     table = LockTable()
     a_of_1 = take(table, [b"a"], "1")
