@@ -7,6 +7,7 @@ before it acts, and joins them with a bound, so nothing here depends on timing."
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -378,6 +379,50 @@ def test_sorted_batches_and_ordered_incremental_grants_never_deadlock() -> None:
     assert not any(thread.is_alive() for thread in threads)
     assert errors == []
     assert sample("percolake_lock_deadlocks_total") == deadlocks
+    assert len(table) == 0 and table.waiter_count() == 0
+
+
+def test_owners_locking_one_by_one_in_random_orders_never_wait_out_a_deadlock() -> None:
+    """Every deadlock among owners that lock cells one at a time, in orders of their own
+    (as get_for_update does), is found: no call waits until its timeout, each victim
+    releases its owner's locks and retries, and everyone finishes."""
+    table = LockTable()
+    timed_out: list[str] = []
+    errors: list[BaseException] = []
+
+    start = threading.Barrier(6)
+
+    def owner(name: str, seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            start.wait(JOIN_S)
+            for txn in range(15):
+                while True:
+                    held: list[LockToken] = []
+                    try:
+                        for cell in rng.sample([b"1", b"2", b"3", b"4"], 3):
+                            token = table.lock([cell], f"{name}.{txn}", 60_000, LONG_MS)
+                            if token is None:
+                                timed_out.append(name)
+                                return
+                            held.append(token)
+                            time.sleep(0.001)  # let the others interleave
+                        break
+                    except DeadlockError:
+                        continue  # its transaction aborts and retries
+                    finally:
+                        for token in held:
+                            table.unlock(token)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=owner, args=(f"o{i}", i)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_S * 2)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == [] and timed_out == []
     assert len(table) == 0 and table.waiter_count() == 0
 
 
