@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -12,6 +13,8 @@ from wire.channels import Connection, call, forwarded
 from wire.error_codes import abort_with
 from wire.v1 import lock_pb2 as pb
 from wire.v1 import lock_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
 
 #: Longest wait a caller may ask for in one call; longer waits hold server threads.
 MAX_WAIT_MS = 60_000
@@ -96,6 +99,14 @@ class LockServicer(pb_grpc.LockServiceServicer):
             abort_with(context, exc)
         if token is None:
             return pb.LockResponse(acquired=False)
+        if not context.is_active():
+            # The caller went away while it waited (cancelled, its deadline passed, it
+            # died): nobody will use or release this grant, which would otherwise hold
+            # the lock, and everyone queued behind it, for a whole lease.
+            try:
+                self._table.unlock(token, forwarded=forwarded(context))
+            except Exception as exc:  # nobody to tell: the lease runs out instead
+                log.debug("could not release the grant of a caller that went away: %s", exc)
         return pb.LockResponse(acquired=True, token=_to_pb(token))
 
     def Refresh(

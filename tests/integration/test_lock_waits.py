@@ -1,7 +1,8 @@
 """Lock waits through a real ``percolake serve locks`` (issue 28): two clients that
 deadlock get one ``DeadlockError`` (reason ``deadlock``) and one lock, ``percolake
-status`` shows the wait while it lasts, and a client waiting in a lock server that dies
-gets an error instead of hanging."""
+status`` shows the wait while it lasts, a caller that went away mid-wait is not left
+holding the lock it was granted, and a client waiting in a lock server that dies gets
+an error instead of hanging."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from lockserver import LockToken
@@ -21,6 +23,7 @@ from percolake.serve.status import run_status
 from tests.servers import ServerProcess
 from wire.channels import Connection
 from wire.errors import DeadlockError, ServiceUnavailableError
+from wire.v1 import lock_pb2, lock_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -102,21 +105,43 @@ def test_two_clients_deadlock_one_is_the_victim_and_status_shows_the_wait(
             conn.close()
 
 
-def test_a_client_waiting_in_a_lock_server_that_dies_gets_an_error(
+def _locks_held(address: str) -> int:
+    held: int = json.loads(_status(address, as_json=True))[0]["locks_held"]
+    return held
+
+
+def test_a_caller_gone_mid_wait_holds_nothing_and_a_waiter_whose_server_dies_gets_an_error(
     server: ServerProcess,
 ) -> None:
     holder_conn, waiter_conn = Connection(server.address), Connection(server.address)
     try:
-        assert RemoteLockService(holder_conn).lock([b"x"], "holder", LEASE_MS) is not None
-        waiter = Waiting(
-            lambda: RemoteLockService(waiter_conn).lock([b"x"], "w", LEASE_MS, WAIT_MS)
+        holder = RemoteLockService(holder_conn)
+        token = holder.lock([b"x"], "holder", LEASE_MS)
+        assert token is not None
+        # A caller whose own deadline ends its call long before its wait does: the grant
+        # it gets once x is free is released at once, not held for its 60 s lease.
+        stub = lock_pb2_grpc.LockServiceStub(waiter_conn.channel)
+        request = lock_pb2.LockRequest(
+            descriptors=[b"x"], owner="gone", lease_ms=LEASE_MS, wait_timeout_ms=WAIT_MS
         )
+        with pytest.raises(grpc.RpcError) as cut:
+            stub.Lock(request, timeout=0.3)
+        assert cut.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert holder.unlock(token)
+        deadline = time.monotonic() + JOIN_S
+        while _locks_held(server.address) != 0:
+            assert time.monotonic() < deadline, "the gone caller's grant is still held"
+            time.sleep(0.02)
+
+        assert holder.lock([b"x"], "holder", LEASE_MS) is not None
+        waiter = RemoteLockService(waiter_conn)
+        waiting = Waiting(lambda: waiter.lock([b"x"], "w", LEASE_MS, WAIT_MS))
         deadline = time.monotonic() + JOIN_S
         while not _waits(server.address):
             assert time.monotonic() < deadline, "the wait never showed in the status"
             time.sleep(0.02)
         server.kill()
-        assert isinstance(waiter.result(), ServiceUnavailableError)
+        assert isinstance(waiting.result(), ServiceUnavailableError)
     finally:
         holder_conn.close()
         waiter_conn.close()
