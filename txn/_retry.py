@@ -28,8 +28,9 @@ and a retry, however late, finds it so (measured: retries lost about 70 % of the
 whatever the window). Pacing leaves gaps in which retries can win.
 
 What it costs: an uncontended process has no conflicts, so its scale stays 1 and
-nothing sleeps, as before. The scale halves every ``half_life_s`` without a report,
-so contention long past does not delay later work. One estimator per process (not per
+nothing sleeps, as before. The scale also decays with time, halving every
+``half_life_s`` (slow next to the reports of a contended process), so contention long
+past does not delay later work. One estimator per process (not per
 cell: the loop does not know the cells): a process whose hot cells are a small share
 of its transactions sees a low conflict rate and widens little (its retries still
 spread by ``2**n``); one whose transactions mostly contend paces them all, which is
@@ -82,8 +83,9 @@ class ConflictRate:
     ``target`` of attempts conflict and falls while fewer do, and rests where the
     backoff spreads writers just enough (an integral controller: a scale read off the
     rate alone would rest where the rate is still high, as a wide window is what keeps
-    it low). It stays within ``[1, max_scale]`` and halves every ``half_life_s``
-    without a report. ``clock`` is injectable for tests.
+    it low). It stays within ``[1, max_scale]`` and also decays with time, halving
+    every ``half_life_s``: when reports stop, the window falls back. ``clock`` is
+    injectable for tests.
 
     ``rate`` is what the loop reports (the out-of-retries error, its debug log, the
     benchmarks); ``scale`` is what it acts on. The default ``max_scale`` of 200 lets
