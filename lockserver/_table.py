@@ -11,6 +11,9 @@ instead of being granted after the term.
 The table is also the queue that pessimistic transactions wait in: locks of one owner
 are reentrant, and a wait that would close a cycle of owners waiting for each other is
 refused with :class:`~wire.errors.DeadlockError` instead of waiting until its timeout.
+A lock call may carry a priority (a transaction's start timestamp): waiters then queue
+oldest first instead of in arrival order, which is the order in which their writes can
+still commit (docs/design/protocol.md, "Pessimistic reads").
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ class _Grant:
     lease_ms: int
     expires_at: float
     acquired: int = 0  # descriptors acquired so far, in sorted order
+    #: Lower goes first among the prioritized waiters queued since the last unprioritized
+    #: one; ``None``: in arrival order, and no later call passes it (see ``_Slot.enqueue``).
+    priority: int | None = None
     waiting_on: bytes | None = None  # the descriptor whose queue it stands in
     waiting_since: float | None = None  # table clock, when the call first waited
     checked_at: int = -1  # the table's graph changes at its last deadlock check
@@ -83,9 +89,27 @@ class _Slot:
     #: How many grants of each owner stand in the queue (for the wait-for graph).
     queued: dict[str, int] = field(default_factory=dict)
 
-    def enqueue(self, grant: _Grant) -> None:
-        self.queue.append(grant)
+    def enqueue(self, grant: _Grant) -> bool:
+        """Put ``grant`` in line; ``True`` when it went ahead of a call of another owner.
+
+        A call with a priority goes ahead of the prioritized calls with a larger priority
+        queued after the last call without one; every other call (equal priority, no
+        priority) goes to the back. So a call without priority is never passed by a later
+        call, and a prioritized one only by a lower priority: with start timestamps as
+        priorities, only by a transaction that began before it, of which there are
+        finitely many (new ones always start later). Neither kind can starve.
+        """
+        position = len(self.queue)
+        if grant.priority is not None:
+            while position:
+                ahead = self.queue[position - 1].priority
+                if ahead is None or ahead <= grant.priority:
+                    break
+                position -= 1
+        passed = any(self.queue[i].owner != grant.owner for i in range(position, len(self.queue)))
+        self.queue.insert(position, grant)
         self.queued[grant.owner] = self.queued.get(grant.owner, 0) + 1
+        return passed
 
     def dequeue(self, grant: _Grant) -> None:
         # Usually at the head; a reentrant grant leaves from wherever it stood.
@@ -156,7 +180,12 @@ class LockTable:
 
     A batch is acquired all-or-nothing, descriptor by descriptor in sorted order,
     so two batches can never wait for each other in a cycle. Each descriptor
-    serves waiters first-come first-served. A holder whose lease ran out is
+    serves waiters first-come first-served, except that a call with a priority goes
+    ahead of the prioritized calls with a larger one queued after the last call without
+    a priority (:meth:`_Slot.enqueue` says why neither kind starves). Transactions pass
+    their start timestamp: a pessimistic transaction cannot write a cell that one which
+    began after it committed first, so the oldest waiter should be granted first. A
+    holder whose lease ran out is
     treated as gone: the next waiter takes the lock, and the old token no longer
     refreshes or releases anything.
 
@@ -169,7 +198,9 @@ class LockTable:
     Cycles come only from such incremental grants of one owner. A call about to wait
     (and a woken one, when the graph gained an edge no new wait added) follows the
     wait-for graph between owners: its owner waits for the owner holding the descriptor
-    and for the owners queued ahead of its owner's first call in that queue. If that
+    and for the owners queued ahead of its owner's first call in that queue (in the
+    queue's order, priorities included; a call that goes ahead of others also checks
+    the cycles through the edges its arrival added into its owner). If that
     leads back to its own owner, the call is the victim: it releases what it acquired
     so far (not its owner's other grants) and raises
     :class:`~wire.errors.DeadlockError` naming the cycle. The check runs under the
@@ -230,12 +261,21 @@ class LockTable:
         owner: str,
         lease_ms: int,
         wait_timeout_ms: int = 0,
+        priority: int | None = None,
     ) -> LockToken | None:
         """Lock every descriptor or none. Returns a token, or ``None`` on timeout.
+
+        ``priority`` orders the wait (lower first; transactions pass their start
+        timestamp so that the oldest waiter is granted first); calls without one, or with
+        equal ones, wait in arrival order (see :class:`LockTable`).
 
         Raises :class:`~wire.errors.DeadlockError` when waiting would close a cycle of
         owners waiting for each other; the call then holds nothing."""
         wanted = _check_descriptors(descriptors)
+        if priority is not None and (
+            not isinstance(priority, int) or isinstance(priority, bool) or priority < 0
+        ):
+            raise ValueError(f"priority must be a non-negative int or None, got {priority!r}")
         if not isinstance(owner, str) or not owner:
             raise ValueError("owner must be a non-empty str")
         lease = _check_ms("lease_ms", lease_ms, upper=MAX_LEASE_MS)
@@ -253,15 +293,16 @@ class LockTable:
                 lease,
                 # Held partial locks must not expire while the batch is still waiting.
                 expires_at=deadline + lease / 1000,
+                priority=priority,
             )
             self._grants[grant.token.lock_id] = grant
             for descriptor in wanted:
                 slot = self._slots.setdefault(descriptor, _Slot())
                 # Queued even when it need not wait: a slot with a queue is never
                 # unlinked, not even when an expired holder is dropped on the way.
-                slot.enqueue(grant)
+                passed = slot.enqueue(grant)
                 if not self._can_take(slot, grant) and not self._wait_for(
-                    slot, descriptor, grant, deadline
+                    slot, descriptor, grant, deadline, passed
                 ):
                     return None
                 slot.dequeue(grant)
@@ -274,11 +315,14 @@ class LockTable:
             metrics.record_lock_wait(grant.wait_started)
             return grant.token
 
-    def _wait_for(self, slot: _Slot, descriptor: bytes, grant: _Grant, deadline: float) -> bool:
+    def _wait_for(
+        self, slot: _Slot, descriptor: bytes, grant: _Grant, deadline: float, passed: bool
+    ) -> bool:
         """Wait in the queue (``grant`` stands in it) until ``grant`` may take
         ``descriptor``: ``True`` then, ``False`` on timeout or when its partial locks
         were lost (it is out of the queue and holds nothing). Raises on deadlock and
-        when the table closes."""
+        when the table closes. ``passed``: ``grant`` went ahead of another owner's call
+        (its priority), so that owner now waits for ``grant``'s owner too."""
         if deadline <= self._clock():
             # No wait allowed (or its time is up): a try is neither a waiter nor a
             # deadlock victim, as it never waits.
@@ -292,7 +336,8 @@ class LockTable:
                     self._give_up(slot, descriptor, grant)
                     return False
                 if grant.checked_at != self._graph_changes:
-                    self._check_deadlock(slot, descriptor, grant)
+                    self._check_deadlock(slot, descriptor, grant, passed)
+                    passed = False
                 if grant.wait_started is None:
                     grant.wait_started = time.monotonic()
                 self._cond.wait(min(remaining, self._time_to_expiry(slot)))
@@ -405,10 +450,14 @@ class LockTable:
             out.append((descriptor, count - 1))
         return out
 
-    def _find_cycle(self, grant: _Grant) -> list[tuple[str, bytes, str]] | None:
+    def _find_cycle(self, grant: _Grant, passed: bool) -> list[tuple[str, bytes, str]] | None:
         """The shortest cycle of the wait-for graph that starts with ``grant``'s wait and
         leads back to its owner, as (owner, descriptor it waits on, owner it waits for)
-        edges; ``None`` when there is none. Breadth first, each node once."""
+        edges; ``None`` when there is none. Breadth first, each node once.
+
+        When ``grant`` went ahead of another owner's call (``passed``), its arrival also
+        added edges into its owner, and the cycle they close may leave the owner by
+        another of its waiting calls: the search then starts from each of them."""
         start = grant.owner
         # How each node was reached: from which owner, waiting on which descriptor.
         reached: dict[str | tuple[bytes, int], tuple[str, bytes]] = {}
@@ -422,6 +471,11 @@ class LockTable:
         assert grant.waiting_on is not None
         for node in self._edges(grant):
             visit(node, start, grant.waiting_on)
+        if passed:
+            for other in self._waiting.get(start, ()):
+                assert other.waiting_on is not None
+                for node in self._edges(other):
+                    visit(node, start, other.waiting_on)
         while frontier and start not in reached:
             node = frontier.popleft()
             if isinstance(node, str):
@@ -443,11 +497,15 @@ class LockTable:
                 return edges[::-1]
             current = before
 
-    def _check_deadlock(self, slot: _Slot, descriptor: bytes, grant: _Grant) -> None:
+    def _check_deadlock(
+        self, slot: _Slot, descriptor: bytes, grant: _Grant, passed: bool = False
+    ) -> None:
         """Raise :class:`DeadlockError` if ``grant``'s wait closes a cycle, after giving up
-        the wait and what it holds so that the others of the cycle proceed."""
+        the wait and what it holds so that the others of the cycle proceed. Giving up
+        takes back every edge its arrival added (``passed``: also those into its owner
+        from the calls it went ahead of), so the graph is left without the cycle."""
         grant.checked_at = self._graph_changes
-        cycle = self._find_cycle(grant)
+        cycle = self._find_cycle(grant, passed)
         if cycle is None:
             return
         text = "; ".join(

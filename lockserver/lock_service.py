@@ -30,6 +30,7 @@ class LockBackend(Protocol):
         owner: str,
         lease_ms: int,
         wait_timeout_ms: int = 0,
+        priority: int | None = None,
         *,
         forwarded: bool = False,
     ) -> LockToken | None: ...
@@ -59,10 +60,11 @@ class _Alone:
         owner: str,
         lease_ms: int,
         wait_timeout_ms: int = 0,
+        priority: int | None = None,
         *,
         forwarded: bool = False,
     ) -> LockToken | None:
-        return self._table.lock(descriptors, owner, lease_ms, wait_timeout_ms)
+        return self._table.lock(descriptors, owner, lease_ms, wait_timeout_ms, priority)
 
     def refresh(
         self, token: LockToken, lease_ms: int | None = None, *, forwarded: bool = False
@@ -93,6 +95,7 @@ class LockServicer(pb_grpc.LockServiceServicer):
                 request.owner,
                 request.lease_ms,
                 request.wait_timeout_ms,
+                request.priority if request.HasField("priority") else None,
                 forwarded=forwarded(context),
             )
         except Exception as exc:
@@ -173,17 +176,26 @@ class RemoteLockService:
         return self._timeout_s + wait_ms / 1000
 
     def lock(
-        self, descriptors: Iterable[bytes], owner: str, lease_ms: int, wait_timeout_ms: int = 0
+        self,
+        descriptors: Iterable[bytes],
+        owner: str,
+        lease_ms: int,
+        wait_timeout_ms: int = 0,
+        priority: int | None = None,
     ) -> LockToken | None:
         wanted = list(descriptors)
         if lease_ms > MAX_LEASE_MS or lease_ms < 0 or wait_timeout_ms < 0:
             raise ValueError("lease_ms and wait_timeout_ms must be within range")
+        if priority is not None and not 0 <= priority < 2**64:
+            raise ValueError(f"priority must be an unsigned 64-bit int or None, got {priority}")
         request = pb.LockRequest(
             descriptors=wanted,
             owner=owner,
             lease_ms=lease_ms,
             wait_timeout_ms=min(wait_timeout_ms, MAX_WAIT_MS),
         )
+        if priority is not None:
+            request.priority = priority
         got = call(self._stub.Lock, request, self._conn, self._deadline(wait_timeout_ms))
         return _from_pb(got.token) if got.acquired else None
 

@@ -290,7 +290,11 @@ def _lock(rt: Runtime, start_ts: int, writes: WriteBuffer) -> LockToken | None:
     for table, cells in writes.tables():
         descriptors.extend(cell_lock(table, c.row, c.column) for c in cells)
     token = rt.locks.lock(
-        descriptors, str(start_ts), rt.config.lease_ms, wait_timeout_ms=rt.config.lock_wait_ms
+        descriptors,
+        str(start_ts),
+        rt.config.lease_ms,
+        wait_timeout_ms=rt.config.lock_wait_ms,
+        priority=start_ts,  # oldest first, as get_for_update's waits
     )
     if token is None:
         raise TransactionConflictError(

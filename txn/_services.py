@@ -22,7 +22,12 @@ class LockService(Protocol):
         owner: str,
         lease_ms: int,
         wait_timeout_ms: int = 0,
-    ) -> LockToken | None: ...
+        priority: int | None = None,
+    ) -> LockToken | None:
+        """Lock every descriptor or none; ``None`` on timeout. Waiters with a
+        ``priority`` are granted lowest first (transactions pass their start timestamp:
+        the oldest can still commit what a younger one cannot), others in arrival order."""
+        ...
 
     def refresh(self, token: LockToken, lease_ms: int | None = None) -> bool: ...
 

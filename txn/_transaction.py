@@ -177,6 +177,7 @@ class EmbeddedTransaction:
                 str(self.start_ts),
                 self._rt.config.lease_ms,
                 wait_timeout_ms=wait_ms,
+                priority=self.start_ts,  # the oldest waiter first: it can still commit
             )
         except DeadlockError:
             self._end("deadlock")

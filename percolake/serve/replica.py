@@ -351,13 +351,14 @@ class ControlPlane:
         owner: str,
         lease_ms: int,
         wait_timeout_ms: int = 0,
+        priority: int | None = None,
         *,
         forwarded: bool = False,
     ) -> LockToken | None:
         wanted = list(descriptors)
         return self._route(
-            lambda term: term.locks.lock(wanted, owner, lease_ms, wait_timeout_ms),
-            lambda leader: leader.locks.lock(wanted, owner, lease_ms, wait_timeout_ms),
+            lambda term: term.locks.lock(wanted, owner, lease_ms, wait_timeout_ms, priority),
+            lambda leader: leader.locks.lock(wanted, owner, lease_ms, wait_timeout_ms, priority),
             forwarded=forwarded,
             what="locks",
         )

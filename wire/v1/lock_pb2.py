@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12wire/v1/lock.proto\x12\x0cpercolake.v1\"+\n\tLockToken\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07lock_id\x18\x02 \x01(\x04\"\\\n\x0bLockRequest\x12\x13\n\x0b\x64\x65scriptors\x18\x01 \x03(\x0c\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\x17\n\x0fwait_timeout_ms\x18\x04 \x01(\r\"H\n\x0cLockResponse\x12\x10\n\x08\x61\x63quired\x18\x01 \x01(\x08\x12&\n\x05token\x18\x02 \x01(\x0b\x32\x17.percolake.v1.LockToken\"\\\n\x0eRefreshRequest\x12&\n\x05token\x18\x01 \x01(\x0b\x32\x17.percolake.v1.LockToken\x12\x15\n\x08lease_ms\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x0b\n\t_lease_ms\"\x1f\n\x0fRefreshResponse\x12\x0c\n\x04held\x18\x01 \x01(\x08\"7\n\rUnlockRequest\x12&\n\x05token\x18\x01 \x01(\x0b\x32\x17.percolake.v1.LockToken\"\"\n\x0eUnlockResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"C\n\x18WaitUntilReleasedRequest\x12\x13\n\x0b\x64\x65scriptors\x18\x01 \x03(\x0c\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\"-\n\x19WaitUntilReleasedResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x11\n\x0fGetEpochRequest\"!\n\x10GetEpochResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x32\x8a\x03\n\x0bLockService\x12=\n\x04Lock\x12\x19.percolake.v1.LockRequest\x1a\x1a.percolake.v1.LockResponse\x12\x46\n\x07Refresh\x12\x1c.percolake.v1.RefreshRequest\x1a\x1d.percolake.v1.RefreshResponse\x12\x43\n\x06Unlock\x12\x1b.percolake.v1.UnlockRequest\x1a\x1c.percolake.v1.UnlockResponse\x12\x64\n\x11WaitUntilReleased\x12&.percolake.v1.WaitUntilReleasedRequest\x1a\'.percolake.v1.WaitUntilReleasedResponse\x12I\n\x08GetEpoch\x12\x1d.percolake.v1.GetEpochRequest\x1a\x1e.percolake.v1.GetEpochResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12wire/v1/lock.proto\x12\x0cpercolake.v1\"+\n\tLockToken\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07lock_id\x18\x02 \x01(\x04\"\x80\x01\n\x0bLockRequest\x12\x13\n\x0b\x64\x65scriptors\x18\x01 \x03(\x0c\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\x17\n\x0fwait_timeout_ms\x18\x04 \x01(\r\x12\x15\n\x08priority\x18\x05 \x01(\x04H\x00\x88\x01\x01\x42\x0b\n\t_priority\"H\n\x0cLockResponse\x12\x10\n\x08\x61\x63quired\x18\x01 \x01(\x08\x12&\n\x05token\x18\x02 \x01(\x0b\x32\x17.percolake.v1.LockToken\"\\\n\x0eRefreshRequest\x12&\n\x05token\x18\x01 \x01(\x0b\x32\x17.percolake.v1.LockToken\x12\x15\n\x08lease_ms\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x0b\n\t_lease_ms\"\x1f\n\x0fRefreshResponse\x12\x0c\n\x04held\x18\x01 \x01(\x08\"7\n\rUnlockRequest\x12&\n\x05token\x18\x01 \x01(\x0b\x32\x17.percolake.v1.LockToken\"\"\n\x0eUnlockResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"C\n\x18WaitUntilReleasedRequest\x12\x13\n\x0b\x64\x65scriptors\x18\x01 \x03(\x0c\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\"-\n\x19WaitUntilReleasedResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x11\n\x0fGetEpochRequest\"!\n\x10GetEpochResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x32\x8a\x03\n\x0bLockService\x12=\n\x04Lock\x12\x19.percolake.v1.LockRequest\x1a\x1a.percolake.v1.LockResponse\x12\x46\n\x07Refresh\x12\x1c.percolake.v1.RefreshRequest\x1a\x1d.percolake.v1.RefreshResponse\x12\x43\n\x06Unlock\x12\x1b.percolake.v1.UnlockRequest\x1a\x1c.percolake.v1.UnlockResponse\x12\x64\n\x11WaitUntilReleased\x12&.percolake.v1.WaitUntilReleasedRequest\x1a\'.percolake.v1.WaitUntilReleasedResponse\x12I\n\x08GetEpoch\x12\x1d.percolake.v1.GetEpochRequest\x1a\x1e.percolake.v1.GetEpochResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,26 +33,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LOCKTOKEN']._serialized_start=36
   _globals['_LOCKTOKEN']._serialized_end=79
-  _globals['_LOCKREQUEST']._serialized_start=81
-  _globals['_LOCKREQUEST']._serialized_end=173
-  _globals['_LOCKRESPONSE']._serialized_start=175
-  _globals['_LOCKRESPONSE']._serialized_end=247
-  _globals['_REFRESHREQUEST']._serialized_start=249
-  _globals['_REFRESHREQUEST']._serialized_end=341
-  _globals['_REFRESHRESPONSE']._serialized_start=343
-  _globals['_REFRESHRESPONSE']._serialized_end=374
-  _globals['_UNLOCKREQUEST']._serialized_start=376
-  _globals['_UNLOCKREQUEST']._serialized_end=431
-  _globals['_UNLOCKRESPONSE']._serialized_start=433
-  _globals['_UNLOCKRESPONSE']._serialized_end=467
-  _globals['_WAITUNTILRELEASEDREQUEST']._serialized_start=469
-  _globals['_WAITUNTILRELEASEDREQUEST']._serialized_end=536
-  _globals['_WAITUNTILRELEASEDRESPONSE']._serialized_start=538
-  _globals['_WAITUNTILRELEASEDRESPONSE']._serialized_end=583
-  _globals['_GETEPOCHREQUEST']._serialized_start=585
-  _globals['_GETEPOCHREQUEST']._serialized_end=602
-  _globals['_GETEPOCHRESPONSE']._serialized_start=604
-  _globals['_GETEPOCHRESPONSE']._serialized_end=637
-  _globals['_LOCKSERVICE']._serialized_start=640
-  _globals['_LOCKSERVICE']._serialized_end=1034
+  _globals['_LOCKREQUEST']._serialized_start=82
+  _globals['_LOCKREQUEST']._serialized_end=210
+  _globals['_LOCKRESPONSE']._serialized_start=212
+  _globals['_LOCKRESPONSE']._serialized_end=284
+  _globals['_REFRESHREQUEST']._serialized_start=286
+  _globals['_REFRESHREQUEST']._serialized_end=378
+  _globals['_REFRESHRESPONSE']._serialized_start=380
+  _globals['_REFRESHRESPONSE']._serialized_end=411
+  _globals['_UNLOCKREQUEST']._serialized_start=413
+  _globals['_UNLOCKREQUEST']._serialized_end=468
+  _globals['_UNLOCKRESPONSE']._serialized_start=470
+  _globals['_UNLOCKRESPONSE']._serialized_end=504
+  _globals['_WAITUNTILRELEASEDREQUEST']._serialized_start=506
+  _globals['_WAITUNTILRELEASEDREQUEST']._serialized_end=573
+  _globals['_WAITUNTILRELEASEDRESPONSE']._serialized_start=575
+  _globals['_WAITUNTILRELEASEDRESPONSE']._serialized_end=620
+  _globals['_GETEPOCHREQUEST']._serialized_start=622
+  _globals['_GETEPOCHREQUEST']._serialized_end=639
+  _globals['_GETEPOCHRESPONSE']._serialized_start=641
+  _globals['_GETEPOCHRESPONSE']._serialized_end=674
+  _globals['_LOCKSERVICE']._serialized_start=677
+  _globals['_LOCKSERVICE']._serialized_end=1071
 # @@protoc_insertion_point(module_scope)

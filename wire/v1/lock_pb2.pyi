@@ -48,9 +48,14 @@ class LockRequest(_message.Message):
     OWNER_FIELD_NUMBER: _builtins.int
     LEASE_MS_FIELD_NUMBER: _builtins.int
     WAIT_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     owner: _builtins.str
     lease_ms: _builtins.int
     wait_timeout_ms: _builtins.int
+    priority: _builtins.int
+    """Lower waits ahead of higher (transactions send their start timestamp: oldest first).
+    Unset: the call waits in arrival order and no later call goes ahead of it.
+    """
     @_builtins.property
     def descriptors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
     def __init__(
@@ -60,12 +65,15 @@ class LockRequest(_message.Message):
         owner: _builtins.str = ...,
         lease_ms: _builtins.int = ...,
         wait_timeout_ms: _builtins.int = ...,
+        priority: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "priority", b"priority"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["descriptors", b"descriptors", "lease_ms", b"lease_ms", "owner", b"owner", "wait_timeout_ms", b"wait_timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_priority", b"_priority", "descriptors", b"descriptors", "lease_ms", b"lease_ms", "owner", b"owner", "priority", b"priority", "wait_timeout_ms", b"wait_timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__priority: _TypeAlias = _typing.Literal["priority"]  # noqa: Y015
+    _WhichOneofArgType__priority: _TypeAlias = _typing.Literal["_priority", b"_priority"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__priority) -> _WhichOneofReturnType__priority | None: ...
 
 Global___LockRequest: _TypeAlias = LockRequest  # noqa: Y015
 
