@@ -7,20 +7,26 @@ before it acts, and joins them with a bound, so nothing here depends on timing."
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 from prometheus_client import REGISTRY
 
 from lockserver import LockTable, LockTableClosedError, LockToken, render_descriptor
+from lockserver.lock_service import LockServicer, RemoteLockService
 from percolake.serve.replica import ControlPlane
 from percolake.serve.status import ControlServicer
 from storage_adapters import open_store
+from wire.channels import Connection
 from wire.errors import DeadlockError, TransactionConflictError
 from wire.v1 import control_pb2 as pb
+from wire.v1 import lock_pb2_grpc
 
 pytestmark = pytest.mark.unit
 
@@ -41,10 +47,11 @@ class Call:
 
     def __init__(
         self,
-        table: LockTable | ControlPlane,
+        table: LockTable | ControlPlane | RemoteLockService,
         descriptors: list[bytes],
         owner: str,
         wait_ms: int = LONG_MS,
+        priority: int | None = None,
     ) -> None:
         self.token: LockToken | None = None
         self.error: BaseException | None = None
@@ -53,7 +60,7 @@ class Call:
         def run() -> None:
             try:
                 self.token = table.lock(
-                    descriptors, owner, lease_ms=60_000, wait_timeout_ms=wait_ms
+                    descriptors, owner, lease_ms=60_000, wait_timeout_ms=wait_ms, priority=priority
                 )
             except BaseException as exc:  # reported to the test, which asserts on it
                 self.error = exc
@@ -410,6 +417,218 @@ def test_owners_locking_one_by_one_in_random_orders_never_wait_out_a_deadlock() 
                         break
                     except DeadlockError:
                         continue  # its transaction aborts and retries
+                    finally:
+                        for token in held:
+                            table.unlock(token)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=owner, args=(f"o{i}", i)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_S * 2)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == [] and timed_out == []
+    assert len(table) == 0 and table.waiter_count() == 0
+
+
+# --- priorities (transactions queue by start timestamp, oldest first) ------------------
+
+
+def grant_order(table: LockTable, held: LockToken, calls: dict[str, Call]) -> list[str]:
+    """Release ``held``, then each grant as it comes: the owners in the order the waiting
+    ``calls`` were granted. Only the head of the queue can take a free lock, so exactly
+    one call returns after each release."""
+    order: list[str] = []
+    pending = dict(calls)
+    token = held
+    while pending:
+        assert table.unlock(token)
+        until(lambda: any(call.returned.is_set() for call in pending.values()))
+        (name,) = [name for name, call in pending.items() if call.returned.is_set()]
+        got = pending.pop(name).result()
+        assert got is not None
+        order.append(name)
+        token = got
+    assert table.unlock(token)
+    return order
+
+
+def test_an_older_waiter_that_arrives_later_is_granted_before_a_younger_one() -> None:
+    table = LockTable()
+    held = take(table, [b"x"], "0")
+    calls: dict[str, Call] = {}
+    for start_ts in (30, 20, 10):  # the youngest arrives first
+        calls[str(start_ts)] = Call(table, [b"x"], str(start_ts), priority=start_ts)
+        waiters(table, len(calls))
+    assert grant_order(table, held, calls) == ["10", "20", "30"]
+    assert table.waiter_count() == 0 and len(table) == 0
+
+
+def test_equal_priorities_stay_fifo_and_no_later_call_passes_one_without_priority() -> None:
+    """Equal priorities keep their arrival order; a call without a priority waits in
+    arrival order and is passed by nobody, so a prioritized call that comes after it
+    waits behind it (whatever its priority) and neither kind can starve."""
+    table = LockTable()
+    held = take(table, [b"x"], "0")
+    arrivals: list[tuple[str, int | None]] = [
+        ("a5", 5),
+        ("b5", 5),
+        ("plain", None),
+        ("c9", 9),
+        ("d1", 1),  # passes c9, not plain
+        ("e5", 5),  # passes c9, not d1
+    ]
+    calls: dict[str, Call] = {}
+    for name, priority in arrivals:
+        calls[name] = Call(table, [b"x"], name, priority=priority)
+        waiters(table, len(calls))
+    assert grant_order(table, held, calls) == ["a5", "b5", "plain", "d1", "e5", "c9"]
+
+
+def test_a_lock_server_client_sends_the_priority_over_grpc() -> None:
+    """RemoteLockService -> LockServicer -> LockTable: an unset priority stays unset (a
+    plain call is not passed), a set one orders the queue."""
+    table = LockTable()
+    server = grpc.server(ThreadPoolExecutor(max_workers=8))
+    lock_pb2_grpc.add_LockServiceServicer_to_server(LockServicer(table), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    conn = Connection(f"127.0.0.1:{port}")
+    try:
+        remote = RemoteLockService(conn)
+        held = remote.lock([b"x"], "0", 60_000)
+        assert held is not None
+        calls: dict[str, Call] = {}
+        for name, priority in [("plain", None), ("young", 20), ("old", 10)]:
+            calls[name] = Call(remote, [b"x"], name, priority=priority)
+            waiters(table, len(calls))
+        assert grant_order(table, held, calls) == ["plain", "old", "young"]
+        with pytest.raises(ValueError, match="priority"):
+            remote.lock([b"x"], "0", 60_000, priority=-1)
+    finally:
+        conn.close()
+        server.stop(None)
+
+
+def test_a_replica_set_leader_orders_its_queue_by_priority() -> None:
+    """ControlPlane.lock hands the priority to the leader's table."""
+    store = open_store("memory://")
+    plane = ControlPlane(store, lease_ms=5000, failover_s=1.0)
+    plane.lease.address = "127.0.0.1:1"
+    plane.lease.step()
+    assert plane.lease.valid()
+    try:
+        held = plane.lock([b"x"], "0", lease_ms=60_000)
+        assert held is not None
+        young = Call(plane, [b"x"], "20", priority=20)
+        until(lambda: len(plane.lock_waits(5)) == 1)
+        old = Call(plane, [b"x"], "10", priority=10)
+        until(lambda: len(plane.lock_waits(5)) == 2)
+        assert plane.unlock(held)
+        got = old.result()
+        assert got is not None
+        assert not young.returned.is_set()  # still behind the older one
+        assert plane.unlock(got)
+        got = young.result()
+        assert got is not None and plane.unlock(got)
+    finally:
+        plane.close()
+
+
+@pytest.mark.parametrize("priority", [-1, True, 1.5, "1"])
+def test_a_bad_priority_is_refused(priority: object) -> None:
+    table = LockTable()
+    with pytest.raises(ValueError, match="priority"):
+        table.lock([b"x"], "o", 1000, priority=priority)  # type: ignore[arg-type]
+    assert len(table) == 0
+
+
+def test_a_cycle_closed_by_a_call_that_goes_ahead_is_found() -> None:
+    """ "10" waits, through one call, for z held by "30"; "30" waits on x behind the
+    holder. Another call of "10" then queues on x ahead of "30" (older): "30" now waits
+    for "10" as well, a cycle whose other edge leaves "10" by its first call. The call
+    that went ahead closed it, and is the victim."""
+    table = LockTable()
+    x_of_0 = take(table, [b"x"], "0")
+    z_of_30 = take(table, [b"z"], "30")
+    z_of_10 = Call(table, [b"z"], "10", priority=10)
+    waiters(table, 1)
+    x_of_30 = Call(table, [b"x"], "30", priority=30)
+    waiters(table, 2)
+    with pytest.raises(DeadlockError) as raised:
+        # Bounded so that a build which misses the cycle fails instead of hanging.
+        table.lock([b"x"], "10", lease_ms=60_000, wait_timeout_ms=2_000, priority=10)
+    text = str(raised.value)
+    assert "10 waits for 30 on 'z'" in text and "30 waits for 10 on 'x'" in text, text
+    assert table.waiter_count() == 2  # the victim left; the others still wait
+    assert table.unlock(x_of_0)
+    got = x_of_30.result()
+    assert got is not None
+    assert table.unlock(got) and table.unlock(z_of_30)
+    got = z_of_10.result()
+    assert got is not None and table.unlock(got)
+    assert len(table) == 0 and table.waiter_count() == 0
+
+
+def test_an_older_call_queued_ahead_is_no_deadlock() -> None:
+    """The same calls with the priorities swapped: "10" holds z and goes ahead of "30"
+    on x, so "30"'s wait for z leads to "10", which waits only for x's holder. In
+    arrival order ("30" first on x) this would be a cycle; in priority order it is none."""
+    table = LockTable()
+    deadlocks = sample("percolake_lock_deadlocks_total")
+    x_of_0 = take(table, [b"x"], "0")
+    z_of_10 = take(table, [b"z"], "10")
+    x_of_30 = Call(table, [b"x"], "30", priority=30)
+    waiters(table, 1)
+    x_of_10 = Call(table, [b"x"], "10", priority=10)
+    waiters(table, 2)
+    z_of_30 = Call(table, [b"z"], "30", priority=30)
+    waiters(table, 3)
+    assert [(w.owner, w.waits_for) for w in table.waits() if w.descriptor == b"z"] == [("30", "10")]
+    assert table.unlock(x_of_0)
+    got = x_of_10.result()
+    assert got is not None
+    assert table.unlock(got) and table.unlock(z_of_10)
+    for call in (x_of_30, z_of_30):
+        got = call.result()
+        assert got is not None and table.unlock(got)
+    assert sample("percolake_lock_deadlocks_total") == deadlocks
+    assert len(table) == 0 and table.waiter_count() == 0
+
+
+def test_prioritized_owners_in_random_orders_never_wait_out_a_deadlock() -> None:
+    """As the random test above, with each attempt's start timestamp as its priority (a
+    retry begins later, so it gets a larger one): every cycle through the priority-ordered
+    queues is found, and everyone finishes."""
+    table = LockTable()
+    timed_out: list[str] = []
+    errors: list[BaseException] = []
+    start_ts = itertools.count(1)
+    ts_lock = threading.Lock()
+    start = threading.Barrier(6)
+
+    def owner(name: str, seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            start.wait(JOIN_S)
+            for _ in range(15):
+                while True:
+                    with ts_lock:
+                        ts = next(start_ts)
+                    held: list[LockToken] = []
+                    try:
+                        for cell in rng.sample([b"1", b"2", b"3", b"4"], 3):
+                            token = table.lock([cell], f"{name}.{ts}", 60_000, LONG_MS, ts)
+                            if token is None:
+                                timed_out.append(name)
+                                return
+                            held.append(token)
+                            time.sleep(0.001)  # let the others interleave
+                        break
+                    except DeadlockError:
+                        continue  # its transaction aborts and retries with a new start
                     finally:
                         for token in held:
                             table.unlock(token)
