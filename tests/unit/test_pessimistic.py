@@ -12,6 +12,7 @@ lock-wait timeouts and deadlocks abort with the right reason and release the loc
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 
 from lockserver import LockTable
 from storage_adapters import VersionWrite
-from txn import Isolation, TransactionConfig, TransactionManager, TransactionStatus
+from txn import Isolation, Transaction, TransactionConfig, TransactionManager, TransactionStatus
 from txn.errors import DeadlockError, TransactionClosedError, TransactionConflictError
 from txn.tables import TXN_TABLE, encode_outcome, txn_key
 from wire import metrics
@@ -157,6 +158,50 @@ def test_threads_incrementing_one_counter_with_get_for_update_count_exactly(
     assert _read(tm, X) == str(threads * increments).encode()
     # Each conflict lost a start-order race; never one per commit, as optimistic would.
     assert sum(conflicts) < threads * increments
+
+
+def test_the_older_of_two_waiters_is_granted_first_and_both_commit(
+    tm: TransactionManager,
+) -> None:
+    """T2 (younger) queues on the cell before T1 (older). Granted first, T2 would commit
+    a version above T1's start and T1's write could then not commit (the ordering rule):
+    waiters queue by start timestamp instead, so T1 goes first and both increments
+    commit with no conflict."""
+    _put(tm, X, b"0")
+    holder = tm.begin()
+    older, younger = tm.begin(), tm.begin()
+    assert older.start_ts < younger.start_ts
+    table = tm.locks
+    assert isinstance(table, LockTable)
+    assert holder.get_for_update(T, *X) == b"0"
+    granted: list[str] = []
+
+    def increment(name: str, tx: Transaction) -> bytes | None:
+        value = tx.get_for_update(T, *X)
+        granted.append(name)
+        tx.put(T, *X, str(int(value or b"0") + 1).encode())
+        tx.commit()
+        return value
+
+    def queued(count: int) -> None:
+        for _ in range(int(JOIN_S / 0.002)):
+            if table.waiter_count() == count:
+                return
+            time.sleep(0.002)
+        raise AssertionError(f"{count} waiters never queued")
+
+    second, second_out = _in_thread(lambda: increment("younger", younger))
+    queued(1)
+    first, first_out = _in_thread(lambda: increment("older", older))
+    queued(2)
+    holder.put(T, *X, b"1")
+    holder.commit()
+    _join(first)
+    _join(second)
+    assert granted == ["older", "younger"]
+    assert first_out == [b"1"] and second_out == [b"2"]  # no conflict: values, not errors
+    assert older.status is younger.status is TransactionStatus.COMMITTED
+    assert _read(tm, X) == b"3"
 
 
 def test_run_pessimistic_increments_exactly(tm: TransactionManager) -> None:
