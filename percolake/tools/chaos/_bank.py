@@ -6,6 +6,14 @@ transaction. Under snapshot isolation (and serializable) every full read must su
 the initial total with no negative balance, and the final balances must be what the
 acknowledged transfers (plus some subset of the ones whose outcome is unknown) make of
 the initial ones.
+
+With ``--pessimistic`` a transfer reads both balances with ``get_for_update`` instead
+(issue 28): each cell is locked in the lock server, source first, then target, and read
+at a fresh ``for_update_ts``. Transfers in opposite directions then lock in opposite
+orders and deadlock; the victim (``DeadlockError``) is a failed operation, counted in
+the check's stats with the locked reads. Locks are liveness only (rule S5): a lock
+lost to a lock-service leader fault costs an abort, never a wrong balance, so the
+checks are the same.
 """
 
 from __future__ import annotations
@@ -17,12 +25,15 @@ from typing import Any
 from percolake.tools.chaos._ops import FINAL_PROCESS, Completion, run_txn
 from percolake.tools.chaos._workload import CheckResult, ClientContext, Workload
 from txn import Isolation, Manager, Transaction
+from txn.errors import DeadlockError
 
 TABLE = "chaos.bank"
 COLUMN = b"balance"
 #: Exact accounting tries every subset of the transfers with an unknown outcome.
 MAX_UNKNOWN_FOR_ACCOUNTING = 14
 MAX_AMOUNT = 5
+#: How a deadlock victim's failed transfer starts its error (``_ops.describe``).
+DEADLOCK_ERROR = f"{DeadlockError.__name__}:"
 
 
 def _row(account: int) -> bytes:
@@ -49,17 +60,29 @@ class Bank(Workload):
         if f == "read":
             return run_txn(ctx.txns, ctx.isolation, self._read_all, ctx.phase, value)
 
+        pessimistic = self.config.pessimistic
+
         def transfer(tx: Transaction) -> dict[str, Any]:
             cells = [(_row(value["from"]), COLUMN), (_row(value["to"]), COLUMN)]
-            got = tx.get_many(TABLE, cells)
-            balances = [int(got[c]) if c in got else None for c in cells]
+            if pessimistic:
+                # In the transfer's own order (source first), not sorted: opposite
+                # transfers then wait for each other, and the lock server must pick a
+                # victim.
+                raw = [tx.get_for_update(TABLE, row, column) for row, column in cells]
+            else:
+                got = tx.get_many(TABLE, cells)
+                raw = [got.get(c) for c in cells]
+            balances = [None if b is None else int(b) for b in raw]
             source, target = balances
             applied = source is not None and target is not None and source >= value["amount"]
             if applied:
                 assert source is not None and target is not None
                 tx.put(TABLE, cells[0][0], COLUMN, str(source - value["amount"]).encode())
                 tx.put(TABLE, cells[1][0], COLUMN, str(target + value["amount"]).encode())
-            return {**value, "read": balances, "applied": applied}
+            done = {**value, "read": balances, "applied": applied}
+            if pessimistic:
+                done["locked"] = len(cells)
+            return done
 
         return run_txn(ctx.txns, ctx.isolation, transfer, ctx.phase, value)
 
@@ -104,6 +127,8 @@ class Bank(Workload):
         invoked: dict[int, dict[str, Any]] = {}
         final: list[int | None] | None = None
         checked_reads = 0
+        locked_reads = 0
+        deadlock_victims = 0
         for op in ops:
             if op["type"] == "invoke":
                 invoked[op["process"]] = op
@@ -122,9 +147,19 @@ class Bank(Workload):
                     if done["applied"]:
                         delta[done["from"]] -= done["amount"]
                         delta[done["to"]] += done["amount"]
+                    locked_reads += done.get("locked", 0)
                 elif op["type"] == "info":
                     unknown.append(invoke["value"])
+                elif str(op.get("error", "")).startswith(DEADLOCK_ERROR):
+                    deadlock_victims += 1
         reads.stats.update(checked_reads=checked_reads, total=self.total)
+        # What the pessimistic mode did: cells that acknowledged transfers read locked,
+        # and transfers aborted as deadlock victims.
+        reads.stats.update(
+            pessimistic=self.config.pessimistic,
+            locked_reads=locked_reads,
+            deadlock_victims=deadlock_victims,
+        )
         self._check_accounting(accounting, initial, delta, unknown, final)
         return [reads, accounting]
 

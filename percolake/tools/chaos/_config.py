@@ -100,6 +100,11 @@ class RunConfig:
     #: bank: accounts and the balance each starts with.
     accounts: int = 8
     initial_balance: int = 100
+    #: bank: transfers read both balances with ``get_for_update`` (each cell locked in
+    #: the lock server, source first, then target), then write both. Two transfers in
+    #: opposite directions lock in opposite orders, so deadlocks happen: the victim's
+    #: abort is a failed operation. Full reads stay plain snapshot reads.
+    pessimistic: bool = False
     #: lakehouse: files per commit and rows per file.
     files_per_commit: int = 4
     rows_per_file: int = 10
@@ -227,6 +232,10 @@ class RunConfig:
             raise ValueError("list-append needs at least one key and one micro-op per txn")
         if self.accounts < 2 or self.initial_balance < 1:
             raise ValueError("bank needs at least two accounts with a positive balance")
+        if not isinstance(self.pessimistic, bool):
+            raise ValueError(f"pessimistic must be true or false, got {self.pessimistic!r}")
+        if self.pessimistic and self.workload != "bank":
+            raise ValueError(f"--pessimistic applies to --workload bank only, not {self.workload}")
         if self.files_per_commit < 1 or self.rows_per_file < 1:
             raise ValueError("lakehouse commits need at least one file of one row")
         retention = self.lakehouse_log_retention_s

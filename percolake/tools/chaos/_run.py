@@ -370,6 +370,7 @@ def _finish(
         "seed": config.seed,
         "duration_s": config.duration_s,
         "isolation": config.isolation,
+        "pessimistic": config.pessimistic,
         "valid": harness_error is None and not anomalies,
         "ops_ok": by_type["ok"],
         "ops_fail": by_type["fail"],
@@ -493,6 +494,8 @@ def replay_command(config: RunConfig) -> str:
         f"--client-timeout-s {config.client_timeout_s:g}",
         f"--active-keys {config.active_keys}",
     ]
+    if config.pessimistic:
+        parts.append("--pessimistic")
     if config.replicas:
         parts.append(f"--replicas {config.replicas}")
     if config.replicas or config.leader_lease_ms != 2000:

@@ -90,6 +90,12 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--client-timeout-s", type=float, default=10.0, help="client RPC deadline")
     run.add_argument("--active-keys", type=int, default=8, help="list-append hot keys (8)")
     run.add_argument(
+        "--pessimistic",
+        action="store_true",
+        help="bank: transfers lock both balances with get_for_update (source first, so "
+        "opposite transfers deadlock and one aborts) before writing them",
+    )
+    run.add_argument(
         "--store-reconnect-ms",
         type=int,
         default=0,
@@ -230,6 +236,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         lease_ms=args.lease_ms,
         client_timeout_s=args.client_timeout_s,
         active_keys=args.active_keys,
+        pessimistic=args.pessimistic,
         netns=args.netns,
         unsafe_broken_protocol=args.unsafe_broken_protocol,
         unsafe_no_oracle_claim=args.unsafe_no_oracle_claim,
