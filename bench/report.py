@@ -98,6 +98,17 @@ CONTRACT_FIGURES: dict[str, str] = {
         "seconds from the start of `percolake serve` on a new SQLite store until the first "
         "commit (lower is better; goal 1 s or less)"
     ),
+    "txn.hotkeys.pessimistic.clients64.vs_clients1.ratio": (
+        "increments of 4 hot counters, `tm.run(fn, pessimistic=True)` through `percolake "
+        "serve` on SQLite, commits/s 64 clients / 1 (goal 0.8 or more)"
+    ),
+    "txn.hotkeys.pessimistic.cassandra3.clients8.vs_clients1.ratio": (
+        "the same on 3-node Cassandra RF 3, 8 clients / 1 (goal 0.8 or more)"
+    ),
+    "txn.hotkeys.optimistic.clients64.failed": (
+        "the same with optimistic `tm.run(fn)`, 64 clients: transactions out of retries "
+        "with the default policy (goal 0)"
+    ),
     "gc.store_rows.with_vs_without.ratio": (
         "store rows after the most small commits to 4 hot cells a run reached (up to "
         "1,000,000; the anchor on docs/benchmarks.md says how many) through `percolake "
