@@ -6,9 +6,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev,cassandra,spark,bench
 PYTEST_ARGS ?=
-# The suite runs in pytest-xdist workers; tests sharing a Cassandra node or the Spark
-# session stay in one worker (tests/conftest.py), so each JVM starts once.
-TEST_WORKERS ?= 2
+# The suite runs in pytest-xdist workers; tests sharing a Cassandra node or a Spark
+# session stay in one worker (tests/conftest.py), so each JVM starts once. Three
+# workers on two cores: much of the suite waits (chaos runs, leases, JVMs starting).
+TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 .DEFAULT_GOAL := help

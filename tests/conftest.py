@@ -46,6 +46,10 @@ def _shared_jvm(item: pytest.Item) -> str | None:
     ):
         return "cassandra"
     if names & {"spark", "spark_connect"}:
+        # Two Spark sessions, one per worker, split about evenly by test time: the data
+        # source's batch tests alone are about as long as every other Spark test.
+        if item.path.name == "test_datasource.py":
+            return "spark-datasource"
         return "spark"
     return None
 
@@ -53,11 +57,14 @@ def _shared_jvm(item: pytest.Item) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep each shared JVM in one pytest-xdist worker.
 
-    ``make test`` runs the suite in worker processes (``-n 2 --dist loadgroup``), and a
+    ``make test`` runs the suite in worker processes (``-n 3 --dist loadgroup``), and a
     session fixture lives once per worker. A test that needs a Cassandra node or the
     Spark session joins that JVM's group; every test of a group runs in one worker, so
     each node starts once per run, not once per worker (a node costs ~20 s of both
-    cores to start). Without xdist the marks change nothing.
+    cores to start). The Spark tests form two groups, each with its own session, so that
+    no group outlasts a third of the suite; xdist hands the largest groups out first,
+    one to each worker, and the single tests to whichever worker is free. Without xdist
+    the marks change nothing.
     """
     for item in items:
         group = _shared_jvm(item)
