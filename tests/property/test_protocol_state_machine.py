@@ -1,20 +1,36 @@
 """Protocol steps of several open transactions, interleaved by hypothesis, with faults.
 
-Each rule is one protocol step of one transaction (begin, read, append, one commit
-step) or one fault (a committer crashing between two steps, leases expiring under
-a paused committer, a lock server restart, an ambiguous commit point), or a pass of
-garbage collection (rules S8, S9: sweep below the safe point, stamp, collect the
-transactions table) with the open transactions registered or not. The machine records
-a list-append history and checks it with the history checker at teardown. A
-deliberately broken protocol (conflict check before the version write, no locks) and a
-broken collection (entries deleted without stamping their versions) must be caught by
-the same machine.
+Each rule is one protocol step of one transaction (begin, read, append, a locked
+read-modify-write with ``get_for_update``, one commit step) or one fault (a committer
+crashing between two steps, leases expiring under a paused committer or a transaction
+holding ``get_for_update`` locks, a lock server restart or failover: every lock lost,
+an ambiguous commit point), or a pass of garbage collection (rules S8, S9: sweep below
+the safe point, stamp, collect the transactions table) with the open transactions
+registered or not. The machine records a list-append history and checks it with the
+history checker at teardown. A deliberately broken protocol (conflict check before the
+version write, no locks), a broken collection (entries deleted without stamping their
+versions) and a committer that trusts the lock of a ``get_for_update`` (no conflict
+check on a locked cell) must be caught by the same machine.
+
+Pessimistic reads (docs/design/protocol.md, "Pessimistic reads"): a locked read reads
+at its own ``for_update_ts``, not at ``start_ts``, so the history of a transaction that
+made one carries no ``start_ts`` (the checker then orders it by what it read and its
+``commit_ts`` only). Every locked read is written back (an append to the list read),
+so it is a read of a cell the transaction writes: if the transaction commits, no
+write to that cell committed between its read and its commit, and the checker holds
+it to that like any other read. Under SNAPSHOT a transaction's locked reads and its
+reads at ``start_ts`` are not one snapshot (read skew within the transaction is allowed,
+as the design says), so a SNAPSHOT transaction of this machine either locks every cell
+it reads or none; a SERIALIZABLE one mixes both (every read is validated at
+``commit_ts``). The lock server answers at once (``lock_wait_ms`` 0): a cell locked by
+another open transaction of the machine costs a lock-wait timeout, a legitimate abort.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -30,7 +46,7 @@ from hypothesis.stateful import (
 
 from lockserver import LockTable
 from percolake.tools.checker import check_history
-from storage_adapters import StoreTimeoutError, open_store
+from storage_adapters import Cell, StoreTimeoutError, open_store
 from tso import TimestampBatcher, TimestampOracle
 from txn import (
     COMMIT_STEPS,
@@ -40,9 +56,16 @@ from txn import (
     Transaction,
     TransactionConfig,
     TransactionManager,
+    _committer,
 )
 from txn import failpoints as fp
-from txn.errors import CommitUnknownError, SnapshotTooOldError, TransactionAbortedError
+from txn._runtime import Runtime
+from txn.errors import (
+    CommitUnknownError,
+    SnapshotTooOldError,
+    TransactionAbortedError,
+    TransactionConflictError,
+)
 from txn.tables import GC_TABLE, STATE_KEY, GcState
 
 pytestmark = pytest.mark.property
@@ -52,6 +75,9 @@ COLUMN = b"v"
 KEYS = ["k0", "k1", "k2"]
 MAX_OPEN = 4
 LEASE_MS = 1000
+
+#: The correct conflict check of one table; the lock-trusting build wraps it.
+_CHECK_TABLE_CONFLICTS = _committer._check_table_conflicts
 
 #: The broken protocol of the issue: conflict check moved before the version
 #: write, and no locks at all.
@@ -72,6 +98,8 @@ class Open:
     process: int
     ops: list[list[Any]] = field(default_factory=list)
     commit: CommitAttempt | None = None
+    #: It read a cell with ``get_for_update`` (at a for_update_ts, not at start_ts).
+    locked: bool = False
 
 
 class ProtocolMachine(RuleBasedStateMachine):
@@ -141,7 +169,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         self._record("invoke", o, [[f, k, None if f == "r" else v] for f, k, v in o.ops])
         if kind == "ok":
             assert o.tx.commit_ts is not None
-            self._record("ok", o, o.ops, start_ts=o.tx.start_ts, commit_ts=o.tx.commit_ts)
+            # A locked read is no read at start_ts: the checker must not hold it to one.
+            since = {} if o.locked else {"start_ts": o.tx.start_ts}
+            self._record("ok", o, o.ops, **since, commit_ts=o.tx.commit_ts)
         elif kind == "fail":
             self._record("fail", o, o.ops)
         else:  # unknown outcome: reads are not trusted
@@ -161,6 +191,18 @@ class ProtocolMachine(RuleBasedStateMachine):
     def _active(self) -> list[Open]:
         return [o for o in self.open.values() if o.commit is None]
 
+    def _plain(self) -> list[Open]:
+        """Open transactions that may read at ``start_ts``: under SNAPSHOT, not one
+        that locked a cell (its reads would not be one snapshot, which is allowed)."""
+        serializable = type(self).isolation is Isolation.SERIALIZABLE
+        return [o for o in self._active() if serializable or not o.locked]
+
+    def _lockable(self) -> list[Open]:
+        """Open transactions that may lock a cell: under SNAPSHOT, not one that read at
+        ``start_ts`` already."""
+        serializable = type(self).isolation is Isolation.SERIALIZABLE
+        return [o for o in self._active() if serializable or o.locked or not o.ops]
+
     def _committing(self) -> list[Open]:
         return [o for o in self.open.values() if o.commit is not None]
 
@@ -173,19 +215,19 @@ class ProtocolMachine(RuleBasedStateMachine):
         o.tx.abort()
         self._complete(o, "fail")
 
-    @precondition(lambda self: bool(self._active()))
+    @precondition(lambda self: bool(self._plain()))
     @rule(data=st.data(), key=st.sampled_from(KEYS))
     def read(self, data: st.DataObject, key: str) -> None:
-        o = data.draw(st.sampled_from(self._active()))
+        o = data.draw(st.sampled_from(self._plain()))
         try:
             o.ops.append(["r", key, self._read_list(o, key)])
         except SnapshotTooOldError:
             self._too_old(o)
 
-    @precondition(lambda self: bool(self._active()))
+    @precondition(lambda self: bool(self._plain()))
     @rule(data=st.data())
     def read_all_by_scan(self, data: st.DataObject) -> None:
-        o = data.draw(st.sampled_from(self._active()))
+        o = data.draw(st.sampled_from(self._plain()))
         try:
             seen = {row.decode(): json.loads(v) for row, _, v in o.tx.scan(TABLE)}
         except SnapshotTooOldError:
@@ -193,10 +235,10 @@ class ProtocolMachine(RuleBasedStateMachine):
             return
         o.ops.extend(["r", k, list(seen.get(k, []))] for k in KEYS)
 
-    @precondition(lambda self: bool(self._active()))
+    @precondition(lambda self: bool(self._plain()))
     @rule(data=st.data(), key=st.sampled_from(KEYS))
     def append(self, data: st.DataObject, key: str) -> None:
-        o = data.draw(st.sampled_from(self._active()))
+        o = data.draw(st.sampled_from(self._plain()))
         try:
             current = self._read_list(o, key)
         except SnapshotTooOldError:
@@ -206,6 +248,34 @@ class ProtocolMachine(RuleBasedStateMachine):
         o.tx.put(TABLE, key.encode(), COLUMN, json.dumps([*current, value]).encode())
         o.ops.append(["r", key, current])
         o.ops.append(["append", key, value])
+
+    @precondition(lambda self: bool(self._lockable()))
+    @rule(data=st.data(), key=st.sampled_from(KEYS))
+    def locked_append(self, data: st.DataObject, key: str) -> None:
+        """``get_for_update`` of a key, then an append to the list it read (an increment).
+
+        The lock server answers at once: a key locked by another open transaction aborts
+        this one with a lock-wait timeout (or a deadlock), and under SERIALIZABLE a key
+        read earlier at ``start_ts`` with another value aborts it (one value per cell).
+        A key a writer that began later committed before the lock refuses the write.
+        """
+        o = data.draw(st.sampled_from(self._lockable()))
+        o.locked = True
+        try:
+            raw = o.tx.get_for_update(TABLE, key.encode(), COLUMN)
+            current = [] if raw is None else list(json.loads(raw))
+            value = next(self.values)
+            o.tx.put(TABLE, key.encode(), COLUMN, json.dumps([*current, value]).encode())
+        except TransactionConflictError as exc:  # the transaction was aborted
+            self.log.append(f"locked append {o.tx.start_ts} {key}: {exc}")
+            self._complete(o, "fail")
+            return
+        except SnapshotTooOldError:
+            self._too_old(o)
+            return
+        o.ops.append(["r", key, current])
+        o.ops.append(["append", key, value])
+        self.log.append(f"locked append {o.tx.start_ts} {key} {current} + {value}")
 
     @precondition(lambda self: bool(self._active()))
     @rule(data=st.data())
@@ -252,6 +322,17 @@ class ProtocolMachine(RuleBasedStateMachine):
             o.commit = o.tx.committer(steps=type(self).steps)
         while self._committing():
             self.every_committer_steps(newest_first)
+
+    @precondition(lambda self: bool(self._writers()))
+    @rule(data=st.data())
+    def commit_alone(self, data: st.DataObject) -> None:
+        """A writer commits from its first step to its last while every other pauses:
+        the interleaving where one commit lands whole between two steps of another
+        (between a locked read and its commit, say), rare one random step at a time."""
+        o = data.draw(st.sampled_from(self._writers()))
+        o.commit = o.tx.committer(steps=type(self).steps)
+        while o.tx.start_ts in self.open:
+            self._step(o, "none")
 
     def _writers(self) -> list[Open]:
         return [o for o in self._active() if any(op[0] == "append" for op in o.ops)]
@@ -307,12 +388,15 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @rule()
     def leases_expire(self) -> None:
-        """Every committer pauses longer than its lease (S5)."""
+        """Every committer, and every transaction holding ``get_for_update`` locks,
+        pauses longer than its lease: the locks are lost (S5)."""
         self.clock.now += 2 * LEASE_MS / 1000
         self.log.append("leases expire")
 
     @rule()
     def restart_lock_server(self) -> None:
+        """The lock server restarts or fails over: a fresh table, every lock lost, the
+        ``get_for_update`` locks of open transactions among them (S5)."""
         self.tm.replace_locks(LockTable(self.clock))
         self.log.append("lock server restart")
 
@@ -414,6 +498,44 @@ def test_broken_protocol_is_caught() -> None:
                 phases=[Phase.generate],  # finding it is the point; shrinking is slow
                 report_multiple_bugs=False,
                 derandomize=True,  # the same exploration on every run: no flaky verdicts
+                database=None,
+            ),
+        )
+
+
+def _trusting_lock_check(
+    rt: Runtime,
+    table: str,
+    keys: list[Cell],
+    start_ts: int,
+    read_bounds: Mapping[Cell, int] | None = None,
+) -> None:
+    """The broken committer's conflict check: cells locked by ``get_for_update`` (those
+    with a read bound) are not checked at all, as if the lock alone kept writers away."""
+    locked = set(read_bounds or {})
+    unlocked = [cell for cell in keys if cell not in locked]
+    if unlocked:
+        _CHECK_TABLE_CONFLICTS(rt, table, unlocked, start_ts)
+
+
+def test_a_committer_that_trusts_the_lock_of_get_for_update_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A committer that skips the conflict check of a cell it locked with
+    ``get_for_update``: correct while locks hold, but a lock lost to an expired lease or
+    a lock-server restart lets another writer commit the cell between the locked read
+    and the commit, and one of the two updates is lost (S5: locks are liveness only).
+    The test-only seam replaces ``txn._committer._check_table_conflicts`` for this test."""
+    monkeypatch.setattr(_committer, "_check_table_conflicts", _trusting_lock_check)
+    with pytest.raises(AssertionError, match=r"INVALID under snapshot-isolation"):
+        run_state_machine_as_test(
+            ProtocolMachine,
+            settings=settings(
+                MACHINE_SETTINGS,
+                max_examples=2000,
+                phases=[Phase.generate],
+                report_multiple_bugs=False,
+                derandomize=True,
                 database=None,
             ),
         )
