@@ -25,6 +25,8 @@ from tests.servers import TEST_BUILD_SERVE, ServerProcess
 from txn.remote import RemoteTransaction, RemoteTransactionManager
 
 CONTROL_COLUMN = b"v"
+#: The gateway's test build whose commits trust get_for_update locks (broken on purpose).
+TRUSTING_SERVE = "tests.property._trusting_serve"
 
 
 def failpoint_gateway(
@@ -33,17 +35,20 @@ def failpoint_gateway(
     extra_args: Sequence[str] = (),
     *,
     broken_settle: str = "",
+    trust_locks: bool = False,
 ) -> ServerProcess:
     """A started gateway of the test build with its fail points on (all roles);
     ``broken_settle``: ``safe-point`` or ``read-only``, a build that settles as before
     issue 30 (broken on purpose, see :func:`~percolake.tools.chaos.failpoints_serve.
-    steered_gateway_class`)."""
+    steered_gateway_class`); ``trust_locks``: a build whose commits skip the conflict
+    check of cells locked by ``get_for_update`` (broken on purpose, see
+    :mod:`tests.property._trusting_serve`)."""
     return ServerProcess(
         "all",
         ["--store", store_url, *extra_args],
         workdir,
         env={SERVE_FAILPOINTS_ENV: "1", BROKEN_SETTLE_ENV: broken_settle},
-        command=TEST_BUILD_SERVE,
+        command=(TRUSTING_SERVE,) if trust_locks else TEST_BUILD_SERVE,
     ).start()
 
 

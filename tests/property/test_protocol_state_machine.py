@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -46,7 +45,8 @@ from hypothesis.stateful import (
 
 from lockserver import LockTable
 from percolake.tools.checker import check_history
-from storage_adapters import Cell, StoreTimeoutError, open_store
+from storage_adapters import StoreTimeoutError, open_store
+from tests.property._trusting_serve import lock_trusting
 from tso import TimestampBatcher, TimestampOracle
 from txn import (
     COMMIT_STEPS,
@@ -59,7 +59,6 @@ from txn import (
     _committer,
 )
 from txn import failpoints as fp
-from txn._runtime import Runtime
 from txn.errors import (
     CommitUnknownError,
     SnapshotTooOldError,
@@ -75,9 +74,6 @@ COLUMN = b"v"
 KEYS = ["k0", "k1", "k2"]
 MAX_OPEN = 4
 LEASE_MS = 1000
-
-#: The correct conflict check of one table; the lock-trusting build wraps it.
-_CHECK_TABLE_CONFLICTS = _committer._check_table_conflicts
 
 #: The broken protocol of the issue: conflict check moved before the version
 #: write, and no locks at all.
@@ -503,21 +499,6 @@ def test_broken_protocol_is_caught() -> None:
         )
 
 
-def _trusting_lock_check(
-    rt: Runtime,
-    table: str,
-    keys: list[Cell],
-    start_ts: int,
-    read_bounds: Mapping[Cell, int] | None = None,
-) -> None:
-    """The broken committer's conflict check: cells locked by ``get_for_update`` (those
-    with a read bound) are not checked at all, as if the lock alone kept writers away."""
-    locked = set(read_bounds or {})
-    unlocked = [cell for cell in keys if cell not in locked]
-    if unlocked:
-        _CHECK_TABLE_CONFLICTS(rt, table, unlocked, start_ts)
-
-
 def test_a_committer_that_trusts_the_lock_of_get_for_update_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -525,8 +506,10 @@ def test_a_committer_that_trusts_the_lock_of_get_for_update_is_caught(
     ``get_for_update``: correct while locks hold, but a lock lost to an expired lease or
     a lock-server restart lets another writer commit the cell between the locked read
     and the commit, and one of the two updates is lost (S5: locks are liveness only).
-    The test-only seam replaces ``txn._committer._check_table_conflicts`` for this test."""
-    monkeypatch.setattr(_committer, "_check_table_conflicts", _trusting_lock_check)
+    The test-only seam (:mod:`tests.property._trusting_serve`) replaces
+    ``txn._committer._check_table_conflicts`` for this test."""
+    trusting = lock_trusting(_committer._check_table_conflicts)
+    monkeypatch.setattr(_committer, "_check_table_conflicts", trusting)
     with pytest.raises(AssertionError, match=r"INVALID under snapshot-isolation"):
         run_state_machine_as_test(
             ProtocolMachine,

@@ -14,6 +14,21 @@ commit whose reply is lost after or before it ran, a commit whose client deadlin
 expires while it waits queued at the gateway, a commit queued at the gateway while
 another client settles its outcome, another client settling a transaction still open.
 
+Pessimistic reads (issue 28, docs/design/protocol.md "Pessimistic reads"): a transaction
+reads a key with ``get_for_update`` and appends to the list it read (an increment), so
+every locked read is of a key it writes. Among the faults, the gateway's lock server
+fails over (a fresh lock table: every lock lost) and every lease expires (the lock
+table's clock jumps past them), through the test build's ``locks.failover`` and
+``locks.expire`` controls. Locks are liveness only (S5): losing one may cost an abort,
+never an anomaly. A locked read reads at its own ``for_update_ts``, so the history of a
+transaction that made one carries no ``start_ts``; under SNAPSHOT a transaction's locked
+reads and its reads at ``start_ts`` are not one snapshot (allowed read skew), so a
+SNAPSHOT transaction here either locks every key it reads or none, while a SERIALIZABLE
+one mixes both (every read is validated at ``commit_ts``). The gateway waits
+``LOCK_WAIT_MS`` for a lock: this machine runs one call at a time, so a key locked by
+another of its open transactions costs that wait and a lock-wait timeout (a
+legitimate abort).
+
 Garbage collection and late settles (issue 30): passes at retention 0 run between any
 two steps (their safe point stays at or below the gateway's open transactions, which
 keep their snapshots; everything that committed before them may lose its
@@ -49,7 +64,9 @@ What is checked:
   keys a consumed part of a scan showed absent as empty reads) with the history
   checker: snapshot isolation for the mixed machine, serializability for the one
   whose transactions are all SERIALIZABLE; then the commit rules of docs/design/protocol.md on the
-  transactions known to have committed: first committer wins, and a SERIALIZABLE
+  transactions known to have committed: first committer wins (except that a writer
+  that locked a key with ``get_for_update`` may commit after a writer of it that began
+  earlier, whose commit began before the locked read returned), and a SERIALIZABLE
   writer never commits after a commit changed a key it read (so a scan consumed in
   part is validated exactly as far as it was consumed).
 
@@ -87,6 +104,8 @@ from percolake.tools.chaos.failpoints_serve import (
     BROKEN_SETTLE_ENV,
     COMMIT_DELAY_MS,
     COMMIT_REPLY,
+    LOCKS_EXPIRE,
+    LOCKS_FAILOVER,
     SCAN_BATCH_SIZE,
     SCAN_LOCKSTEP,
     SCAN_NEXT,
@@ -97,6 +116,7 @@ from tests.property._remote_harness import (
     control_handle,
     failpoint_gateway,
     forget,
+    gateway_control,
     gc_pass,
     steer,
 )
@@ -123,6 +143,10 @@ TIMEOUT_DELAY_MS = 300
 SHORT_TIMEOUT_S = 0.1
 CLIENT_TIMEOUT_S = 20.0
 JOIN_TIMEOUT_S = 30.0
+#: How long the gateway waits for a lock (a get_for_update or a commit's lock step)
+#: before it aborts the transaction: short, since a key locked by another open
+#: transaction of the machine waits for a holder that only the next steps end.
+LOCK_WAIT_MS = 100
 #: Who writes: the transaction's client (its write sent now or left buffered in the
 #: client) or an executor of another shared client that attached to it.
 WRITERS = ("own", "own-flushed", "attached0", "attached1", "attached2")
@@ -197,6 +221,10 @@ class Committed:
     commit_ts: int
     appended: frozenset[str]
     read: frozenset[str]  # keys it read (get, scan rows, rows a scan showed absent)
+    #: Tick when its commit call began (-1: before the example's first tick).
+    commit_began: int = -1
+    #: Keys it read with get_for_update -> tick when the first such read returned.
+    locked: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -240,6 +268,10 @@ class Txn:
     scan: OpenScan | None = None
     control: RemoteTransaction | None = None
     queued: QueuedCommit | None = None
+    #: Keys it read with get_for_update -> tick when the first such read returned.
+    locked: dict[str, int] = field(default_factory=dict)
+    #: Tick when its commit call began.
+    commit_began: int = -1
 
     def own_values(self, key: str) -> list[int]:
         return [v for _, v in self.own.get(key, [])]
@@ -323,7 +355,9 @@ class RemoteMachine(RuleBasedStateMachine):
         self._record("invoke", o.process, invoked)
         if kind == "ok":
             assert commit_ts is not None
-            self._record("ok", o.process, ops, start_ts=o.tx.start_ts, commit_ts=commit_ts)
+            # A locked read is no read at start_ts: the checker must not hold it to one.
+            since = {} if o.locked else {"start_ts": o.tx.start_ts}
+            self._record("ok", o.process, ops, **since, commit_ts=commit_ts)
             self.committed.append(
                 Committed(
                     o.label,
@@ -332,6 +366,8 @@ class RemoteMachine(RuleBasedStateMachine):
                     commit_ts,
                     frozenset(k for f, k, _ in ops if f == "append"),
                     frozenset(k for f, k, _ in ops if f == "r"),
+                    o.commit_began,
+                    dict(o.locked),
                 )
             )
         elif kind == "fail":
@@ -363,6 +399,23 @@ class RemoteMachine(RuleBasedStateMachine):
 
     def _active(self) -> list[int]:
         return sorted(s for s, o in self.open.items() if o.queued is None)
+
+    def _plain(self) -> list[int]:
+        """Open transactions that may read at ``start_ts``: not a SNAPSHOT one that
+        locked a key (its reads would not be one snapshot, which SNAPSHOT allows)."""
+        return [s for s in self._active() if self._mixes(s) or not self.open[s].locked]
+
+    def _lockable(self) -> list[int]:
+        """Open transactions that may lock a key: not a SNAPSHOT one that read at
+        ``start_ts`` already."""
+        return [
+            s
+            for s in self._active()
+            if self._mixes(s) or self.open[s].locked or not self.open[s].ops
+        ]
+
+    def _mixes(self, s: int) -> bool:
+        return self.open[s].tx.isolation is Isolation.SERIALIZABLE
 
     def _queued(self) -> list[int]:
         return sorted(s for s, o in self.open.items() if o.queued is not None)
@@ -449,10 +502,10 @@ class RemoteMachine(RuleBasedStateMachine):
         key: str = data.draw(st.sampled_from([*hot, *KEYS]), label="key")
         return key
 
-    @precondition(lambda self: bool(self._active()))
+    @precondition(lambda self: bool(self._plain()))
     @rule(data=st.data())
     def read(self, data: st.DataObject) -> None:
-        o = self._pick(data, self._active())
+        o = self._pick(data, self._plain())
         key = self._key(data, o)
         got = _decode(o.tx.get(self.table, key.encode(), COLUMN))
         self._add(o, ["r", key, got])
@@ -460,12 +513,40 @@ class RemoteMachine(RuleBasedStateMachine):
             o.seen.add(key)
         self._say(f"{o.label} get {key} = {got}")
 
-    @precondition(lambda self: bool(self._active()))
+    @precondition(lambda self: bool(self._plain()))
     @rule(data=st.data(), writer=st.sampled_from(WRITERS))
     def append(self, data: st.DataObject, writer: str) -> None:
         """Append to a key, by the transaction's client or by an attached one."""
-        o = self._pick(data, self._active())
+        o = self._pick(data, self._plain())
         self._write(o, self._key(data, o), writer)
+
+    @precondition(lambda self: bool(self._lockable()))
+    @rule(data=st.data())
+    def locked_append(self, data: st.DataObject) -> None:
+        """``get_for_update`` of a key, then an append to the list it read (an
+        increment), sent at once: a write the gateway refuses (a writer that began
+        later committed the key before the lock) ends the transaction here. A lock-wait
+        timeout, a deadlock or (SERIALIZABLE) a key read earlier with another value
+        aborts it too: recorded as failed."""
+        o = self._pick(data, self._lockable())
+        key = self._key(data, o)
+        try:
+            current = _decode(o.tx.get_for_update(self.table, key.encode(), COLUMN))
+            locked_at = next(self.ticks)
+            value = next(self.values)
+            o.tx.put(self.table, key.encode(), COLUMN, json.dumps([*current, value]).encode())
+            o.tx.flush()
+        except TransactionAbortedError as exc:
+            self._say(f"{o.label} get_for_update {key}: {type(exc).__name__}: {exc}")
+            self._complete(o, "fail")
+            return
+        o.locked.setdefault(key, locked_at)
+        self._add(o, ["r", key, current])
+        at = self._add(o, ["append", key, value])
+        o.own.setdefault(key, []).append((at[0], value))
+        if current:
+            o.seen.add(key)
+        self._say(f"{o.label} get_for_update {key} = {current}, append {value}")
 
     def _write(self, o: Txn, key: str, writer: str) -> None:
         if writer.startswith("attached"):
@@ -482,7 +563,7 @@ class RemoteMachine(RuleBasedStateMachine):
                 o.tx.flush()
         self._say(f"{o.label} append {key} {value} ({writer})")
 
-    @precondition(lambda self: bool(self._active()))
+    @precondition(lambda self: bool(self._plain()))
     @rule(
         data=st.data(),
         writes_first=st.lists(st.sampled_from(KEYS), max_size=2, unique=True),
@@ -507,7 +588,7 @@ class RemoteMachine(RuleBasedStateMachine):
         """Append to ``writes_first``, start a scan, then pull rows and write to the table
         (own writes flushed or not, attached writes) as ``program`` says; afterwards keep
         the iterator, drop it (``next(iter(tx.scan()))``) or read it to its end."""
-        o = self._pick(data, self._active())
+        o = self._pick(data, self._plain())
         for key in writes_first:
             self._write(o, key, "own")
         if o.scan is not None:
@@ -662,6 +743,7 @@ class RemoteMachine(RuleBasedStateMachine):
             self._steer(o, {COMMIT_DELAY_MS: str(TIMEOUT_DELAY_MS).encode()})
             o.manager.timeout_s = SHORT_TIMEOUT_S
         self._say(f"{o.label} commit ({reply})")
+        o.commit_began = next(self.ticks)
         kind, commit_ts, why = _commit_outcome(o.tx)
         o.manager.timeout_s = CLIENT_TIMEOUT_S
         if kind == "error":
@@ -686,6 +768,7 @@ class RemoteMachine(RuleBasedStateMachine):
             target=lambda: outcome.append(_commit_outcome(o.tx)), name=f"commit-{o.label}"
         )
         o.queued = QueuedCommit(thread, outcome)
+        o.commit_began = next(self.ticks)
         thread.start()
         time.sleep(QUEUE_SETTLE_AFTER_S)
         try:
@@ -740,6 +823,7 @@ class RemoteMachine(RuleBasedStateMachine):
                 f"settle: outcome({o.tx.id}, settle=True) answered {verdict!r} for an open "
                 "transaction that never asked to commit (expected ABORTED: settling fences)"
             )
+        o.commit_began = next(self.ticks)
         kind, commit_ts, why = _commit_outcome(o.tx)
         self._say(f"{o.label} commit after being settled: {kind} {why}")
         if kind == "ok":
@@ -751,6 +835,32 @@ class RemoteMachine(RuleBasedStateMachine):
             self._complete(o, "fail")
             raise self._failure(f"contract: commit of {o.label} after it was settled raised {why}")
         self._complete(o, "fail")
+
+    # --- lock-server faults ----------------------------------------------------------
+
+    def _locking(self) -> bool:
+        return any(o.locked for o in self.open.values())
+
+    @precondition(lambda self: self._locking())
+    @rule(data=st.data(), how=st.sampled_from(["failover", "expire"]), waiter=st.booleans())
+    def lose_locks(self, data: st.DataObject, how: str, waiter: bool) -> None:
+        """Every lock is lost (S5): the gateway's lock server fails over (a fresh table)
+        or every holder pauses past its lease (every grant expires). With ``waiter``, a
+        writer of a key another open transaction locked, which would have been waiting
+        for that lock, commits at once."""
+        control = LOCKS_FAILOVER if how == "failover" else LOCKS_EXPIRE
+        gateway_control(type(self).clients[0], {control: b"1"})
+        self._say(f"every lock lost: {how}")
+        if not waiter:
+            return
+        waiters = [s for s in self._active() if self._locked_by_others(s) & self.open[s].own.keys()]
+        if waiters:
+            o = self._pick(data, waiters)
+            self._say(f"{o.label} waited for a lost lock")
+            self._commit(o, "commit")
+
+    def _locked_by_others(self, s: int) -> set[str]:
+        return {k for t, o in self.open.items() if t != s for k in o.locked}
 
     # --- garbage collection and late settles ----------------------------------------
 
@@ -863,7 +973,14 @@ class RemoteMachine(RuleBasedStateMachine):
                 if w is t:
                     continue
                 overlap = t.start_ts < w.commit_ts and w.start_ts < t.commit_ts
-                both = sorted(t.appended & w.appended)
+                # A key w locked may have been committed by t before w's for_update_ts,
+                # which is certain to be later than t's commit only when t's commit
+                # call began after w's locked read returned.
+                both = sorted(
+                    k
+                    for k in t.appended & w.appended
+                    if k not in w.locked or t.commit_began > w.locked[k]
+                )
                 if overlap and both and t.start_ts < w.start_ts:
                     raise self._failure(
                         f"write-write: {t.label} [{t.start_ts}, {t.commit_ts}] and {w.label} "
@@ -910,7 +1027,7 @@ MACHINE_SETTINGS = settings(
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     workdir = tmp_path_factory.mktemp("remote-machine")
     server = failpoint_gateway(
-        workdir, "memory://", ["--lock-wait-ms", "2000", "--resolve-wait-ms", "1000"]
+        workdir, "memory://", ["--lock-wait-ms", str(LOCK_WAIT_MS), "--resolve-wait-ms", "1000"]
     )
     try:
         yield server
@@ -953,7 +1070,7 @@ def broken_settle_gateway(
     server = failpoint_gateway(
         workdir,
         "memory://",
-        ["--lock-wait-ms", "2000", "--resolve-wait-ms", "1000"],
+        ["--lock-wait-ms", str(LOCK_WAIT_MS), "--resolve-wait-ms", "1000"],
         broken_settle=request.param,
     )
     try:
@@ -994,6 +1111,46 @@ def test_a_settle_that_ignores_the_safe_point_or_read_only_is_caught(
         _run(
             RemoteMachine,
             broken_settle_gateway,
+            settings(
+                MACHINE_SETTINGS,
+                max_examples=100,
+                phases=[Phase.generate],  # finding it is the point; shrinking is slow
+                report_multiple_bugs=False,
+                derandomize=True,  # the same exploration on every run: no flaky verdicts
+                database=None,
+            ),
+        )
+
+
+@pytest.fixture(scope="module")
+def lock_trusting_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    workdir = tmp_path_factory.mktemp("remote-machine-trusts-locks")
+    server = failpoint_gateway(
+        workdir,
+        "memory://",
+        ["--lock-wait-ms", str(LOCK_WAIT_MS), "--resolve-wait-ms", "1000"],
+        trust_locks=True,
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_gateway_that_trusts_get_for_update_locks_is_caught(
+    lock_trusting_gateway: ServerProcess,
+) -> None:
+    """A gateway build whose commits skip the conflict check of the cells they locked
+    with ``get_for_update`` (issue 28): right while every lock holds, so only the rules
+    that lose locks (a lock-server failover, leases expiring) can show it. Another
+    writer then commits the key between the locked read and the commit, and one of the
+    two appends is lost: the history checker finds the lost update, or the commit rules
+    find two overlapping writers of the key, the second's commit having begun after the
+    first's locked read."""
+    with pytest.raises(AssertionError, match=r"INVALID under|write-write: "):
+        _run(
+            RemoteMachine,
+            lock_trusting_gateway,
             settings(
                 MACHINE_SETTINGS,
                 max_examples=100,

@@ -51,7 +51,17 @@ them in a throwaway transaction of its own):
                       memory) and every cached outcome, as a restarted gateway or another
                       replica would: its next ``Status`` reads the store (an open
                       transaction is never forgotten)
+``locks.failover``    the gateway's transactions move to a fresh lock table, as after a
+                      lock-server restart or failover: every lock is lost, the
+                      ``get_for_update`` locks of open transactions among them
+``locks.expire``      the clock of that table jumps past every lease, as if each holder
+                      paused longer than its lease: every grant expires
 ====================  ==================================================================
+
+The lock controls act on a table of the test build's own, over a clock it can move: the
+first lock control of a gateway process moves its transactions to one (so the first
+``locks.expire`` also loses every lock, as a failover does; the table the process serves
+as its lock role is left alone).
 
 The first ``gc.pass`` of a gateway process waits the default grace once (5 s): readers
 may hold a lease on the safe point from before the first pass wrote grace 0.
@@ -106,6 +116,7 @@ from typing import Any, Final
 
 import grpc
 
+from lockserver import LockTable
 from percolake.tools.chaos._config import TEST_GC_GRACE_ENV
 from spark_integration.engine import Catalog, CommitRequest
 from spark_integration.service import GroupCommitter, LakehouseLimits, LakehouseServicer
@@ -134,6 +145,8 @@ STATUS_LATE: Final = b"status.late"
 #: Controls of the whole gateway (see the module docstring).
 GC_PASS: Final = b"gc.pass"
 STATUS_FORGET: Final = b"status.forget"
+LOCKS_FAILOVER: Final = b"locks.failover"
+LOCKS_EXPIRE: Final = b"locks.expire"
 #: With the fail points on, ``safe-point`` or ``read-only`` makes the gateway a broken
 #: settling build (see the module docstring).
 BROKEN_SETTLE_ENV: Final = "PERCOLAKE_UNSAFE_BROKEN_SETTLE"
@@ -239,6 +252,12 @@ class SteeredTransactionServicer(TransactionServicer):
         self._late_lock = threading.Lock()
         self._late: set[str] = set()
         self.gc_passes = 0
+        #: How far the clock of the lock table of the lock controls was moved on.
+        self._lock_skew_s = 0.0
+        self._steered_locks: LockTable | None = None
+
+    def _lock_clock(self) -> float:
+        return time.monotonic() + self._lock_skew_s
 
     # --- the whole gateway's controls ------------------------------------------------
 
@@ -263,6 +282,25 @@ class SteeredTransactionServicer(TransactionServicer):
         log.warning("test gc.pass %d (open from %s): %s", self.gc_passes, oldest, report.summary())
         return report
 
+    def fail_over_locks(self) -> None:
+        """Move the transactions to a fresh lock table: every lock is lost, and calls
+        still waiting in the previous table of this build end as in a failed lock
+        server (its term ended)."""
+        with self._gc_lock:
+            previous, self._steered_locks = self._steered_locks, LockTable(self._lock_clock)
+            self._tm.replace_locks(self._steered_locks)
+            self._collector = None  # it would ask the old table
+        if previous is not None:
+            previous.close()
+        log.warning("test locks.failover: a fresh lock table, every lock lost")
+
+    def expire_locks(self) -> None:
+        """Every grant of the lock table outlives its lease."""
+        if self._steered_locks is None:
+            self.fail_over_locks()
+        self._lock_skew_s += self._tm._rt.config.lease_ms / 1000 + 1.0
+        log.warning("test locks.expire: the lock table's clock is %.1f s ahead", self._lock_skew_s)
+
     def forget(self, txn_id: str) -> None:
         """Forget a finished transaction's outcome, and every cached one."""
         with self._registry:
@@ -285,6 +323,10 @@ class SteeredTransactionServicer(TransactionServicer):
                     abort_with(context, exc)
             elif m.row == STATUS_FORGET:
                 self.forget(m.put.decode())
+            elif m.row == LOCKS_FAILOVER:
+                self.fail_over_locks()
+            elif m.row == LOCKS_EXPIRE:
+                self.expire_locks()
             elif m.row == STATUS_LATE:
                 with self._late_lock:
                     self._late.add(request.txn_id)
