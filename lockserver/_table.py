@@ -79,6 +79,8 @@ class _Grant:
     waiting_since: float | None = None  # table clock, when the call first waited
     checked_at: int = -1  # the table's graph changes at its last deadlock check
     wait_started: float | None = None  # time.monotonic(), when it first waited (metrics)
+    #: What its thread sleeps on while it waits (on the table's mutex); ``None`` otherwise.
+    wakeup: threading.Condition | None = None
 
 
 @dataclass(slots=True)
@@ -204,13 +206,22 @@ class LockTable:
     leads back to its own owner, the call is the victim: it releases what it acquired
     so far (not its owner's other grants) and raises
     :class:`~wire.errors.DeadlockError` naming the cycle. The check runs under the
-    table's condition, where the cycle closes, so each cycle has exactly one victim.
+    table's mutex, where the cycle closes, so each cycle has exactly one victim.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self.epoch = secrets.randbits(63)
-        self._cond = threading.Condition()
+        #: Guards all state. Nobody waits on the table as a whole: each waiting call
+        #: sleeps on a condition of its own and is woken only when something it waits for
+        #: changes (see ``_wake_slot``), so a release does not wake every waiter of every
+        #: descriptor to find them all still blocked, a herd that with dozens of waiters
+        #: on a few hot keys cost each grant dozens of wake-ups.
+        self._mutex = threading.RLock()
+        #: Conditions of the ``wait_until_released`` calls, by the descriptors they watch.
+        self._watchers: dict[bytes, list[threading.Condition]] = {}
+        #: Notifications sent to waiting lock calls so far (tests check who is woken).
+        self._notified = 0
         self._slots: dict[bytes, _Slot] = {}
         self._grants: dict[int, _Grant] = {}
         self._ids = itertools.count(1)
@@ -224,7 +235,8 @@ class LockTable:
         #: checks for a cycle when it begins to wait (a cycle its wait closes is found
         #: then, by it), and once woken only when this count changed since: a cycle
         #: can close in no other way, and a check on every wake-up of every waiter
-        #: would cost each release the square of the waiters.
+        #: would cost each release the square of the waiters. A change wakes every
+        #: waiting call (``_graph_changed``); nothing else wakes a call it cannot help.
         self._graph_changes = 0
         metrics.track_locks_held(self.__len__)
         metrics.track_lock_waiters(self.waiter_count)
@@ -232,22 +244,27 @@ class LockTable:
     def close(self) -> None:
         """End every grant and refuse every call from now on; calls waiting in the
         table wake up and raise :class:`LockTableClosedError`. Idempotent."""
-        with self._cond:
+        with self._mutex:
             if self._closed:
                 return
             self._closed = True
+            for grants in self._waiting.values():
+                for grant in grants:
+                    self._notify(grant)
+            for watchers in self._watchers.values():
+                for watcher in watchers:
+                    watcher.notify()
             self._grants.clear()
             self._slots.clear()
             self._waiting.clear()
             self._waiter_count = 0
-            self._cond.notify_all()
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def _check_open(self) -> None:
-        """The caller holds the condition."""
+        """The caller holds the mutex."""
         if self._closed:
             raise LockTableClosedError(
                 f"lock table of epoch {self.epoch} was closed: its term ended"
@@ -282,7 +299,7 @@ class LockTable:
         if lease == 0:
             raise ValueError("lease_ms must be positive")
         wait = _check_ms("wait_timeout_ms", wait_timeout_ms)
-        with self._cond:
+        with self._mutex:
             self._check_open()
             now = self._clock()
             deadline = now + wait / 1000
@@ -306,10 +323,9 @@ class LockTable:
                 ):
                     return None
                 slot.dequeue(grant)
-                if grant.owner in slot.queued:
-                    # Its owner's later calls here are granted now by reentry: wake them.
-                    self._cond.notify_all()
                 slot.holders.append(grant)
+                # Its owner's later calls here are granted now by reentry: wake them.
+                self._wake_slot(slot)
                 grant.acquired += 1
             grant.expires_at = self._clock() + lease / 1000
             metrics.record_lock_wait(grant.wait_started)
@@ -340,7 +356,8 @@ class LockTable:
                     passed = False
                 if grant.wait_started is None:
                     grant.wait_started = time.monotonic()
-                self._cond.wait(min(remaining, self._time_to_expiry(slot)))
+                assert grant.wakeup is not None
+                grant.wakeup.wait(min(remaining, self._time_to_expiry(slot)))
                 # Closed while waiting: the term ended, nothing may be granted in it.
                 self._check_open()
                 if grant.token.lock_id not in self._grants:
@@ -377,6 +394,7 @@ class LockTable:
     def _begin_wait(self, grant: _Grant, descriptor: bytes) -> None:
         grant.waiting_on = descriptor
         grant.checked_at = -1  # a new wait: checked before it sleeps
+        grant.wakeup = threading.Condition(self._mutex)  # notified by ``_notify``
         if grant.waiting_since is None:
             grant.waiting_since = self._clock()
         self._waiting.setdefault(grant.owner, []).append(grant)
@@ -384,6 +402,7 @@ class LockTable:
 
     def _end_wait(self, grant: _Grant) -> None:
         grant.waiting_on = None
+        grant.wakeup = None
         mine = self._waiting.get(grant.owner)
         if mine is None or grant not in mine:
             return  # the table was closed: its graph is gone already
@@ -396,13 +415,15 @@ class LockTable:
         """``grant`` gives up waiting: out of the queue, and everything it holds freed."""
         slot.dequeue(grant)
         if grant.owner in slot.queued:
-            self._graph_changes += 1
+            self._graph_changed()
         if not slot.holders and not slot.queue and self._slots.get(descriptor) is slot:
             del self._slots[descriptor]
+        else:
+            self._wake_slot(slot)  # it may have stood first in line: the next one may take
         self._drop(grant)
 
     def _drop(self, grant: _Grant) -> None:
-        """Release everything ``grant`` holds; the caller holds the condition."""
+        """Release everything ``grant`` holds; the caller holds the mutex."""
         self._grants.pop(grant.token.lock_id, None)
         for descriptor in grant.descriptors[: grant.acquired]:
             slot = self._slots.get(descriptor)
@@ -410,10 +431,49 @@ class LockTable:
                 slot.holders.remove(grant)
                 if not slot.holders and not slot.queue:
                     del self._slots[descriptor]
-                elif not slot.holders and grant.owner in slot.queued:
-                    self._graph_changes += 1
+                else:
+                    if not slot.holders and grant.owner in slot.queued:
+                        self._graph_changed()
+                    self._wake_slot(slot)
+                for watcher in self._watchers.get(descriptor, ()):
+                    watcher.notify()
         grant.acquired = 0
-        self._cond.notify_all()
+        if grant.waiting_on is not None:
+            # Dropped while it waits (its partial locks expired): it gives up when woken.
+            self._notify(grant)
+
+    # --- waking ------------------------------------------------------------------
+
+    def _notify(self, grant: _Grant) -> None:
+        """Wake ``grant``'s thread if it sleeps in a wait; the caller holds the mutex."""
+        if grant.wakeup is not None:
+            grant.wakeup.notify()
+            self._notified += 1
+
+    def _wake_slot(self, slot: _Slot) -> None:
+        """Wake the calls queued on ``slot`` that may take it now, after its holders or
+        its queue changed: the first in line when no one holds it, else the calls of the
+        holding owner (reentry). The others stay asleep: they could not take it, and their
+        deadlock checks are due only when the graph changes (``_graph_changed``). A holder
+        whose lease ran out is still listed: the first waiter's timed wait finds it."""
+        if not slot.holders:
+            if slot.queue:
+                self._notify(slot.queue[0])
+            return
+        owner = slot.holders[0].owner
+        if owner in slot.queued:
+            for waiting in slot.queue:
+                if waiting.owner == owner:
+                    self._notify(waiting)
+
+    def _graph_changed(self) -> None:
+        """The wait-for graph gained an edge no new wait added (see ``_graph_changes``):
+        every waiting call wakes and checks for a cycle again, as a cycle may now run
+        through any of them."""
+        self._graph_changes += 1
+        for grants in self._waiting.values():
+            for grant in grants:
+                self._notify(grant)
 
     # --- deadlocks -----------------------------------------------------------------
 
@@ -543,7 +603,7 @@ class LockTable:
         """Extend the lease; ``False`` when the locks were already lost."""
         if lease_ms is not None:
             _check_ms("lease_ms", lease_ms, upper=MAX_LEASE_MS)
-        with self._cond:
+        with self._mutex:
             grant = self._live_grant(token)
             if grant is None:
                 return False
@@ -556,7 +616,7 @@ class LockTable:
         """Release the batch; ``False`` when it was already lost (expired or released).
 
         A descriptor its owner also holds through another grant stays held by that one."""
-        with self._cond:
+        with self._mutex:
             grant = self._live_grant(token)
             if grant is None:
                 return False
@@ -568,7 +628,7 @@ class LockTable:
     def holder(self, descriptor: bytes) -> str | None:
         """The owner currently holding ``descriptor`` under a live lease."""
         (d,) = _check_descriptors([descriptor])
-        with self._cond:
+        with self._mutex:
             self._check_open()
             slot = self._slots.get(d)
             if slot is None or self._expire_if_due(slot):
@@ -583,19 +643,30 @@ class LockTable:
         """
         wanted = _check_descriptors(descriptors)
         wait = _check_ms("timeout_ms", timeout_ms)
-        with self._cond:
+        with self._mutex:
             self._check_open()
             deadline = self._clock() + wait / 1000
-            while True:
-                self._check_open()
-                busy = [s for d in wanted if (s := self._slots.get(d)) and s.holders]
-                live = [s for s in busy if not self._expire_if_due(s)]
-                if not live:
-                    return True
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    return False
-                self._cond.wait(min([remaining] + [self._time_to_expiry(s) for s in live]))
+            # Woken when a holder of one of them is released or dropped, or on close.
+            wakeup = threading.Condition(self._mutex)
+            for d in wanted:
+                self._watchers.setdefault(d, []).append(wakeup)
+            try:
+                while True:
+                    self._check_open()
+                    busy = [s for d in wanted if (s := self._slots.get(d)) and s.holders]
+                    live = [s for s in busy if not self._expire_if_due(s)]
+                    if not live:
+                        return True
+                    remaining = deadline - self._clock()
+                    if remaining <= 0:
+                        return False
+                    wakeup.wait(min([remaining] + [self._time_to_expiry(s) for s in live]))
+            finally:
+                for d in wanted:
+                    watchers = self._watchers[d]
+                    watchers.remove(wakeup)
+                    if not watchers:
+                        del self._watchers[d]
 
     def _expire_if_due(self, slot: _Slot) -> bool:
         """Drop the slot's holders whose lease ran out; ``True`` when none is left."""
@@ -609,7 +680,7 @@ class LockTable:
         descriptor, since when, and behind whom (for ``percolake status``)."""
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ValueError(f"limit must be a non-negative int, got {limit!r}")
-        with self._cond:
+        with self._mutex:
             if self._closed:
                 return []
             now = self._clock()
@@ -646,5 +717,5 @@ class LockTable:
 
     def __len__(self) -> int:
         """How many lock batches are currently granted (live or not yet reaped)."""
-        with self._cond:
+        with self._mutex:
             return len(self._grants)

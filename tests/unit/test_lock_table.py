@@ -266,3 +266,45 @@ def test_a_closed_table_wakes_its_waiters_and_refuses_every_call() -> None:
         with pytest.raises(LockTableClosedError):
             call()
     table.close()  # idempotent
+
+
+def test_a_release_wakes_only_the_first_waiter_of_the_released_descriptor() -> None:
+    """Each waiting call is woken only when it may take what it waits for: a release of
+    "a" wakes the first of the two calls queued on "a", not the one behind it nor the
+    one waiting on "b". (Waking every waiter on every release made each grant cost a
+    wake-up of each of dozens of waiters on hot keys.) Counts notifications the table
+    sends, so what a woken thread does later cannot change the count."""
+    table = LockTable()
+    held_a = table.lock([b"a"], "holder-a", lease_ms=60_000)
+    held_b = table.lock([b"b"], "holder-b", lease_ms=60_000)
+    assert held_a is not None and held_b is not None
+    tokens: dict[str, LockToken | None] = {}
+    threads: dict[str, threading.Thread] = {}
+    for owner, descriptor in (("first-on-a", b"a"), ("second-on-a", b"a"), ("on-b", b"b")):
+
+        def wait(owner: str = owner, descriptor: bytes = descriptor) -> None:
+            tokens[owner] = table.lock([descriptor], owner, lease_ms=60_000, wait_timeout_ms=30_000)
+
+        threads[owner] = threading.Thread(target=wait, daemon=True)
+        waiting = table.waiter_count()
+        threads[owner].start()
+        deadline = time.monotonic() + 10
+        while table.waiter_count() == waiting:  # queued before the next one starts
+            assert time.monotonic() < deadline, f"{owner} did not begin to wait"
+            time.sleep(0.001)
+
+    def release_and_join(token: LockToken, woken: str) -> None:
+        before = table._notified
+        assert table.unlock(token)
+        threads[woken].join(10)
+        assert tokens.get(woken) is not None, f"{woken} was not granted"
+        assert table._notified - before == 1  # only the call that took the lock
+
+    release_and_join(held_a, "first-on-a")
+    assert table.waiter_count() == 2
+    first = tokens["first-on-a"]
+    assert first is not None
+    release_and_join(first, "second-on-a")
+    assert table.waiter_count() == 1
+    release_and_join(held_b, "on-b")
+    assert table.waiter_count() == 0
