@@ -407,12 +407,12 @@ class RemoteMachine(RuleBasedStateMachine):
 
     def _lockable(self) -> list[int]:
         """Open transactions that may lock a key: not a SNAPSHOT one that read at
-        ``start_ts`` already."""
-        return [
-            s
-            for s in self._active()
-            if self._mixes(s) or self.open[s].locked or not self.open[s].ops
-        ]
+        ``start_ts`` already, or holds a scan it may pull from later."""
+        return [s for s in self._active() if self._mixes(s) or self._unread(self.open[s])]
+
+    @staticmethod
+    def _unread(o: Txn) -> bool:
+        return bool(o.locked) or (not o.ops and o.scan is None)
 
     def _mixes(self, s: int) -> bool:
         return self.open[s].tx.isolation is Isolation.SERIALIZABLE
@@ -471,6 +471,9 @@ class RemoteMachine(RuleBasedStateMachine):
     @rule(data=st.data(), client=st.integers(0, CLIENTS))
     def begin(self, data: st.DataObject, client: int) -> None:
         isolation = data.draw(st.sampled_from(type(self).isolations), label="isolation")
+        self._begin(isolation, client)
+
+    def _begin(self, isolation: Isolation, client: int) -> Txn:
         own_manager = client == CLIENTS
         if own_manager:
             manager = RemoteTransactionManager(type(self).address, timeout_s=CLIENT_TIMEOUT_S)
@@ -479,8 +482,9 @@ class RemoteMachine(RuleBasedStateMachine):
             manager = type(self).clients[client]
         tx = manager.begin(isolation)
         label = f"T{tx.start_ts}/{isolation.value}/c{client}"
-        self.open[tx.start_ts] = Txn(tx, next(self.processes), manager, own_manager, label)
+        o = self.open[tx.start_ts] = Txn(tx, next(self.processes), manager, own_manager, label)
         self._say(f"begin {label}")
+        return o
 
     def _rmw(self, o: Txn, key: str, via: RemoteTransaction) -> int:
         """Read-modify-write of one key's list through ``via`` (the owner or attached)."""
@@ -842,25 +846,36 @@ class RemoteMachine(RuleBasedStateMachine):
         return any(o.locked for o in self.open.values())
 
     @precondition(lambda self: self._locking())
-    @rule(data=st.data(), how=st.sampled_from(["failover", "expire"]), waiter=st.booleans())
-    def lose_locks(self, data: st.DataObject, how: str, waiter: bool) -> None:
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["failover", "expire"]),
+        then=st.sampled_from(["nothing", "waiter", "waiter-then-holder", "waiter-then-holder"]),
+    )
+    def lose_locks(self, data: st.DataObject, how: str, then: str) -> None:
         """Every lock is lost (S5): the gateway's lock server fails over (a fresh table)
-        or every holder pauses past its lease (every grant expires). With ``waiter``, a
-        writer of a key another open transaction locked, which would have been waiting
-        for that lock, commits at once."""
+        or every holder pauses past its lease (every grant expires). Then (``waiter``)
+        a writer that was waiting for a lost lock commits: an open writer of the key, or
+        a new transaction that appends to it; and (``-then-holder``) the holder commits
+        right after it, the write-write race a lost lock opens."""
         control = LOCKS_FAILOVER if how == "failover" else LOCKS_EXPIRE
         gateway_control(type(self).clients[0], {control: b"1"})
         self._say(f"every lock lost: {how}")
-        if not waiter:
+        holders = [s for s in self._active() if self.open[s].locked]
+        if then == "nothing" or not holders:
             return
-        waiters = [s for s in self._active() if self._locked_by_others(s) & self.open[s].own.keys()]
+        holder = self._pick(data, holders)
+        key = data.draw(st.sampled_from(sorted(holder.locked)), label="lost key")
+        waiters = [s for s in self._active() if s != holder.tx.start_ts and key in self.open[s].own]
         if waiters:
-            o = self._pick(data, waiters)
-            self._say(f"{o.label} waited for a lost lock")
-            self._commit(o, "commit")
-
-    def _locked_by_others(self, s: int) -> set[str]:
-        return {k for t, o in self.open.items() if t != s for k in o.locked}
+            waiter = self._pick(data, waiters)
+        else:
+            isolation = data.draw(st.sampled_from(type(self).isolations), label="isolation")
+            waiter = self._begin(isolation, data.draw(st.integers(0, CLIENTS - 1), label="client"))
+            self._write(waiter, key, "own")
+        self._say(f"{waiter.label} waited for the lock {holder.label} lost on {key}")
+        self._commit(waiter, "commit")
+        if then == "waiter-then-holder":
+            self._commit(holder, "commit")
 
     # --- garbage collection and late settles ----------------------------------------
 
@@ -1013,6 +1028,14 @@ class SerializableRemoteMachine(RemoteMachine):
     model = "serializable"
 
 
+class SnapshotRemoteMachine(RemoteMachine):
+    """Every transaction SNAPSHOT: a committer that trusts get_for_update locks shows
+    only there, since a SERIALIZABLE one still re-reads the locked key at commit_ts and
+    aborts when a writer that took the lost lock changed it."""
+
+    isolations = (Isolation.SNAPSHOT,)
+
+
 #: 120 runs of 40 steps on the correct builds (was 200, trimmed for the 15-minute suite,
 #: issue 29); each broken build below is still found within its own 100 runs.
 MACHINE_SETTINGS = settings(
@@ -1146,14 +1169,15 @@ def test_a_gateway_that_trusts_get_for_update_locks_is_caught(
     writer then commits the key between the locked read and the commit, and one of the
     two appends is lost: the history checker finds the lost update, or the commit rules
     find two overlapping writers of the key, the second's commit having begun after the
-    first's locked read."""
+    first's locked read. All SNAPSHOT: a SERIALIZABLE holder's validation would abort it
+    anyway."""
     with pytest.raises(AssertionError, match=r"INVALID under|write-write: "):
         _run(
-            RemoteMachine,
+            SnapshotRemoteMachine,
             lock_trusting_gateway,
             settings(
                 MACHINE_SETTINGS,
-                max_examples=100,
+                max_examples=200,  # six random seeds found it within 10 to 103
                 phases=[Phase.generate],  # finding it is the point; shrinking is slow
                 report_multiple_bugs=False,
                 derandomize=True,  # the same exploration on every run: no flaky verdicts
