@@ -1,13 +1,14 @@
 """Protocol steps of several open transactions, interleaved by hypothesis, with faults.
 
 Each rule is one protocol step of one transaction (begin, read, append, a locked
-read-modify-write with ``get_for_update``, one commit step) or one fault (a committer
-crashing between two steps, leases expiring under a paused committer or a transaction
-holding ``get_for_update`` locks, a lock server restart or failover: every lock lost,
-an ambiguous commit point), or a pass of garbage collection (rules S8, S9: sweep below
-the safe point, stamp, collect the transactions table) with the open transactions
-registered or not. The machine records a list-append history and checks it with the
-history checker at teardown. A deliberately broken protocol (conflict check before the
+read-modify-write with ``get_for_update``, one commit step, a whole commit while the
+others pause) or one fault (a committer crashing between two steps, leases expiring
+under a paused committer or a transaction holding ``get_for_update`` locks, a lock
+server restart or failover: every lock lost, a lost lock taken by a writer that was
+waiting for it, an ambiguous commit point), or a pass of garbage collection (rules S8,
+S9: sweep below the safe point, stamp, collect the transactions table) with the open
+transactions registered or not. The machine records a list-append history and checks it
+with the history checker at teardown. A deliberately broken protocol (conflict check before the
 version write, no locks), a broken collection (entries deleted without stamping their
 versions) and a committer that trusts the lock of a ``get_for_update`` (no conflict
 check on a locked cell) must be caught by the same machine.
