@@ -54,8 +54,17 @@ def _shared_jvm(item: pytest.Item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep each shared JVM in one pytest-xdist worker.
+
+    xdist's worker turns each test's ``xdist_group`` mark into the ``@group`` suffix of
+    its node id in its own ``pytest_collection_modifyitems``; ``tryfirst`` makes sure the
+    marks are set before that. On pytest 9.2 the suffix is lost (pytest-xdist issue
+    1386; pyproject.toml keeps pytest below 9.2): every worker then ran every group and
+    started its own Cassandra nodes and Spark session, with nothing failing (found in
+    the ``-v`` log of a run: one group's tests on every worker).
+    ``tests/unit/test_xdist_groups.py`` checks that the groups hold.
 
     ``make test`` runs the suite in worker processes (``-n 3 --dist loadgroup``), and a
     session fixture lives once per worker. A test that needs a Cassandra node or the
