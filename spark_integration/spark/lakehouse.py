@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import math
@@ -418,17 +419,7 @@ class Lakehouse:
         _check_name(name)
         _check_version(version)
         location = self._catalog.meta(name).location
-
-        def public(
-            path: str,
-            size: int,
-            records: int,
-            part: dict[str, str | None],
-            stats: FileStats | None,
-        ) -> DataFile:
-            return DataFile(join(location, path), size, records, part, stats)
-
-        return self._catalog.files(name, version, public)[2]
+        return self._catalog.files(name, version, functools.partial(_data_file, location))[2]
 
     def version_at(self, name: str, timestamp: datetime.datetime | str | int) -> int:
         """The version that was the table's latest at ``timestamp`` (time travel).
@@ -708,6 +699,18 @@ def _public_commit(meta: TableMeta, h: HistoryEntry) -> Commit:
         batch_id=h.record.batch_id,
         timestamp_ms=h.record.timestamp_ms,
     )
+
+
+def _data_file(
+    location: str,
+    path: str,
+    size: int,
+    records: int,
+    part: dict[str, str | None],
+    stats: FileStats | None,
+) -> DataFile:
+    """A file of the catalog as users see it: its path joined to the table's location."""
+    return DataFile(join(location, path), size, records, part, stats)
 
 
 def _absolute(meta: TableMeta, entry: FileEntry) -> str:
