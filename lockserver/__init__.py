@@ -6,9 +6,9 @@ from lockserver._table import (
     LockTable,
     LockTableClosedError,
     LockToken,
-    LockWait,
     render_descriptor,
 )
+from lockserver._waits import LockWait
 from wire.errors import StaleTokenError
 
 __all__ = [

@@ -310,7 +310,7 @@ def test_a_cycle_closed_when_a_call_leaves_the_queue_is_found_by_a_woken_waiter(
     until(
         lambda: all(
             grant.checked_at == table._graph_changes
-            for grants in list(table._waiting.values())
+            for grants in list(table._graph.waiting.values())
             for grant in grants
         )
     )
