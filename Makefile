@@ -7,9 +7,10 @@ STAMP := $(VENV)/.installed
 EXTRAS ?= dev,cassandra,spark,bench
 PYTEST_ARGS ?=
 # The suite runs in pytest-xdist workers; tests sharing a Cassandra node or a Spark
-# session stay in one worker (tests/conftest.py), so each JVM starts once. Three
-# workers on two cores: much of the suite waits (chaos runs, leases, JVMs starting).
-TEST_WORKERS ?= 3
+# session stay in one worker (tests/conftest.py), so each JVM starts once. Two workers
+# on two cores: a third kept both cores ~96% busy and ran no faster (ci13: 983 s of
+# tests), and its chaos runs made too little progress.
+TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 .DEFAULT_GOAL := help

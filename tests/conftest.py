@@ -46,8 +46,8 @@ def _shared_jvm(item: pytest.Item) -> str | None:
     ):
         return "cassandra"
     if names & {"spark", "spark_connect"}:
-        # Two Spark sessions, one per worker, split about evenly by test time: the data
-        # source's batch tests alone are about as long as every other Spark test.
+        # Two groups: the data source's batch tests take about as long as all the other
+        # Spark tests, and the first worker free takes them (see below).
         if item.path.name == "test_datasource.py":
             return "spark-datasource"
         return "spark"
@@ -66,14 +66,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the ``-v`` log of a run: one group's tests on every worker).
     ``tests/unit/test_xdist_groups.py`` checks that the groups hold.
 
-    ``make test`` runs the suite in worker processes (``-n 3 --dist loadgroup``), and a
+    ``make test`` runs the suite in worker processes (``-n 2 --dist loadgroup``), and a
     session fixture lives once per worker. A test that needs a Cassandra node or the
     Spark session joins that JVM's group; every test of a group runs in one worker, so
     each node starts once per run, not once per worker (a node costs ~20 s of both
-    cores to start). The Spark tests form two groups, each with its own session, so that
-    no group outlasts a third of the suite; xdist hands the largest groups out first,
-    one to each worker, and the single tests to whichever worker is free. Without xdist
-    the marks change nothing.
+    cores to start). xdist hands the largest groups out first, one to each worker, and
+    the rest to whichever worker runs low. The Spark tests form two groups, so that the
+    worker that is free first takes the second: it reuses a session it already has (the
+    Cassandra worker starts one for the lakehouse tests on Cassandra) or starts one.
+    Without xdist the marks change nothing.
     """
     for item in items:
         group = _shared_jvm(item)

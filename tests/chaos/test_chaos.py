@@ -594,7 +594,9 @@ def test_pessimistic_bank_transfers_add_up_under_lock_service_leader_kills_and_p
         *REPLICAS,
         duration_s=15,
     )
-    assert_clean(report, min_ok=300, min_faults=3)
+    # 235 ok operations in a CI run with the machine saturated (ci13, three workers);
+    # 1,685 in 20 s on an idle one.
+    assert_clean(report, min_ok=150, min_faults=3)
     assert report["pessimistic"] is True and "--pessimistic" in report["replay"]
     assert {f["kind"] for f in report["faults"]} == {"leader-kill", "leader-pause"}
     for fault in report["faults"]:
@@ -612,8 +614,8 @@ def test_pessimistic_bank_transfers_add_up_under_lock_service_leader_kills_and_p
     }
     reads = report["checks"]["bank reads"]
     assert reads["pessimistic"] is True, reads
-    # Two locked reads per acknowledged transfer: at least 150 transfers went through.
-    assert reads["locked_reads"] >= 300, reads
+    # Two locked reads per acknowledged transfer: at least 75 transfers went through.
+    assert reads["locked_reads"] >= 150, reads
     # 6 clients on 8 accounts lock in opposite orders often (36 victims in 20 s here).
     assert reads["deadlock_victims"] >= 1, reads
     # Balances conserved: the harness's final read sums to the initial total, and
