@@ -1,4 +1,5 @@
-"""Load loops shared by the benchmarks: threads calling an operation until a deadline."""
+"""Load loops shared by the benchmarks: threads calling an operation until a deadline,
+and the end of the client processes that run them."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnProcess
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +72,18 @@ def run_threads(
         raise RuntimeError("the writers never started: opening a table handle failed")
     elapsed = time.monotonic() - started[0]
     return Run(sum(done) / elapsed, sum(failed), [ms for slot in latencies for ms in slot])
+
+
+def end_processes(
+    procs: Sequence[SpawnProcess], conns: Sequence[Connection], within_s: float = 30.0
+) -> None:
+    """Join a benchmark's client processes (told to stop by the caller), killing any
+    still running after ``within_s`` (our own children, by pid), then close their pipes."""
+    deadline = time.monotonic() + within_s
+    for proc in procs:
+        proc.join(max(0.1, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+    for conn in conns:
+        conn.close()

@@ -69,6 +69,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench._load import end_processes
 from bench._results import Figure, Result, summarize
 from tso import DEFAULT_LEASE_MS, DRIFT_MARGIN, LEADER_TABLE, LeaseRecord
 
@@ -306,14 +307,7 @@ class Writers:
 
     def close(self) -> None:
         self.stop.set()
-        deadline = time.monotonic() + 30
-        for proc in self.procs:
-            proc.join(max(0.1, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()  # our own child, by its pid
-                proc.join(5)
-        for conn in self.conns:
-            conn.close()
+        end_processes(self.procs, self.conns)
 
     def __enter__(self) -> Writers:
         return self

@@ -61,6 +61,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
+from bench._load import end_processes
 from bench._results import Figure, Latency, Result, summarize
 from bench.bench_lakehouse_deployed import CASSANDRA3, SQLITE, STORE_LABEL, gateway, store_url
 
@@ -330,14 +331,7 @@ class ClientPool:
         for conn in self.conns:
             with contextlib.suppress(OSError):
                 conn.send(None)
-        deadline = time.monotonic() + 30
-        for proc in self.procs:
-            proc.join(max(0.1, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()  # our own child, by its pid
-                proc.join(5)
-        for conn in self.conns:
-            conn.close()
+        end_processes(self.procs, self.conns)
 
     def __enter__(self) -> ClientPool:
         return self

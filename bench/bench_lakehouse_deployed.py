@@ -73,6 +73,7 @@ from types import FrameType
 from typing import Any, Protocol, TypeVar
 
 from bench._lakehouse_anchors import version_of
+from bench._load import end_processes
 from bench._results import Figure, Growth, Latency, Result, summarize
 
 log = logging.getLogger(__name__)
@@ -409,14 +410,7 @@ class WriterPool:
         for conn in self.conns:
             with contextlib.suppress(OSError):
                 conn.send(None)
-        deadline = time.monotonic() + 30
-        for proc in self.procs:
-            proc.join(max(0.1, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()  # our own child, by its pid
-                proc.join(5)
-        for conn in self.conns:
-            conn.close()
+        end_processes(self.procs, self.conns)
 
     def __enter__(self) -> WriterPool:
         return self
