@@ -491,7 +491,7 @@ class S3Server:
         return self._alive_pid() is not None
 
     def ready(self) -> bool:
-        """Whether the process runs and answers ``/minio/health/ready`` with 200."""
+        """Whether the process runs and its health probe (``_health_ready``) answers 200."""
         return self.alive() and _health_ready(self.endpoint_url)
 
     def status(self) -> S3Status:
@@ -660,8 +660,13 @@ _direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _health_ready(endpoint_url: str) -> bool:
+    """Whether MinIO serves requests: ``/minio/health/cluster`` answers 200 only once the
+    object layer, the bucket metadata and IAM are up. ``/minio/health/ready`` answered
+    200 before that (it only sets a header while the object layer is missing), and a
+    ListBuckets right after it got "503 Server not initialized yet" (ci14)."""
+    url = f"{endpoint_url}/minio/health/cluster"
     try:
-        with _direct.open(f"{endpoint_url}/minio/health/ready", timeout=_PROBE_TIMEOUT_S) as reply:
+        with _direct.open(url, timeout=_PROBE_TIMEOUT_S) as reply:
             return bool(reply.status == 200)
     except (urllib.error.URLError, OSError):
         return False
