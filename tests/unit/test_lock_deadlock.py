@@ -389,26 +389,35 @@ def test_sorted_batches_and_ordered_incremental_grants_never_deadlock() -> None:
     assert len(table) == 0 and table.waiter_count() == 0
 
 
-def test_owners_locking_one_by_one_in_random_orders_never_wait_out_a_deadlock() -> None:
+@pytest.mark.parametrize("prioritized", [False, True], ids=["arrival-order", "oldest-first"])
+def test_owners_locking_one_by_one_in_random_orders_never_wait_out_a_deadlock(
+    prioritized: bool,
+) -> None:
     """Every deadlock among owners that lock cells one at a time, in orders of their own
     (as get_for_update does), is found: no call waits until its timeout, each victim
-    releases its owner's locks and retries, and everyone finishes."""
+    releases its owner's locks and retries, and everyone finishes. ``prioritized``: each
+    attempt's start timestamp is its priority (a retry begins later, so it gets a larger
+    one), and every cycle through the priority-ordered queues is found too."""
     table = LockTable()
     timed_out: list[str] = []
     errors: list[BaseException] = []
-
+    start_ts = itertools.count(1)
+    ts_lock = threading.Lock()
     start = threading.Barrier(6)
 
     def owner(name: str, seed: int) -> None:
         rng = random.Random(seed)
         try:
             start.wait(JOIN_S)
-            for txn in range(15):
+            for _ in range(15):
                 while True:
+                    with ts_lock:
+                        ts = next(start_ts)
+                    priority = ts if prioritized else None
                     held: list[LockToken] = []
                     try:
                         for cell in rng.sample([b"1", b"2", b"3", b"4"], 3):
-                            token = table.lock([cell], f"{name}.{txn}", 60_000, LONG_MS)
+                            token = table.lock([cell], f"{name}.{ts}", 60_000, LONG_MS, priority)
                             if token is None:
                                 timed_out.append(name)
                                 return
@@ -416,7 +425,7 @@ def test_owners_locking_one_by_one_in_random_orders_never_wait_out_a_deadlock() 
                             time.sleep(0.001)  # let the others interleave
                         break
                     except DeadlockError:
-                        continue  # its transaction aborts and retries
+                        continue  # its transaction aborts and retries with a new start
                     finally:
                         for token in held:
                             table.unlock(token)
@@ -595,53 +604,6 @@ def test_an_older_call_queued_ahead_is_no_deadlock() -> None:
         got = call.result()
         assert got is not None and table.unlock(got)
     assert sample("percolake_lock_deadlocks_total") == deadlocks
-    assert len(table) == 0 and table.waiter_count() == 0
-
-
-def test_prioritized_owners_in_random_orders_never_wait_out_a_deadlock() -> None:
-    """As the random test above, with each attempt's start timestamp as its priority (a
-    retry begins later, so it gets a larger one): every cycle through the priority-ordered
-    queues is found, and everyone finishes."""
-    table = LockTable()
-    timed_out: list[str] = []
-    errors: list[BaseException] = []
-    start_ts = itertools.count(1)
-    ts_lock = threading.Lock()
-    start = threading.Barrier(6)
-
-    def owner(name: str, seed: int) -> None:
-        rng = random.Random(seed)
-        try:
-            start.wait(JOIN_S)
-            for _ in range(15):
-                while True:
-                    with ts_lock:
-                        ts = next(start_ts)
-                    held: list[LockToken] = []
-                    try:
-                        for cell in rng.sample([b"1", b"2", b"3", b"4"], 3):
-                            token = table.lock([cell], f"{name}.{ts}", 60_000, LONG_MS, ts)
-                            if token is None:
-                                timed_out.append(name)
-                                return
-                            held.append(token)
-                            time.sleep(0.001)  # let the others interleave
-                        break
-                    except DeadlockError:
-                        continue  # its transaction aborts and retries with a new start
-                    finally:
-                        for token in held:
-                            table.unlock(token)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=owner, args=(f"o{i}", i)) for i in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(JOIN_S * 2)
-    assert not any(thread.is_alive() for thread in threads)
-    assert errors == [] and timed_out == []
     assert len(table) == 0 and table.waiter_count() == 0
 
 
