@@ -3,6 +3,7 @@ and the end of the client processes that run them."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -10,7 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from multiprocessing.context import SpawnProcess
+from multiprocessing.context import SpawnContext, SpawnProcess
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +89,44 @@ def end_processes(
             proc.join(5)
     for conn in conns:
         conn.close()
+
+
+def start_processes(
+    ctx: SpawnContext,
+    target: Callable[..., None],
+    args: tuple[Any, ...],
+    size: int,
+    name: str,
+    ready_timeout_s: float,
+) -> tuple[list[SpawnProcess], list[Connection]]:
+    """Start ``size`` client processes running ``target(conn, *args)``, each with a pipe,
+    and wait for each one's ``("hello", ...)``; on any failure, end those started."""
+    procs: list[SpawnProcess] = []
+    conns: list[Connection] = []
+    try:
+        for i in range(size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=target, args=(child, *args), name=f"{name}-{i}", daemon=True)
+            proc.start()
+            child.close()
+            conns.append(parent)
+            procs.append(proc)
+        for proc, conn in zip(procs, conns, strict=True):
+            kind, _ = receive(proc, conn, ready_timeout_s)
+            if kind != "hello":
+                raise RuntimeError(f"{proc.name} did not start: {kind}")
+    except BaseException:
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        end_processes(procs, conns)
+        raise
+    return procs, conns
+
+
+def receive(proc: SpawnProcess, conn: Connection, timeout_s: float) -> tuple[str, Any]:
+    """The next ``(kind, payload)`` a client process sends, waiting at most ``timeout_s``."""
+    if not conn.poll(timeout_s):
+        raise TimeoutError(f"{proc.name} (pid {proc.pid}) did not answer in {timeout_s:.0f} s")
+    message: tuple[str, Any] = conn.recv()
+    return message

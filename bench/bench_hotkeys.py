@@ -56,12 +56,11 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from multiprocessing.context import SpawnProcess
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
-from bench._load import end_processes
+from bench._load import end_processes, receive, start_processes
 from bench._results import Figure, Latency, Result, summarize
 from bench.bench_lakehouse_deployed import CASSANDRA3, SQLITE, STORE_LABEL, gateway, store_url
 
@@ -273,34 +272,12 @@ class ClientPool:
         ctx = multiprocessing.get_context("spawn")
         self.go = ctx.Event()
         self.start_at = ctx.RawValue("d", 0.0)
-        self.conns: list[Connection] = []
-        self.procs: list[SpawnProcess] = []
-        try:
-            for i in range(size):
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(
-                    target=_client_main,
-                    args=(child, self.go, self.start_at),
-                    name=f"bench-hotkeys-{i}",
-                    daemon=True,
-                )
-                proc.start()
-                child.close()
-                self.conns.append(parent)
-                self.procs.append(proc)
-            for i in range(size):
-                kind, _ = self._recv(i, READY_TIMEOUT_S)
-                if kind != "hello":
-                    raise RuntimeError(f"client process {i} did not start: {kind}")
-        except BaseException:
-            self.close()
-            raise
+        self.procs, self.conns = start_processes(
+            ctx, _client_main, (self.go, self.start_at), size, "bench-hotkeys", READY_TIMEOUT_S
+        )
 
     def _recv(self, i: int, timeout_s: float) -> tuple[str, Any]:
-        if not self.conns[i].poll(timeout_s):
-            raise TimeoutError(f"client process {i} (pid {self.procs[i].pid}) did not answer")
-        message: tuple[str, Any] = self.conns[i].recv()
-        return message
+        return receive(self.procs[i], self.conns[i], timeout_s)
 
     def run(self, specs: Sequence[Spec]) -> tuple[ClientRun, float]:
         """One run, the processes released together; the merged result and its length

@@ -66,14 +66,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from multiprocessing.context import SpawnProcess
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
 from bench._lakehouse_anchors import version_of
-from bench._load import end_processes
+from bench._load import end_processes, receive, start_processes
 from bench._results import Figure, Growth, Latency, Result, summarize
 
 log = logging.getLogger(__name__)
@@ -337,31 +336,17 @@ class WriterPool:
         ctx = multiprocessing.get_context("spawn")
         self.go = ctx.Event()
         self.start_at = ctx.RawValue("d", 0.0)
-        self.conns: list[Connection] = []
-        self.procs: list[SpawnProcess] = []
-        for i in range(size):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(
-                target=_writer_main,
-                args=(child, self.go, self.start_at, systems),
-                name=f"bench-writer-{i}",
-                daemon=True,
-            )
-            proc.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(proc)
-        for i in range(size):
-            kind, _ = self._recv(i, READY_TIMEOUT_S)
-            if kind != "hello":
-                raise RuntimeError(f"writer {i} did not start: {kind}")
+        self.procs, self.conns = start_processes(
+            ctx,
+            _writer_main,
+            (self.go, self.start_at, systems),
+            size,
+            "bench-writer",
+            READY_TIMEOUT_S,
+        )
 
     def _recv(self, i: int, timeout_s: float) -> tuple[str, Any]:
-        conn = self.conns[i]
-        if not conn.poll(timeout_s):
-            raise TimeoutError(f"writer process {i} (pid {self.procs[i].pid}) did not answer")
-        message: tuple[str, Any] = conn.recv()
-        return message
+        return receive(self.procs[i], self.conns[i], timeout_s)
 
     def run(self, specs: Sequence[Spec], seconds: float) -> Run:
         """One run: open every writer's handle, release them together, collect."""
