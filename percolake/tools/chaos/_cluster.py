@@ -33,7 +33,13 @@ from percolake.tools.chaos._config import (
 )
 from percolake.tools.chaos._leader_metrics import LeaderMetricsWatch
 from percolake.tools.chaos._ops import Phase
-from percolake.tools.chaos._procs import Managed, PidRegistry, Service
+from percolake.tools.chaos._procs import (
+    Managed,
+    PidRegistry,
+    Service,
+    start_together,
+    stop_together,
+)
 from percolake.tools.chaos._reconnect import STORE_RECONNECT_ENV
 from percolake.tools.chaos._replicas import LeaderWatch
 from tso import LeaseRecord
@@ -304,7 +310,8 @@ class Cluster:
     def _replica(self, index: int) -> Service:
         """Replica ``index`` of ``percolake serve`` (role all) on the store, not started."""
         name = f"replica-{index}"
-        (self.metrics_ports[name],) = _free_ports(1)
+        if name not in self.metrics_ports:
+            (self.metrics_ports[name],) = _free_ports(1)
         return Service(
             name,
             "percolake.tools.chaos.serve all",
@@ -395,22 +402,27 @@ class Cluster:
                 # First, on the fresh store: it leads, as an embedded manager started
                 # before the replicas does; they follow.
                 self.embedded = self._embedded().start()
-            # One by one: the first leads at once on a fresh store, the others follow.
-            for index in range(c.replicas):
-                self.replicas.append(self._replica(index).start())
+            # Distinct metrics ports, picked before any replica binds one.
+            ports = _free_ports(c.replicas)
+            self.metrics_ports = {f"replica-{i}": port for i, port in enumerate(ports)}
+            # The first alone: it leads at once on a fresh store; the others then start
+            # side by side and follow.
+            self.replicas.append(self._replica(0).start())
+            self.replicas += start_together([self._replica(i) for i in range(1, c.replicas)])
         else:
-            self.tso = self._oracle("tso").start()
-            self.locks = Service(
+            locks = Service(
                 "locks",
                 "percolake serve locks",
                 [],
                 self.work,
                 self.registry,
                 gid=self._gid(GID_LOCKS),
-            ).start()
-        # The timestamps workload asks the oracle only: no gateways.
-        for i in range(c.gateways if c.uses_transactions else 0):
-            gateway = Service(
+            )
+            self.tso, self.locks = start_together([self._oracle("tso"), locks])
+        # The timestamps workload asks the oracle only: no gateways. They need the
+        # oracle's address, so they start after it, side by side.
+        gateways = [
+            Service(
                 f"gateway-{i}",
                 "percolake.tools.chaos.serve txn",
                 [
@@ -427,7 +439,9 @@ class Cluster:
                 env={**self._broken_env(), **self._s3_env()},
                 gid=self._gid(GID_GATEWAY_BASE + i),
             )
-            self.gateways.append(gateway.start())
+            for i in range(c.gateways if c.uses_transactions else 0)
+        ]
+        self.gateways = start_together(gateways)
         log.info(
             "oracle %s, lock server %s, gateways %s",
             self.tso_address,
@@ -676,9 +690,11 @@ class Cluster:
         return sum(n for n, _ in seen.values())
 
     def stop(self) -> None:
+        """Stop every process: clients, then gateways (whose drain and last collection
+        pass may still ask the oracle), then the control plane. Each group at once, so
+        their graceful stops overlap instead of adding up."""
+        stop_together([client.proc for client in self.clients], timeout_s=5)
         for client in self.clients:
-            if client.proc is not None:
-                client.proc.stop(timeout_s=5)
             if client.phase is not None:
                 client.phase.close()
                 client.phase = None
@@ -686,13 +702,8 @@ class Cluster:
             self.leader_watch.stop()
         if self.leader_metrics is not None:
             self.leader_metrics.stop()
-        for service in [*self.gateways, self.locks, self.tso, *self.second_oracles]:
-            if service is not None:
-                service.stop()
-        for replica in self.replicas:
-            replica.stop()
-        if self.embedded is not None:
-            self.embedded.stop()
+        stop_together([*self.gateways, *self.second_oracles])
+        stop_together([self.locks, self.tso, *self.replicas, self.embedded])
         if self.cassandra is not None:
             self.cassandra.stop()
         if self.s3 is not None:

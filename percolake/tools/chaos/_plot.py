@@ -93,7 +93,9 @@ def plot_run(
     labels += sorted(used)
     top.legend(handles, labels, loc="upper right", fontsize="small", ncol=2)
     bottom.legend(loc="upper right", fontsize="small", markerscale=4)
-    fig.tight_layout()
+    # Fixed margins, not tight_layout(): that draws the whole figure once more only to
+    # measure it, half the cost of a plot with thousands of points.
+    fig.subplots_adjust(left=0.07, right=0.985, top=0.95, bottom=0.08, hspace=0.06)
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path

@@ -143,13 +143,23 @@ class Managed:
         self.paused = False
         self.registry.remove(self.proc.pid)
 
+    def request_stop(self) -> None:
+        """SIGCONT (a paused process cannot act on SIGTERM), then SIGTERM; no wait."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout_s: float = 15.0) -> int | None:
         """SIGCONT (a paused process cannot act on SIGTERM), SIGTERM, then SIGKILL."""
+        self.request_stop()
+        return self.finish_stop(timeout_s)
+
+    def finish_stop(self, timeout_s: float) -> int | None:
+        """After :meth:`request_stop`: wait for the exit, SIGKILL after ``timeout_s``
+        (one signal only: a second SIGTERM would cut a server's drain short)."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -206,6 +216,14 @@ class Service(Managed):
 
     def start(self) -> Service:
         """Start on the port of the previous start, or a free one the first time."""
+        return self.await_ready(self.begin_start())
+
+    def begin_start(self) -> Path:
+        """Spawn the server; returns the ready file to pass to :meth:`await_ready`.
+
+        Split in two so that servers that do not need each other's address start side
+        by side (:func:`start_together`): each spends about a second importing.
+        """
         ready = self.work_dir / f"{self.name}-{time.monotonic_ns()}.ready"
         command = [
             sys.executable,
@@ -220,6 +238,10 @@ class Service(Managed):
             *self.args,
         ]
         self.spawn(command)
+        return ready
+
+    def await_ready(self, ready: Path) -> Service:
+        """Wait until the server spawned by :meth:`begin_start` writes its port."""
         assert self.proc is not None
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not ready.exists() or not ready.read_text().strip():
@@ -232,3 +254,28 @@ class Service(Managed):
         self.port = int(ready.read_text())
         ready.unlink()
         return self
+
+
+def start_together(services: Sequence[Service]) -> list[Service]:
+    """Spawn every server first, then wait for each to be ready: they import and start
+    side by side. A server that fails to start ends the ones already spawned."""
+    spawned: list[tuple[Service, Path]] = []
+    try:
+        for service in services:
+            spawned.append((service, service.begin_start()))
+        return [service.await_ready(ready) for service, ready in spawned]
+    except BaseException:
+        for service, _ in spawned:
+            service.kill()
+        raise
+
+
+def stop_together(processes: Sequence[Managed | None], timeout_s: float = 15.0) -> None:
+    """SIGTERM every process at once, then wait for each (SIGKILL after ``timeout_s``):
+    their graceful stops (a drain, a collection pass finishing) overlap."""
+    running = [p for p in processes if p is not None]
+    for process in running:
+        process.request_stop()
+    deadline = time.monotonic() + timeout_s
+    for process in running:
+        process.finish_stop(max(0.0, deadline - time.monotonic()))
