@@ -2,6 +2,7 @@
 
 from tso._batcher import TimestampBatcher
 from tso._lease import (
+    DEFAULT_LEADER_WAIT_S,
     DEFAULT_LEASE_MS,
     DRIFT_MARGIN,
     LEADER_TABLE,
@@ -25,6 +26,7 @@ from wire.errors import OracleFencedError
 
 __all__ = [
     "BOUND_KEY",
+    "DEFAULT_LEADER_WAIT_S",
     "DEFAULT_LEASE_MS",
     "DEFAULT_WINDOW",
     "DRIFT_MARGIN",

@@ -68,6 +68,9 @@ log = logging.getLogger(__name__)
 LEADER_TABLE = "_leader"
 #: Default lease length: a leader kill costs about this much plus a poll.
 DEFAULT_LEASE_MS = 2000
+#: How long a call to a replica waits for a leader (an election, a store outage) before
+#: it fails naming the cause (``percolake serve --leader-wait-s``).
+DEFAULT_LEADER_WAIT_S = 15.0
 #: The largest relative drift of clock rates between replicas the protocol tolerates.
 DRIFT_MARGIN = 0.1
 MIN_LEASE_MS = 100

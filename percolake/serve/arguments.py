@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from tso import DEFAULT_LEASE_MS
+from tso import DEFAULT_LEADER_WAIT_S, DEFAULT_LEASE_MS
 from txn import TransactionConfig
 
 
@@ -35,6 +35,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_LEASE_MS,
         help="replicas on one store: the leader's lease; a dead leader is replaced after "
         "about this long (default %(default)s)",
+    )
+    parser.add_argument(
+        "--leader-wait-s",
+        type=float,
+        default=DEFAULT_LEADER_WAIT_S,
+        help="replicas: how long a call waits for a leader before it fails naming the "
+        "cause (default %(default)g)",
     )
     parser.add_argument(
         "--token-file", help="require this bearer token on every call (default: $PERCOLAKE_TOKEN)"

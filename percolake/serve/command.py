@@ -82,6 +82,7 @@ def serve_from_args(
             listen=args.listen or DEFAULT_LISTEN,
             locks_on_store=args.role == "locks" and args.store is not None,
             leader_lease_ms=args.leader_lease_ms,
+            leader_wait_s=args.leader_wait_s,
             tso_address=args.tso,
             locks_address=args.locks,
             token=resolve_token(token_file=args.token_file),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spark_integration.service import LakehouseLimits
-from tso import DEFAULT_LEASE_MS, check_lease_ms
+from tso import DEFAULT_LEADER_WAIT_S, DEFAULT_LEASE_MS, check_lease_ms
 from txn import TransactionConfig
 from txn.gateway import GatewayLimits
 from wire.auth import TlsConfig
@@ -14,6 +14,8 @@ from wire.channels import DEFAULT_MAX_MESSAGE_BYTES, parse_address, parse_addres
 ROLES = ("all", "tso", "locks", "txn")
 DEFAULT_STORE = "sqlite:///.percolake/store.db"
 DEFAULT_LISTEN = "127.0.0.1:7070"
+#: A call waiting longer than this for a leader would outlast every client deadline.
+MAX_LEADER_WAIT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,9 @@ class ServeConfig:
     locks_address: str | None = None
     #: The leader lease of replicas on one store (rule S7).
     leader_lease_ms: int = DEFAULT_LEASE_MS
+    #: How long a call waits for a leader (an election, a store outage) before it
+    #: fails with ``NoLeaderError`` naming the cause.
+    leader_wait_s: float = DEFAULT_LEADER_WAIT_S
     token: str | None = None
     tls: TlsConfig | None = None
     client_tls: TlsConfig | None = None  # for the gateway's calls to tso and locks
@@ -53,6 +58,10 @@ class ServeConfig:
             if address is not None:
                 parse_addresses(address)
         check_lease_ms(self.leader_lease_ms)
+        if not 0 < self.leader_wait_s <= MAX_LEADER_WAIT_S:
+            raise ValueError(
+                f"--leader-wait-s must be in (0, {MAX_LEADER_WAIT_S:g}], got {self.leader_wait_s}"
+            )
         if self.max_message_bytes < 1024:
             raise ValueError("max message size must be at least 1 KiB")
         if self.gc_interval_s is not None and self.gc_interval_s <= 0:

@@ -31,6 +31,7 @@ from lockserver import LockTable, LockTableClosedError, LockToken, LockWait
 from lockserver.lock_service import RemoteLockService
 from storage_adapters import KVStore, StoreError
 from tso import (
+    DEFAULT_LEADER_WAIT_S,
     DEFAULT_LEASE_MS,
     DRIFT_MARGIN,
     ORACLE_ROLE,
@@ -50,8 +51,6 @@ from wire.errors import OracleFencedError, ServiceUnavailableError, StaleTokenEr
 
 log = logging.getLogger(__name__)
 
-#: How long a call waits for a leader before failing as unavailable.
-DEFAULT_FAILOVER_S = 15.0
 #: A follower that could not reach a renewing leader for this many leases deposes it.
 DEPOSE_AFTER_LEASES = 3
 #: Health: a leader row unchanged this many leases means that no election is under
@@ -125,7 +124,7 @@ class ControlPlane:
         lease_ms: int = DEFAULT_LEASE_MS,
         token: str | None = None,
         tls: TlsConfig | None = None,
-        failover_s: float = DEFAULT_FAILOVER_S,
+        failover_s: float = DEFAULT_LEADER_WAIT_S,
         check_lease: bool = True,
     ) -> None:
         """``check_lease=False`` exists only for the test build that shows the timestamp

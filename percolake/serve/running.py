@@ -19,7 +19,7 @@ from lockserver.lock_service import LockServicer, RemoteLockService
 from percolake.serve.config import ServeConfig, store_opened
 from percolake.serve.health import ROLE_SERVICES, HealthMonitor, upstream_problem
 from percolake.serve.reflection import enable_reflection
-from percolake.serve.replica import DEFAULT_FAILOVER_S, ControlPlane
+from percolake.serve.replica import ControlPlane
 from percolake.serve.startup import StartupError, check_listen
 from percolake.serve.status import SERVICE_NAME as CONTROL_SERVICE
 from percolake.serve.status import ControlServicer
@@ -27,7 +27,7 @@ from percolake.serve.testing import TestBuild
 from spark_integration.service import SERVICE_NAME as LAKEHOUSE_SERVICE
 from spark_integration.service import LakehouseServicer, serve_lakehouse
 from storage_adapters import KVStore, StoreError
-from tso import LEADER_TABLE, TimestampBatcher, TimestampOracle
+from tso import DEFAULT_LEADER_WAIT_S, LEADER_TABLE, TimestampBatcher, TimestampOracle
 from tso.timestamp_service import RemoteTimestampSource, TimestampServicer
 from txn import GarbageCollector, GcLoop, LockService, TimestampSource, TransactionManager
 from txn.gateway import TransactionServicer
@@ -39,12 +39,20 @@ from wire.v1 import control_pb2_grpc, lock_pb2_grpc, timestamp_pb2_grpc, transac
 # The name operators filter on (docs/operations.md) since serve was one module.
 log = logging.getLogger("percolake.server")
 
-#: How long a split-role gateway waits for the oracle and the lock server: longer than
-#: their replicas wait for a leader, so that their answer (a leader's, or
-#: ``no-leader`` naming the cause) arrives, not a deadline of the gateway's own.
-_UPSTREAM_TIMEOUT_S = DEFAULT_FAILOVER_S + 5.0
+#: How long a split-role gateway waits for the oracle and the lock server, beyond how
+#: long their replicas wait for a leader (the default, or this gateway's
+#: ``--leader-wait-s`` if longer), so that their answer (a leader's, or ``no-leader``
+#: naming the cause) arrives, not a deadline of the gateway's own.
+_UPSTREAM_MARGIN_S = 5.0
 #: How often a drain looks whether the open transactions have ended.
 _DRAIN_POLL_S = 0.05
+
+
+def upstream_timeout_s(config: ServeConfig) -> float:
+    """How long a split-role gateway waits for a call to the oracle or lock server: past
+    the longest wait for a leader its replicas may have (the default, or this
+    gateway's ``--leader-wait-s``), so their answer arrives, not our own deadline."""
+    return max(DEFAULT_LEADER_WAIT_S, config.leader_wait_s) + _UPSTREAM_MARGIN_S
 
 
 class RunningServer:
@@ -234,6 +242,7 @@ class RunningServer:
                     store,
                     role="locks" if role == "locks" else "tso",
                     lease_ms=config.leader_lease_ms,
+                    failover_s=config.leader_wait_s,
                     token=config.token,
                     tls=config.client_tls,
                     check_lease=build.leader_checks_lease,
@@ -274,8 +283,9 @@ class RunningServer:
                 )
                 self._closers += [tso_conn.close, locks_conn.close]
                 self._upstreams = [(tso_conn, "tso"), (locks_conn, "locks")]
-                timestamps = RemoteTimestampSource(tso_conn, timeout_s=_UPSTREAM_TIMEOUT_S)
-                locks = RemoteLockService(locks_conn, timeout_s=_UPSTREAM_TIMEOUT_S)
+                upstream_s = upstream_timeout_s(config)
+                timestamps = RemoteTimestampSource(tso_conn, timeout_s=upstream_s)
+                locks = RemoteLockService(locks_conn, timeout_s=upstream_s)
                 manager = TransactionManager(
                     store, timestamps, locks, config.txn_config, commit_steps=build.commit_steps
                 )

@@ -298,7 +298,16 @@ def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CassandraC
         heap_mb=512,
         # Gossip convicts a killed node after ~5 s instead of ~10-15 s: the test waits
         # for that twice (Cassandra's own default, 8, is for real networks' jitter).
-        extra_yaml={**TEST_NODE_YAML, "phi_convict_threshold": 5},
+        # Requests to a dead replica time out after 2 s instead of 5-10 s: the test
+        # retries through such timeouts until the survivors notice the loss.
+        extra_yaml={
+            **TEST_NODE_YAML,
+            "phi_convict_threshold": 5,
+            "write_request_timeout": "2000ms",
+            "cas_contention_timeout": "2000ms",
+            "read_request_timeout": "2000ms",
+            "range_request_timeout": "2000ms",
+        },
     )
     try:
         cluster.start()

@@ -609,6 +609,8 @@ def test_serve_refuses_bad_protocol_timeouts_before_listening(tmp_path: Path) ->
         ("--lease-ms", "0", "lease_ms must be positive, got 0"),
         ("--lock-wait-ms", "-5", "lock_wait_ms must be positive, got -5"),
         ("--resolve-wait-ms", "soon", "invalid int value: 'soon'"),
+        ("--leader-wait-s", "0", "--leader-wait-s must be in (0, 300], got 0.0"),
+        ("--leader-wait-s", "nan", "--leader-wait-s must be in (0, 300], got nan"),
     ):
         result = subprocess.run(
             [sys.executable, "-m", "percolake", "serve", "--store", "memory://", flag, value],
