@@ -21,7 +21,7 @@ from spark_integration.engine.errors import (
     VersionVacuumedError,
 )
 from spark_integration.engine.history import HistoryEntry
-from spark_integration.engine.model import ColumnStats, Commit, DataFile
+from spark_integration.engine.model import ColumnStats, Commit, DataFile, DmlResult
 from spark_integration.engine.retention import ExpireResult, Retention
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "Committed",
     "ConcurrentModificationError",
     "DataFile",
+    "DmlResult",
     "ExpireResult",
     "HistoryEntry",
     "LakehouseError",

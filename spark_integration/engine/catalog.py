@@ -30,6 +30,7 @@ from spark_integration.engine.expiry import Expiry
 from spark_integration.engine.follow_ups import FollowUps
 from spark_integration.engine.history import History, HistoryEntry
 from spark_integration.engine.model import EntryFactory, FileEntry, Head, Layout, TableMeta
+from spark_integration.engine.read_set import ReadSet
 from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.engine.table_access import TableAccess
 from spark_integration.engine.vacuum_plan import VacuumPlan, fence_vacuum, plan_vacuum
@@ -190,14 +191,25 @@ class Catalog:
         app_id: str | None = None,
         batch_id: int | str | None = None,
         base_version: int | None = None,
+        read_set: ReadSet | None = None,
     ) -> Committed:
         """Commit ``files`` as the next version, in one transaction.
 
         ``APPEND`` adds them; ``OVERWRITE`` makes them the only live files and
-        requires the head to still be at ``base_version``.
+        requires the head to still be at ``base_version``. A row-level statement
+        (``DELETE``, ``UPDATE``) passes its ``read_set``: the files it names leave
+        the live set and ``files`` join it, if the check of ``read_set`` passes at
+        the commit point, else :class:`ConcurrentModificationError`.
         """
         request = CommitRequest(
-            operation, tuple(files), job_id, job_started_ms, app_id, batch_id, base_version
+            operation,
+            tuple(files),
+            job_id,
+            job_started_ms,
+            app_id,
+            batch_id,
+            base_version,
+            read_set,
         )
         return self._commits.commit_files(name, request)
 

@@ -11,7 +11,11 @@ race at the head retries on a fresh snapshot (``table_access``), where it re-che
 * every job depends on vacuum not having removed its files: a job that started
   before the cutoff of a vacuum that committed first fails the same way;
 * an ``(app_id, batch_id)`` mark is read and written in the same transaction,
-  so a replay racing its original serialises behind it and finds its mark.
+  so a replay racing its original serialises behind it and finds its mark;
+* a row-level statement (``DELETE``, ``UPDATE``) depends on its read set: the
+  files it rewrote must still be live and no file added since its snapshot may
+  hold rows its predicate matches (``read_set.find_conflict``); it then commits
+  a new generation, the live files at the head minus those it rewrote plus its own.
 
 Once committed, the follow-up work of the new versions (``follow_ups``) runs and
 never raises. The path of an append reads top-down: :class:`Commits` runs a
@@ -31,6 +35,7 @@ from spark_integration.engine.follow_ups import FollowUps, NewVersion
 from spark_integration.engine.model import (
     APPEND,
     CREATE,
+    DML_OPERATIONS,
     OVERWRITE,
     FileEntry,
     Generation,
@@ -39,6 +44,7 @@ from spark_integration.engine.model import (
     LogRecord,
     TableMeta,
 )
+from spark_integration.engine.read_set import ReadSet, check_read_set, find_conflict
 from spark_integration.engine.retention import Retention, write_retention
 from spark_integration.engine.table_access import TableAccess
 from txn import Transaction
@@ -56,13 +62,14 @@ class Committed:
 class CommitRequest:
     """One job's commit: ``files`` as the table's next version."""
 
-    operation: str  # APPEND or OVERWRITE
+    operation: str  # APPEND, OVERWRITE, or one of DML_OPERATIONS
     files: tuple[FileEntry, ...]
     job_id: str  # unique per job: its idempotency key
     job_started_ms: int
     app_id: str | None = None
     batch_id: int | str | None = None
     base_version: int | None = None  # overwrites: the version replaced
+    read_set: ReadSet | None = None  # row-level statements: what they read
 
     def size_bytes(self) -> int:
         """About what the request writes, to bound a group."""
@@ -145,7 +152,18 @@ class GroupAttempt:
                     )
                 )
                 continue
-            head = self._write(head, r, job_row, mark_row)
+            live: list[FileEntry] | None = None
+            if r.read_set is not None:
+                live, conflict = find_conflict(tx, self.tables, name, head, r.read_set)
+                if conflict is not None:
+                    out.append(
+                        ConcurrentModificationError(
+                            f"{r.operation.lower()} of table {name!r}: {conflict}; nothing "
+                            "was committed (run the statement again on the new version)"
+                        )
+                    )
+                    continue
+            head = self._write(head, r, job_row, mark_row, live)
             marks[job_row] = head.version
             if mark_row is not None:
                 marks[mark_row] = head.version
@@ -154,14 +172,29 @@ class GroupAttempt:
             tx.put(layout.head, Layout.name_row(name), Layout.COL_HEAD, head.encode())
         return out
 
-    def _write(self, head: Head, r: CommitRequest, job_row: bytes, mark_row: bytes | None) -> Head:
-        """Write ``r`` as the version after ``head``; returns the head after it."""
+    def _write(
+        self,
+        head: Head,
+        r: CommitRequest,
+        job_row: bytes,
+        mark_row: bytes | None,
+        live: list[FileEntry] | None,
+    ) -> Head:
+        """Write ``r`` as the version after ``head``; returns the head after it.
+
+        ``live``: for a row-level statement, the live files at ``head``; those it did
+        not rewrite are carried into its new generation ahead of its own files.
+        """
         name, layout, tx = self.name, self.layout, self.tx
         version = head.version + 1
         # The log time: never below the head's, which a time-travel answer raised
         # above the time it answered for (see ``History.version_at``).
         ms = max(self.tables.clock_ms(), head.last_ms)
-        if r.operation == OVERWRITE:
+        files: Sequence[FileEntry] = r.files
+        if r.read_set is not None and live is not None:
+            removed = set(r.read_set.removes)
+            files = [e for e in live if e.path not in removed] + list(r.files)
+        if r.operation == OVERWRITE or r.read_set is not None:
             gen, gen_start = head.gen + 1, version
             tx.put(
                 layout.gens,
@@ -171,7 +204,7 @@ class GroupAttempt:
             )
         else:
             gen, gen_start = head.gen, head.gen_start
-        for index, entry in enumerate(r.files):
+        for index, entry in enumerate(files):
             tx.put(
                 layout.files,
                 Layout.file_row(name, gen, version, index),
@@ -252,6 +285,10 @@ class Commits:
             _check_request(request)
         if not requests:
             return []
+        if len(requests) > 1 and any(r.read_set is not None for r in requests):
+            # Its check reads the live files at the head the transaction read, which
+            # earlier members of a group would have moved in memory only.
+            raise ValueError("a row-level statement commits alone, never in a group")
         what = (
             f"{requests[0].operation.lower()} to table {name!r}"
             if len(requests) == 1
@@ -319,10 +356,16 @@ class Commits:
 
 
 def _check_request(request: CommitRequest) -> None:
-    if request.operation not in (APPEND, OVERWRITE):
+    if request.operation not in (APPEND, OVERWRITE, *DML_OPERATIONS):
         raise ValueError(f"unknown operation {request.operation!r}")
     if request.operation == OVERWRITE and request.base_version is None:
         raise ValueError("an overwrite needs the base_version it replaces")
+    if (request.operation in DML_OPERATIONS) != (request.read_set is not None):
+        raise ValueError(
+            f"{request.operation}: row-level statements, and only they, carry a read set"
+        )
+    if request.read_set is not None:
+        check_read_set(request.read_set)
 
 
 def _gen0(ms: int) -> bytes:

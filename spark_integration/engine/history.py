@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 from spark_integration.engine.checkpoints import list_gen
 from spark_integration.engine.errors import VersionNotFoundError
-from spark_integration.engine.model import OVERWRITE, FileEntry, Head, Layout, LogRecord
+from spark_integration.engine.model import (
+    DML_OPERATIONS,
+    OVERWRITE,
+    FileEntry,
+    Head,
+    Layout,
+    LogRecord,
+)
 from spark_integration.engine.retention import read_expiry
 from spark_integration.engine.table_access import TableAccess
 from storage_adapters import Cell, KVStore
@@ -157,8 +164,17 @@ class History:
             removed = {
                 version: list_gen(tx, layout, name, record.gen - 1, version - 1, FileEntry)
                 for version, record in records.items()
-                if record.operation == OVERWRITE
+                if record.operation == OVERWRITE or record.operation in DML_OPERATIONS
             }
+        for version, record in records.items():
+            if record.operation in DML_OPERATIONS:
+                # A row-level statement's generation starts with the files it kept:
+                # it added only the others, and removed only those it did not keep.
+                before = {e.path for e in removed[version]}
+                after = by_version.get(version, [])
+                kept = {e.path for e in after} & before
+                by_version[version] = [e for e in after if e.path not in kept]
+                removed[version] = [e for e in removed[version] if e.path not in kept]
         self._find_commit_tss(name, records, commit_tss)
         return [
             HistoryEntry(

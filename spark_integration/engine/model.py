@@ -63,6 +63,12 @@ CATALOG_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 CREATE = "CREATE TABLE"
 APPEND = "WRITE"
 OVERWRITE = "OVERWRITE"
+DELETE = "DELETE"
+UPDATE = "UPDATE"
+#: Row-level statements: each commits a new generation, the live files at the head
+#: minus those it rewrote plus those it wrote, checked against its read set
+#: (``read_set``). MERGE will join them.
+DML_OPERATIONS = frozenset({DELETE, UPDATE})
 
 _SEP = b"\x00"
 _U64 = 8
@@ -143,6 +149,22 @@ class Commit:
     app_id: str | None
     batch_id: int | str | None
     timestamp_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DmlResult:
+    """What a row-level statement did (the metrics of deltalake's DML calls).
+
+    ``version`` is the version it committed, or the version it read when it changed
+    nothing: like deltalake, a statement that matches no row commits no version.
+    """
+
+    version: int
+    rows_inserted: int = 0
+    rows_updated: int = 0
+    rows_deleted: int = 0
+    files_added: int = 0
+    files_removed: int = 0
 
 
 # --- what the cells hold -------------------------------------------------------------

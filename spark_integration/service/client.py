@@ -31,6 +31,7 @@ from spark_integration.engine.model import (
     TableMeta,
     decode_stats,
 )
+from spark_integration.engine.read_set import ReadSet
 from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.engine.table_access import RETRY_BASE_S
 from spark_integration.engine.vacuum_plan import VacuumPlan
@@ -45,6 +46,7 @@ from spark_integration.service.convert import (
     meta_from_pb,
     meta_to_pb,
     partition_from_pb,
+    read_set_to_pb,
     retention_to_pb,
 )
 from txn.errors import CommitUnknownError
@@ -219,12 +221,20 @@ class RemoteCatalog:
         app_id: str | None = None,
         batch_id: int | str | None = None,
         base_version: int | None = None,
+        read_set: ReadSet | None = None,
     ) -> Committed:
         """Commit ``files`` as the next version through the gateway (see the module doc)."""
         request = self._commit_pb(
             name,
             CommitRequest(
-                operation, tuple(files), job_id, job_started_ms, app_id, batch_id, base_version
+                operation,
+                tuple(files),
+                job_id,
+                job_started_ms,
+                app_id,
+                batch_id,
+                base_version,
+                read_set,
             ),
         )
         what = f"{operation.lower()} to table {name!r} (job {job_id})"
@@ -261,6 +271,7 @@ class RemoteCatalog:
             job_started_ms=r.job_started_ms,
             mark=mark_to_pb(r.app_id, r.batch_id),
             base_version=r.base_version,
+            read_set=read_set_to_pb(r.read_set),
         )
 
     def _send(self, method: Callable[..., R], request: object, what: str, job_id: str) -> R:

@@ -11,7 +11,9 @@ from collections.abc import Iterable
 
 from spark_integration.engine.model import (
     APPEND,
+    DELETE,
     OVERWRITE,
+    UPDATE,
     FileEntry,
     FileStats,
     Head,
@@ -19,10 +21,16 @@ from spark_integration.engine.model import (
     decode_stats,
     encode_stats,
 )
+from spark_integration.engine.read_set import ReadSet
 from spark_integration.engine.retention import Retention
 from wire.v1 import lakehouse_pb2 as pb
 
-OPERATIONS = {APPEND: pb.COMMIT_OPERATION_APPEND, OVERWRITE: pb.COMMIT_OPERATION_OVERWRITE}
+OPERATIONS = {
+    APPEND: pb.COMMIT_OPERATION_APPEND,
+    OVERWRITE: pb.COMMIT_OPERATION_OVERWRITE,
+    DELETE: pb.COMMIT_OPERATION_DELETE,
+    UPDATE: pb.COMMIT_OPERATION_UPDATE,
+}
 OPERATION_NAMES = {v: k for k, v in OPERATIONS.items()}
 
 
@@ -135,3 +143,18 @@ def mark_from_pb(msg: pb.BatchMark) -> tuple[str, int | str]:
     if kind == "str_id":
         return msg.app_id, msg.str_id
     raise ValueError("a batch mark needs its batch_id (an int or a string)")
+
+
+def read_set_to_pb(read_set: ReadSet | None) -> pb.ReadSet | None:
+    if read_set is None:
+        return None
+    return pb.ReadSet(
+        version=read_set.version,
+        removes=list(read_set.removes),
+        conditions_json=read_set.conditions_json(),
+    )
+
+
+def read_set_from_pb(msg: pb.ReadSet) -> ReadSet:
+    """A read set; malformed conditions raise ``ValueError`` (the service checks them)."""
+    return ReadSet(msg.version, tuple(msg.removes), ReadSet.parse_conditions(msg.conditions_json))

@@ -5,8 +5,8 @@ table serialise on it. Appends to one table that arrive while a commit of that t
 is in flight queue up, and the next transaction commits all of them: one transaction
 writes N consecutive versions, each with its own log record, files and marks
 (``Catalog.commit_group``), so N writers pay for one commit point. A group is cut
-at ``max_group_commits`` requests or ``max_group_bytes``; an overwrite always
-commits alone (it depends on the version before it). Each caller gets its own
+at ``max_group_commits`` requests or ``max_group_bytes``; an overwrite and a
+row-level statement always commit alone (they depend on what they read). Each caller gets its own
 version, its own check failure, or, when the transaction's outcome stays unknown,
 its own ``commit-unknown``; sending the same request again (same ``job_id``) then
 returns the version it committed, or commits it now if it did not. Several
@@ -27,6 +27,11 @@ from dataclasses import dataclass, field
 
 from spark_integration.engine import Catalog, CommitRequest, Committed
 from spark_integration.engine.model import OVERWRITE
+
+
+def _alone(request: CommitRequest) -> bool:
+    """Whether the request commits in a group of its own (it depends on what it read)."""
+    return request.operation == OVERWRITE or request.read_set is not None
 
 
 @dataclass(frozen=True)
@@ -116,15 +121,15 @@ class GroupCommitter:
         """Called with each group after its transaction committed, before any reply."""
 
     def _take(self, queue: TableQueue) -> list[_Member]:
-        """The next group: overwrites alone, appends up to the limits (under the lock)."""
+        """The next group: overwrites and DML alone, appends up to the limits (under the lock)."""
         first = queue.pending.popleft()
         group = [first]
-        if first.request.operation == OVERWRITE:
+        if _alone(first.request):
             return group
         size = first.request.size_bytes()
         while queue.pending and len(group) < self._limits.max_group_commits:
             nxt = queue.pending[0]
-            if nxt.request.operation == OVERWRITE:
+            if _alone(nxt.request):
                 break
             size += nxt.request.size_bytes()
             if size > self._limits.max_group_bytes:
@@ -134,7 +139,7 @@ class GroupCommitter:
 
     def _gather(self, queue: TableQueue) -> None:
         """Wait (under the lock) for a group as big as the last, within the bounds."""
-        if queue.pending[0].request.operation == OVERWRITE:
+        if _alone(queue.pending[0].request):
             return
         wait_s = min(self._limits.max_group_wait_ms / 1000, queue.last_commit_s / 4)
         want = min(queue.last_size, self._limits.max_group_commits)

@@ -30,11 +30,13 @@ from spark_integration.engine import Catalog, CommitRequest, Retention
 from spark_integration.engine.locations import check_relative_file, normalize_location
 from spark_integration.engine.model import (
     CATALOG_NAME,
+    DML_OPERATIONS,
     OVERWRITE,
     TABLE_NAME,
     FileEntry,
     TableMeta,
 )
+from spark_integration.engine.read_set import check_read_set
 from spark_integration.engine.vacuum_plan import VacuumPlan
 from spark_integration.service.convert import (
     OPERATION_NAMES,
@@ -47,6 +49,7 @@ from spark_integration.service.convert import (
     mark_to_pb,
     meta_from_pb,
     meta_to_pb,
+    read_set_from_pb,
     retention_from_pb,
 )
 from spark_integration.service.group_commit import GroupCommitter, LakehouseLimits
@@ -201,6 +204,14 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
         if operation is None:
             raise ValueError(f"unknown commit operation {request.operation}")
         base_version = request.base_version if request.HasField("base_version") else None
+        read_set = read_set_from_pb(request.read_set) if request.HasField("read_set") else None
+        if (operation in DML_OPERATIONS) != (read_set is not None):
+            raise ValueError(f"{operation}: row-level statements, and only they, carry a read set")
+        if read_set is not None:
+            check_read_set(read_set)
+            bad = [path for path in read_set.removes if not check_relative_file(path)]
+            if bad:
+                raise ValueError(f"removed file {bad[0]!r} is not a path inside the table")
         if operation == OVERWRITE and base_version is None:
             raise ValueError("an overwrite needs the base_version it replaces")
         if operation != OVERWRITE and base_version is not None:
@@ -218,6 +229,7 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
             app_id,
             batch_id,
             base_version,
+            read_set,
         )
 
     # --- reads -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from spark_integration.engine import Catalog, CommitRequest, HistoryEntry, now_ms
+from spark_integration.engine import Catalog, CommitRequest, DmlResult, HistoryEntry, now_ms
 from spark_integration.engine import lakehouse_failpoints as fp
 from spark_integration.engine.errors import LakehouseError, TableExistsError
 from spark_integration.engine.locations import join, normalize_location, relative_to
@@ -33,7 +33,7 @@ from spark_integration.engine.model import (
 )
 from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.service.client import RemoteCatalog
-from spark_integration.spark import filesystem
+from spark_integration.spark import dml, filesystem
 from spark_integration.spark.hook import (
     STAGING_PREFIX,
     Job,
@@ -94,6 +94,30 @@ def _check_version(version: object) -> int | None:
     return version
 
 
+def _check_options(tm: object, warehouse: object, catalog: object, commit_timeout_s: object) -> str:
+    """``Lakehouse``'s arguments, checked; returns the warehouse's normalised location."""
+    if not isinstance(tm, Manager):
+        raise TypeError(f"tm must be a transaction manager (txn.Manager), got {type(tm).__name__}")
+    if not isinstance(warehouse, str | os.PathLike):
+        raise TypeError(f"warehouse must be a path or an s3:// URL, got {type(warehouse).__name__}")
+    location = normalize_location(os.fspath(warehouse))
+    if not isinstance(catalog, str) or not CATALOG_NAME.fullmatch(catalog):
+        raise ValueError(f"invalid catalog name {catalog!r}: expected [A-Za-z0-9_-]{{1,64}}")
+    if isinstance(commit_timeout_s, bool) or not isinstance(commit_timeout_s, int | float):
+        raise TypeError("commit_timeout_s must be a number")
+    if not commit_timeout_s > 0:
+        raise ValueError(f"commit_timeout_s must be positive, got {commit_timeout_s}")
+    return location
+
+
+def _check_retain_seconds(retain_seconds: object) -> float:
+    if isinstance(retain_seconds, bool) or not isinstance(retain_seconds, int | float):
+        raise TypeError(f"retain_seconds must be a number, got {type(retain_seconds).__name__}")
+    if not math.isfinite(retain_seconds) or retain_seconds < 0:
+        raise ValueError(f"retain_seconds must be finite and >= 0, got {retain_seconds}")
+    return float(retain_seconds)
+
+
 def _check_dataframe(df: object) -> DataFrame:
     if not isinstance(df, DataFrame):
         raise TypeError(f"expected a pyspark DataFrame, got {type(df).__name__}")
@@ -138,21 +162,7 @@ class Lakehouse:
         commit_timeout_s: float = 300.0,
         gateway_catalog: bool = True,
     ) -> None:
-        if not isinstance(tm, Manager):
-            raise TypeError(
-                f"tm must be a transaction manager (txn.Manager), got {type(tm).__name__}"
-            )
-        if not isinstance(warehouse, str | os.PathLike):
-            raise TypeError(
-                f"warehouse must be a path or an s3:// URL, got {type(warehouse).__name__}"
-            )
-        location = normalize_location(os.fspath(warehouse))
-        if not isinstance(catalog, str) or not CATALOG_NAME.fullmatch(catalog):
-            raise ValueError(f"invalid catalog name {catalog!r}: expected [A-Za-z0-9_-]{{1,64}}")
-        if isinstance(commit_timeout_s, bool) or not isinstance(commit_timeout_s, int | float):
-            raise TypeError("commit_timeout_s must be a number")
-        if not commit_timeout_s > 0:
-            raise ValueError(f"commit_timeout_s must be positive, got {commit_timeout_s}")
+        location = _check_options(tm, warehouse, catalog, commit_timeout_s)
         # A missing bucket or refused credentials fail here, before any commit.
         filesystem.check_reachable(location)
         self._tm = tm
@@ -395,6 +405,25 @@ class Lakehouse:
         )
         return committed.version
 
+    # --- row-level changes (``dml``: copy-on-write, checked against what they read) ------
+
+    def delete(
+        self, name: str, predicate: str | None = None, *, spark: SparkSession | None = None
+    ) -> DmlResult:
+        """Delete the rows where ``predicate`` (Spark SQL; ``None``: all) holds."""
+        return dml.delete(self._catalog, _check_name(name), predicate, spark)
+
+    def update(
+        self,
+        name: str,
+        updates: dict[str, str],
+        predicate: str | None = None,
+        *,
+        spark: SparkSession | None = None,
+    ) -> DmlResult:
+        """Set ``updates`` (column: Spark SQL expression) where ``predicate`` holds."""
+        return dml.update(self._catalog, _check_name(name), updates, predicate, spark)
+
     def transaction(self) -> LakehouseTransaction:
         """Appends and overwrites of several tables, committed together or not at all.
 
@@ -491,12 +520,8 @@ class Lakehouse:
         (:class:`VersionNotFoundError`). A job that started before the cutoff and
         commits after this vacuum fails with ``ConcurrentModificationError``.
         """
-        _check_name(name)
-        if isinstance(retain_seconds, bool) or not isinstance(retain_seconds, int | float):
-            raise TypeError(f"retain_seconds must be a number, got {type(retain_seconds).__name__}")
-        if not math.isfinite(retain_seconds) or retain_seconds < 0:
-            raise ValueError(f"retain_seconds must be finite and >= 0, got {retain_seconds}")
-        return vacuum(self._catalog, name, now_ms() - int(retain_seconds * 1000))
+        cutoff_ms = now_ms() - int(_check_retain_seconds(retain_seconds) * 1000)
+        return vacuum(self._catalog, _check_name(name), cutoff_ms)
 
 
 class LakehouseTransaction:

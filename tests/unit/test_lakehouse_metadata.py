@@ -103,6 +103,7 @@ def test_public_exports() -> None:
         "Commit",
         "ConcurrentModificationError",
         "DataFile",
+        "DmlResult",
         "ExpireResult",
         "Lakehouse",
         "LakehouseError",

@@ -28,13 +28,57 @@ class _CommitOperationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Commi
     COMMIT_OPERATION_UNSPECIFIED: _CommitOperation.ValueType  # 0
     COMMIT_OPERATION_APPEND: _CommitOperation.ValueType  # 1
     COMMIT_OPERATION_OVERWRITE: _CommitOperation.ValueType  # 2
+    COMMIT_OPERATION_DELETE: _CommitOperation.ValueType  # 3
+    """Row-level statements: they carry a ReadSet and commit alone, never in a group."""
+    COMMIT_OPERATION_UPDATE: _CommitOperation.ValueType  # 4
 
 class CommitOperation(_CommitOperation, metaclass=_CommitOperationEnumTypeWrapper): ...
 
 COMMIT_OPERATION_UNSPECIFIED: CommitOperation.ValueType  # 0
 COMMIT_OPERATION_APPEND: CommitOperation.ValueType  # 1
 COMMIT_OPERATION_OVERWRITE: CommitOperation.ValueType  # 2
+COMMIT_OPERATION_DELETE: CommitOperation.ValueType  # 3
+"""Row-level statements: they carry a ReadSet and commit alone, never in a group."""
+COMMIT_OPERATION_UPDATE: CommitOperation.ValueType  # 4
 Global___CommitOperation: _TypeAlias = CommitOperation  # noqa: Y015
+
+@_typing.final
+class ReadSet(_message.Message):
+    """What a row-level statement read (spark_integration/engine/read_set.py). It commits
+    only if every file in `removes` is still live at the head and no file that became
+    live after `version` may match `conditions_json`; else ABORTED
+    (concurrent-modification), nothing committed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    REMOVES_FIELD_NUMBER: _builtins.int
+    CONDITIONS_JSON_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """the snapshot the statement read"""
+    conditions_json: _builtins.str
+    """The predicate's conjuncts decidable from partition values and statistics, JSON
+    [[column, op, kind, [values]], ...]; empty: every row may match.
+    """
+    @_builtins.property
+    def removes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """relative paths of the files it rewrote or dropped"""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        removes: _abc.Iterable[_builtins.str] | None = ...,
+        conditions_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conditions_json", b"conditions_json", "removes", b"removes", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadSet: _TypeAlias = ReadSet  # noqa: Y015
 
 @_typing.final
 class TableMeta(_message.Message):
@@ -408,6 +452,7 @@ class CommitFilesRequest(_message.Message):
     JOB_STARTED_MS_FIELD_NUMBER: _builtins.int
     MARK_FIELD_NUMBER: _builtins.int
     BASE_VERSION_FIELD_NUMBER: _builtins.int
+    READ_SET_FIELD_NUMBER: _builtins.int
     catalog: _builtins.str
     table: _builtins.str
     operation: Global___CommitOperation.ValueType
@@ -421,6 +466,10 @@ class CommitFilesRequest(_message.Message):
     def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileEntry]: ...
     @_builtins.property
     def mark(self) -> Global___BatchMark: ...
+    @_builtins.property
+    def read_set(self) -> Global___ReadSet:
+        """Row-level statements (DELETE, UPDATE) only: what they read."""
+
     def __init__(
         self,
         *,
@@ -432,19 +481,24 @@ class CommitFilesRequest(_message.Message):
         job_started_ms: _builtins.int = ...,
         mark: Global___BatchMark | None = ...,
         base_version: _builtins.int | None = ...,
+        read_set: Global___ReadSet | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "_mark", b"_mark", "base_version", b"base_version", "mark", b"mark"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "_mark", b"_mark", "_read_set", b"_read_set", "base_version", b"base_version", "mark", b"mark", "read_set", b"read_set"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "_mark", b"_mark", "base_version", b"base_version", "catalog", b"catalog", "files", b"files", "job_id", b"job_id", "job_started_ms", b"job_started_ms", "mark", b"mark", "operation", b"operation", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "_mark", b"_mark", "_read_set", b"_read_set", "base_version", b"base_version", "catalog", b"catalog", "files", b"files", "job_id", b"job_id", "job_started_ms", b"job_started_ms", "mark", b"mark", "operation", b"operation", "read_set", b"read_set", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__base_version: _TypeAlias = _typing.Literal["base_version"]  # noqa: Y015
     _WhichOneofArgType__base_version: _TypeAlias = _typing.Literal["_base_version", b"_base_version"]  # noqa: Y015
     _WhichOneofReturnType__mark: _TypeAlias = _typing.Literal["mark"]  # noqa: Y015
     _WhichOneofArgType__mark: _TypeAlias = _typing.Literal["_mark", b"_mark"]  # noqa: Y015
+    _WhichOneofReturnType__read_set: _TypeAlias = _typing.Literal["read_set"]  # noqa: Y015
+    _WhichOneofArgType__read_set: _TypeAlias = _typing.Literal["_read_set", b"_read_set"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__base_version) -> _WhichOneofReturnType__base_version | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__mark) -> _WhichOneofReturnType__mark | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__read_set) -> _WhichOneofReturnType__read_set | None: ...
 
 Global___CommitFilesRequest: _TypeAlias = CommitFilesRequest  # noqa: Y015
 
