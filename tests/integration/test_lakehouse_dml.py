@@ -109,6 +109,7 @@ def test_delete_and_update_rewrite_only_the_files_holding_matching_rows(
     assert len(update.added_files) == 1 and len(update.removed_files) == 1  # d1, d3 kept
 
 
+@pytest.mark.parametrize("lh", ["embedded"], indirect=True)  # checked before any call
 def test_bad_statements_are_refused_before_anything_is_written(
     lh: Lakehouse, spark: SparkSession
 ) -> None:
