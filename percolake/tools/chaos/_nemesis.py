@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import random
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ from percolake.tools.chaos._cluster import (
 from percolake.tools.chaos._config import RunConfig
 from percolake.tools.chaos._ops import Phase
 from percolake.tools.chaos._procs import Service
+from storage_adapters.sqlite import parse_sqlite_url
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,9 @@ SLOW_LOSS: Final = 0.03
 #: on top of a few seconds (a loaded machine).
 LEADER_WAIT_LEASES: Final = 4
 LEADER_WAIT_S: Final = 10.0
+#: A leader pause on SQLite stops waiting for a takeover once the store's write lock has
+#: been held this many leases without a break (the paused leader holds it: no one can).
+WRITE_LOCKED_LEASES: Final = 3.0
 #: How long an ``s3-pause`` stops MinIO.
 S3_PAUSE_MIN_S: Final = 1.0
 S3_PAUSE_MAX_S: Final = 4.0
@@ -378,13 +383,16 @@ class Nemesis:
                 # Past its lease means until another replica leads: on a loaded machine
                 # the followers may take longer than the planned pause to claim the
                 # lease, and waking the leader first would test nothing (bounded).
-                waited = self._await_new_epoch(detail["leader_before"])
+                waited, write_locked = self._await_new_epoch(detail["leader_before"])
                 replica.resume()
-                return {
+                healed: dict[str, Any] = {
                     "resumed": replica.name,
                     "leader_after": self._leader_row(),
                     "waited_for_takeover_s": round(waited, 2),
                 }
+                if write_locked:
+                    healed["store_write_locked"] = True
+                return healed
 
             return resume_it, detail
         network = self._network()
@@ -404,18 +412,35 @@ class Nemesis:
 
         return heal, detail
 
-    def _await_new_epoch(self, before: dict[str, Any] | None) -> float:
+    def _await_new_epoch(self, before: dict[str, Any] | None) -> tuple[float, bool]:
         """Wait (bounded) until the leader row shows an epoch above ``before``'s; returns
-        the seconds waited (a timeout leaves the fault's record to show no takeover)."""
+        the seconds waited (a timeout leaves the fault's record to show no takeover) and
+        whether the wait ended early on a SQLite store whose write lock stayed held.
+
+        On SQLite a leader paused inside a write transaction keeps the file's write
+        lock, and nobody can take over until it resumes (docs/design/limits.md): once
+        the lock has been held for ``WRITE_LOCKED_LEASES`` leases without a break, the
+        wait ends instead of running out its bound, which cost the rest of a short
+        run its faults."""
         lease_s = self.cluster.config.leader_lease_ms / 1000
         started = time.monotonic()
         deadline = started + LEADER_WAIT_S + LEADER_WAIT_LEASES * lease_s
+        sqlite_path = _sqlite_path(self.cluster.tso_store_url)
+        locked_since: float | None = None
         while before is not None and time.monotonic() < deadline:
             row = self._leader_row()
             if row is not None and row["epoch"] > before["epoch"]:
                 break
+            if sqlite_path is not None:
+                now = time.monotonic()
+                if not _write_locked(sqlite_path):
+                    locked_since = None
+                elif locked_since is None:
+                    locked_since = now
+                elif now - locked_since >= WRITE_LOCKED_LEASES * lease_s:
+                    return now - started, True
             time.sleep(0.05)
-        return time.monotonic() - started
+        return time.monotonic() - started, False
 
     def _restart_embedded(self, embedded: Service) -> dict[str, Any]:
         """Start the killed embedded oracle again. As an embedded manager, it refuses
@@ -531,6 +556,30 @@ class Nemesis:
         port = services[peer].port
         assert port is not None
         return net.gid_to_port_rules(gid, port)
+
+
+def _sqlite_path(store_url: str) -> str | None:
+    """The database file of a ``sqlite:///`` store URL (``None`` for other stores)."""
+    if not store_url.startswith("sqlite:"):
+        return None
+    return parse_sqlite_url(store_url).path
+
+
+def _write_locked(path: str) -> bool:
+    """Whether another connection holds the SQLite file's write lock now (a write
+    transaction under way): ``BEGIN IMMEDIATE`` without waiting, rolled back at once."""
+    try:
+        conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    except sqlite3.Error:
+        return False
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as exc:
+        return "locked" in str(exc) or "busy" in str(exc)
+    finally:
+        conn.close()
 
 
 def _wait_for_a_completion(events: Path, timeout_s: float) -> bool:
