@@ -30,7 +30,9 @@ Why this layout:
 * The live files are the rows of the current *generation*. An overwrite starts a
   new generation instead of deleting rows, so it writes no tombstones, and
   listing the live files is one range scan whose length is the number of live
-  files, however many commits came before.
+  files, however many commits came before. A row-level statement (``DELETE``,
+  ``UPDATE``) starts one too, holding the files it kept and those it wrote: it
+  writes a row per live file, never a tombstone (``read_set``).
 * Within a generation files are only ever added, and their rows sort by the
   version that added them: the files of version ``N`` are exactly the rows of
   ``N``'s generation below ``N + 1``, one range scan again (time travel).
@@ -432,7 +434,7 @@ class Checkpoint:
 
 @dataclass(frozen=True, slots=True)
 class Generation:
-    """A run of versions that only added files; an overwrite starts the next one."""
+    """A run of versions that only added files; an overwrite or DML starts the next one."""
 
     gen: int
     start_version: int

@@ -41,9 +41,9 @@ def plan_vacuum(
 
     ``meta``, ``head`` and ``gens`` are the table's, read in ``tx``. A version is
     inside the retention while it is the latest or was replaced at or after
-    ``cutoff_ms``. Files leave the live set only when an overwrite ends their
-    generation, so the files of a generation are needed until the overwrite that
-    ended it is older than the cutoff.
+    ``cutoff_ms``. Files leave the live set only when an overwrite or a row-level
+    statement ends their generation, so the files of a generation are needed until
+    the commit that ended it is older than the cutoff.
     """
     keep_from = head.gen
     for older, newer in itertools.pairwise(gens):
