@@ -380,6 +380,25 @@ def check_deletes(versions: Iterable[tuple[bytes, bytes, int]]) -> list[tuple[Ce
     return out
 
 
+def check_ranges(
+    ranges: Iterable[tuple[bytes, bytes, int, int]],
+) -> list[tuple[Cell, int, int]]:
+    """Validate a batch of ``(row, column, low_ts, high_ts)`` version ranges to delete
+    (both ends included, ``low_ts <= high_ts``) before any I/O."""
+    out = []
+    for entry in ranges:
+        if not isinstance(entry, tuple) or len(entry) != 4:
+            raise TypeError(
+                f"a version range must be (row, column, low_ts, high_ts), got {entry!r}"
+            )
+        cell = check_cell(entry[0], entry[1])
+        low, high = check_ts("low_ts", entry[2]), check_ts("high_ts", entry[3])
+        if low > high:
+            raise ValueError(f"low_ts {low} is above high_ts {high} in a version range")
+        out.append((cell, low, high))
+    return out
+
+
 def check_stamps(stamps: Iterable[VersionStamp]) -> list[VersionStamp]:
     """Validate a batch of commit stamps before any I/O: a stamp is above its version."""
     out = []
@@ -553,6 +572,65 @@ class KVStore(abc.ABC):
         deleting it (class docstring); the transaction layer deletes only versions of
         transactions settled ABORTED, which are invisible whatever the delete does.
         """
+
+    def delete_version_ranges(
+        self, table: str, ranges: Sequence[tuple[bytes, bytes, int, int]]
+    ) -> int:
+        """Remove every version of cell ``(row, column)`` with ``low_ts <= ts <= high_ts``,
+        for each ``(row, column, low_ts, high_ts)``; returns how many versions the
+        ranges held when read (a backend that deletes without reading counts what it
+        read for the delete's timestamp, see Cassandra).
+
+        For garbage collection below the safe point (rule S8): a version written into
+        a range while the call runs, or later, may be removed too (on Cassandra a range
+        is one range tombstone, above the write times of the versions it found, which
+        also covers a later write with a lagging clock). So callers use it only where
+        no version a reader needs can be written any more: below a published safe point,
+        after its grace. Otherwise as :meth:`delete_versions`: idempotent, stamps go
+        with their versions, and a removed version stays removed.
+
+        This default reads the timestamps in each range (one read per distinct range)
+        and deletes them one by one; a backend that deletes a range in place (SQLite,
+        Cassandra) overrides it.
+        """
+        check_table(table)
+        wanted = check_ranges(ranges)
+        by_bounds: dict[tuple[int, int], list[Cell]] = {}
+        doomed: list[tuple[bytes, bytes, int]] = []
+        for cell, low, high in wanted:
+            by_bounds.setdefault((low, high), []).append(cell)
+        for (low, high), cells in by_bounds.items():
+            found = self.get_version_timestamps(table, cells, above_ts=low - 1, below_ts=high + 1)
+            doomed += [(cell.row, cell.column, ts) for cell, tss in found.items() for ts in tss]
+        doomed = list(dict.fromkeys(doomed))
+        self.delete_versions(table, doomed)
+        return len(doomed)
+
+    def prune_cells(self, table: str, below_ts: int) -> int:
+        """Let scans forget the cells of ``table`` that hold no version at all; returns
+        how many were forgotten.
+
+        A backend whose scans find cells through an index kept apart from the versions
+        (Cassandra's ``cells`` index) keeps an index entry for every cell ever written,
+        its versions deleted or not, and its scans read them all. This drops the entries
+        of cells with no version left, so that a scan costs what the live cells cost,
+        whatever was deleted before. It never hides a version at or above ``below_ts``,
+        whenever it is written (before, during or after the call), nor one that exists
+        when the call reads its cell.
+
+        The caller guarantees that no version below ``below_ts`` that a reader needs is
+        written after the call begins: garbage collection passes its published safe
+        point, after the grace (rule S8: a writer below it never reaches its commit
+        point). A version below ``below_ts`` written while or after the call runs may
+        be left out of scans (never out of :meth:`get_latest` or the other reads of
+        named cells) until a version at or above ``below_ts`` is written to its cell.
+
+        This default does nothing: memory and SQLite find cells through their versions,
+        so a cell without one costs their scans nothing.
+        """
+        check_table(table)
+        check_ts("below_ts", below_ts)
+        return 0
 
     @abc.abstractmethod
     def get_versions(

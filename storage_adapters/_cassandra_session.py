@@ -80,6 +80,9 @@ class _Statements:
     write_time: Any  # cell IN ?, ts = ?
     stamp: Any
     delete_version: Any
+    range_write_time: Any  # the newest write time in cell = ?, low <= ts <= high
+    delete_range: Any  # one range tombstone: cell = ?, low <= ts <= high
+    prune_run: Any  # one range tombstone over a run of the index
     index_from: Any  # (row, col) >= cursor
     index_after: Any  # (row, col) > cursor
     index_from_until: Any
@@ -101,10 +104,14 @@ _DDL = {
         AND compaction = {{{{'class': 'LeveledCompactionStrategy',
             'unchecked_tombstone_compaction': 'true',
             'tombstone_compaction_interval': '{TOMBSTONE_COMPACTION_INTERVAL_S}'}}}}""",
-    "cells": """
-        CREATE TABLE IF NOT EXISTS {ks}.cells (
+    "cells": f"""
+        CREATE TABLE IF NOT EXISTS {{ks}}.cells (
             tbl text, shard int, row blob, col blob, PRIMARY KEY ((tbl, shard), row, col)
-        ) WITH ID = {id} AND compaction = {{'class': 'LeveledCompactionStrategy'}}""",
+        ) WITH ID = {{id}}
+        AND gc_grace_seconds = {VERSIONS_GC_GRACE_S}
+        AND compaction = {{{{'class': 'LeveledCompactionStrategy',
+            'unchecked_tombstone_compaction': 'true',
+            'tombstone_compaction_interval': '{TOMBSTONE_COMPACTION_INTERVAL_S}'}}}}""",
     "system_rows": """
         CREATE TABLE IF NOT EXISTS {ks}.system_rows (
             tbl text, key blob, value blob, PRIMARY KEY ((tbl, key))
@@ -299,7 +306,12 @@ class CassandraConnection(KVStore):
                 "INSERT INTO {ks}.cell_versions (tbl, cell, ts, value, deleted) "
                 "VALUES (?, ?, ?, ?, ?)"
             ),
-            index_cell=prepare("INSERT INTO {ks}.cells (tbl, shard, row, col) VALUES (?, ?, ?, ?)"),
+            # At the cell's newest timestamp written, not the client's clock: a prune
+            # (below a safe point) never shadows the index row of a later version.
+            index_cell=prepare(
+                "INSERT INTO {ks}.cells (tbl, shard, row, col) VALUES (?, ?, ?, ?) "
+                "USING TIMESTAMP ?"
+            ),
             # The newest version below ts: the first row of the partition (ts DESC).
             latest_one=prepare(versions + "cell = ? AND ts < ? LIMIT 1"),
             latest=prepare(versions + "cell IN ? AND ts < ? PER PARTITION LIMIT 1"),
@@ -322,6 +334,18 @@ class CassandraConnection(KVStore):
             delete_version=prepare(
                 "DELETE FROM {ks}.cell_versions USING TIMESTAMP ? "
                 "WHERE tbl = ? AND cell = ? AND ts = ?"
+            ),
+            range_write_time=prepare(
+                "SELECT MAX(WRITETIME(deleted)), COUNT(*) FROM {ks}.cell_versions "
+                "WHERE tbl = ? AND cell = ? AND ts >= ? AND ts <= ?"
+            ),
+            delete_range=prepare(
+                "DELETE FROM {ks}.cell_versions USING TIMESTAMP ? "
+                "WHERE tbl = ? AND cell = ? AND ts >= ? AND ts <= ?"
+            ),
+            prune_run=prepare(
+                "DELETE FROM {ks}.cells USING TIMESTAMP ? WHERE tbl = ? AND shard = ? "
+                "AND (row, col) >= (?, ?) AND (row, col) <= (?, ?)"
             ),
             index_from=prepare(_INDEX_SELECT.format(ks="{ks}", op=">=", until="")),
             index_after=prepare(_INDEX_SELECT.format(ks="{ks}", op=">", until="")),

@@ -19,7 +19,8 @@ n`` the same way. A partition grows with its cell's history only (100,000 versio
 ~100 bytes: ~10 MB).
 
 Scans. Cassandra hashes partition keys, yet scans come back in key order. Every cell
-ever written has one row in ``cells``, in one of ``shards`` partitions of its table
+written has one row in ``cells`` until garbage collection prunes it (below), in one of
+``shards`` partitions of its table
 (``shard = blake2b(row) mod shards``, 32 by default: ten million cells of ~50-byte keys
 make index partitions of ~20 MB; pass ``shards=`` at creation for more). A scan pages
 every shard's index from the cursor on (small pages first, doubling up to
@@ -38,7 +39,9 @@ writes a request: the Python driver's per-request cost, not the server, bounds a
 client's write rate, and Cassandra warns about unlogged batches over 10 partitions);
 it returns only when both landed, and the committer never reaches its commit point
 after a failed ``put_versions`` (a store error in the write step aborts), so a
-committed version always has its index row. The index row is never deleted.
+committed version always has its index row. The index row is written ``USING
+TIMESTAMP`` the cell's version timestamp (the newest in the call), not the client's
+clock: that is what makes pruning it safe.
 
 Tombstones (issue 18 item 1). Clean-up deletes versions of aborted writers, and
 Cassandra keeps each delete as a tombstone until ``gc_grace_seconds`` passed *and* a
@@ -50,13 +53,18 @@ of the shard: 101,000 cleaned cells made every scan of the table fail. Now:
 * a delete lands in its cell's own partition, so a read meets only tombstones of that
   cell, and only those between its snapshot and the newest live version below it (the
   versions of writers that aborted since the cell's last committed write);
-* clean-up never touches the ``cells`` index, so a scan crosses no tombstone at all
-  outside the cells it resolves: a cleaned cell costs it one index row and one
-  tombstone, and a request resolves at most ``_IN_LIMIT`` cells, so it crosses that
-  many such tombstones at most (the threshold counts per partition read);
-* deletes are row deletes, never ranges: a range tombstone stamped above the doomed
-  versions' write times would also cover a version written inside the range later by
-  a client whose clock lags (see :meth:`CassandraStore.delete_versions`);
+* clean-up never touches the ``cells`` index; only garbage collection prunes it, one
+  range tombstone per run of dead cells (below), so a scan crosses about one
+  tombstone per live cell at most, and a request resolves at most ``_IN_LIMIT``
+  cells, so it crosses that many version tombstones at most (the threshold counts
+  per partition read);
+* clean-up's deletes are row deletes, never ranges: above the safe point a range
+  tombstone stamped above the doomed versions' write times would also cover a
+  version written inside the range later by a client whose clock lags, perhaps a
+  committed one (see :meth:`CassandraStore.delete_versions`). Below the safe point no
+  such version can be written any more (rule S8), and garbage collection deletes runs
+  of a cell's versions with one range tombstone each
+  (:meth:`~storage_adapters._cassandra_sweep.CassandraSweeps.delete_version_ranges`);
 * ``cell_versions`` has ``gc_grace_seconds`` = ``VERSIONS_GC_GRACE_S`` (1 hour, not
   10 days). gc_grace exists so that a replica which missed a delete cannot bring the
   data back after the tombstone is gone. Here a version that comes back is one no
@@ -73,12 +81,22 @@ of the shard: 101,000 cleaned cells made every scan of the table fail. Now:
   SSTable whose droppable tombstones exceed 20% is compacted alone once it is an hour
   old, so tombstones go about an hour after gc_grace. ``cells`` is leveled too: scans
   read it in ranges, and a hot cell's index row is rewritten at every put (leveled
-  keeps one copy per level); it is never deleted, so its gc_grace is the default.
+  keeps one copy per level); keyspaces created since the prune give it the same
+  gc_grace and tombstone compaction (a pruned index row that comes back costs a scan
+  one dead cell until the next prune).
 
-The cost kept: a cell whose every version was cleaned keeps its index row, so scans
-read it (and its one tombstone) for ever; where live cells are rare among dead ones a
-scan is slow, never failing. Pruning dead runs of the index with range deletes needs
-a sweeper that knows those cells are dead below a safe point: garbage collection's.
+Pruning the index (issue 27). A cell whose every version is gone keeps its index row,
+and a scan reads it, until garbage collection calls
+:meth:`~storage_adapters._cassandra_sweep.CassandraSweeps.prune_cells` with its safe
+point ``sp``: each shard's index is read in pages, each cell checked for any version,
+and each run of consecutive cells with none deleted by one range tombstone ``USING
+TIMESTAMP sp - 1``. A version at or above ``sp`` writes its index row at its own
+timestamp, above the tombstone's, so it survives the prune whenever it lands (last
+write wins, a tie goes to the delete); one below ``sp`` that a reader needs existed
+before the pass swept (S8), so its cell is not in a run. The argument in full is in
+docs/design/storage.md, "Pruning the index". Index rows written before this change
+carry client-clock timestamps, far above any oracle timestamp: they are never pruned,
+never wrongly hidden.
 
 A keyspace of format 1 (a ``versions`` table, or ``format`` = 1 in ``store_meta``) is
 refused with ``ValueError`` naming the problem, before anything is created in it;
@@ -136,7 +154,9 @@ Modules: URL parsing and :func:`shard_of` live in :mod:`storage_adapters._cassan
 :mod:`storage_adapters._cassandra_errors`; both are re-exported here. The store is split
 by concern: the connection, schema, statements and request running in
 :mod:`storage_adapters._cassandra_session` (``CassandraConnection``), the reads in
-:mod:`storage_adapters._cassandra_reads` (``CassandraReads``), and here the writes,
+:mod:`storage_adapters._cassandra_reads` (``CassandraReads``), garbage collection's
+range deletes and the index prune in :mod:`storage_adapters._cassandra_sweep`
+(``CassandraSweeps``), and here the writes,
 the deletes and stamps of garbage collection, and the system rows' conditional writes
 (the commit point, rule S1).
 """
@@ -145,8 +165,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from typing import Any
-
-from cassandra.query import BatchStatement, BatchType
 
 from storage_adapters._base import (
     CasResult,
@@ -160,13 +178,19 @@ from storage_adapters._base import (
     check_writes,
 )
 from storage_adapters._cassandra_errors import ConditionalWriteRetryPolicy, translate_error
-from storage_adapters._cassandra_reads import CassandraReads
 from storage_adapters._cassandra_session import (
     _IN_CONCURRENCY,
     _IN_LIMIT,
     CONCURRENCY,
     _bytes,
     cell_key,
+)
+from storage_adapters._cassandra_sweep import (
+    _BATCH_BYTES,  # noqa: F401  (re-exported: the batching tests read it here)
+    _CROSS_PARTITION_ROWS,
+    _MAX_WRITE_TIME,
+    CassandraSweeps,
+    batched,
 )
 from storage_adapters._cassandra_url import (
     DEFAULT_PORT,
@@ -189,23 +213,13 @@ __all__ = [
     "translate_error",
 ]
 
-# Writes to one partition go as one unlogged batch (one mutation, one request), kept
-# under Cassandra's batch_size_warn_threshold (5 KiB) so that no batch logs a warning.
-_BATCH_BYTES = 4096
-_BATCH_ROWS = 100
-# Writes to different partitions (versions of different cells, their deletes) share a
-# batch only when one replica holds them all, and at most this many: Cassandra warns
-# above unlogged_batch_across_partitions_warn_threshold (10). Ten rows a request cut
-# the driver's per-request cost (the bottleneck of a Python client) about tenfold.
-_CROSS_PARTITION_ROWS = 10
-# The largest write timestamp Cassandra takes (a signed 64-bit count of microseconds).
-_MAX_WRITE_TIME = (1 << 63) - 1
 
-
-class CassandraStore(CassandraReads):
+class CassandraStore(CassandraSweeps):
     """:class:`KVStore` on Apache Cassandra (see the module docstring for the layout).
 
-    Reads come from :class:`~storage_adapters._cassandra_reads.CassandraReads`, the
+    Reads come from :class:`~storage_adapters._cassandra_reads.CassandraReads`, range
+    deletes and the index prune from
+    :class:`~storage_adapters._cassandra_sweep.CassandraSweeps`, the
     connection and statements from
     :class:`~storage_adapters._cassandra_session.CassandraConnection`; here are the
     writes of versions, their deletes and commit stamps, and the system rows.
@@ -227,7 +241,7 @@ class CassandraStore(CassandraReads):
         # batch Cassandra would instead keep the greater value.
         latest = {(v.row, v.column, v.ts): v.value for v in writes}
         version_items: list[tuple[Hashable, tuple[Any, ...], int]] = []
-        index_items: dict[tuple[bytes, bytes], tuple[Hashable, tuple[Any, ...], int]] = {}
+        newest: dict[tuple[bytes, bytes], int] = {}  # each cell's newest ts in this call
         for (row, column, ts), value in latest.items():
             key = cell_key(row, column)
             version_items.append(
@@ -237,15 +251,16 @@ class CassandraStore(CassandraReads):
                     len(value or b"") + 80,
                 )
             )
-            if (row, column) not in index_items:
-                shard = shard_of(row, self.shards)
-                index_items[row, column] = (
-                    shard,
-                    (table, shard, row, column),
-                    len(row) + len(column) + 24,
-                )
+            newest[row, column] = max(ts, newest.get((row, column), ts))
+        # Each index row at its cell's newest timestamp here (see prune_cells).
+        index_items: list[tuple[Hashable, tuple[Any, ...], int]] = []
+        for (row, column), ts in newest.items():
+            shard = shard_of(row, self.shards)
+            index_items.append(
+                (shard, (table, shard, row, column, ts), len(row) + len(column) + 32)
+            )
         queries = batched(self._stmts.insert_version, version_items, _CROSS_PARTITION_ROWS)
-        queries += batched(self._stmts.index_cell, list(index_items.values()))
+        queries += batched(self._stmts.index_cell, index_items)
         self._execute_all(queries, write=True, concurrency=_IN_CONCURRENCY)
 
     def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
@@ -380,44 +395,3 @@ class CassandraStore(CassandraReads):
         if applied:
             return CasResult(True, None)
         return CasResult(False, None if current is None else _bytes(current))
-
-
-def batched(
-    statement: Any,
-    items: Sequence[tuple[Hashable, tuple[Any, ...], int]],
-    max_rows: int = _BATCH_ROWS,
-) -> list[tuple[Any, tuple[Any, ...] | None]]:
-    """``(group, params, approximate bytes)`` writes as unlogged batches of one group
-    each (a partition, or the partitions of one replica), ``max_rows`` at most.
-
-    Only writes that add up to ``_BATCH_BYTES`` share a batch; a larger write goes alone.
-    So no request is bigger than the largest single write, which the value and key
-    limits keep under Cassandra's 16 MiB message limit.
-    """
-    by_partition: dict[Hashable, list[tuple[tuple[Any, ...], int]]] = {}
-    for partition, params, size in items:
-        by_partition.setdefault(partition, []).append((params, size))
-    out: list[tuple[Any, tuple[Any, ...] | None]] = []
-
-    def flush(chunk: list[tuple[Any, ...]]) -> None:
-        if len(chunk) == 1:
-            out.append((statement, chunk[0]))
-            return
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        batch.is_idempotent = True
-        for params in chunk:
-            batch.add(statement, params)
-        out.append((batch, None))
-
-    for entries in by_partition.values():
-        chunk: list[tuple[Any, ...]] = []
-        chunk_bytes = 0
-        for params, size in entries:
-            if chunk and (chunk_bytes + size > _BATCH_BYTES or len(chunk) >= max_rows):
-                flush(chunk)
-                chunk, chunk_bytes = [], 0
-            chunk.append(params)
-            chunk_bytes += size
-        if chunk:
-            flush(chunk)
-    return out

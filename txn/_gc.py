@@ -153,6 +153,8 @@ class GcReport:
     versions_deleted: int = 0
     versions_stamped: int = 0
     entries_deleted: int = 0
+    #: Cells with no version left that scans no longer read (Cassandra's index prune).
+    cells_pruned: int = 0
     seconds: float = 0.0
     note: str = ""
     #: Where the unfinished pass this one resumed had stopped ("": a pass from the start).
@@ -174,7 +176,7 @@ class GcReport:
             f"safe point {self.safe_point}{resumed}, {grace}: {self.tables} tables, "
             f"{self.cells} cells; deleted {self.versions_deleted} versions, stamped "
             f"{self.versions_stamped}, deleted {self.entries_deleted} transactions-table "
-            f"entries in {self.seconds:.1f} s"
+            f"entries, pruned {self.cells_pruned} dead cells in {self.seconds:.1f} s"
         )
 
 
@@ -374,6 +376,10 @@ class GarbageCollector:
             if progress is not None:
                 progress(table)
             self._sweep_table(run, table)
+            # Cells left with no version stop costing scans (a no-op but on Cassandra).
+            # Below the safe point, after its grace: no writer that may commit writes
+            # there any more (S8), which is what the prune needs (KVStore.prune_cells).
+            run.report.cells_pruned += self._store.prune_cells(table, run.safe_point)
             run.report.tables += 1
         self._collect_entries(run)
         run.report.seconds = self._monotonic() - started
@@ -522,15 +528,18 @@ class GarbageCollector:
             self._decide(run, cell, versions, outcomes, stamps, doomed, last)
         # Stamps first (a kept version carries its outcome before any entry goes), then
         # the older versions, then the kept deletes: a reader never sees an older value
-        # come back from under a delete that went first.
+        # come back from under a delete that went first. Consecutive doomed versions of
+        # a cell go as one range (one range tombstone on Cassandra); a range holding a
+        # kept delete goes with the kept deletes, last, and removes its versions at once.
         if stamps:
             self._store.stamp_versions(table, stamps)
             run.report.versions_stamped += len(stamps)
-        for batch in (doomed, last):
-            if batch:
-                self._store.delete_versions(table, batch)
-                run.report.versions_deleted += len(batch)
-                self._throttle(len(batch))
+        first, then = _ranges(found, set(doomed), set(last))
+        for ranges, count in (first, then):
+            if ranges:
+                self._store.delete_version_ranges(table, ranges)
+                run.report.versions_deleted += count
+                self._throttle(count)
 
     def _decide(
         self,
@@ -587,6 +596,48 @@ class GarbageCollector:
     def _throttle(self, versions: int) -> None:
         if self._rate is not None:
             self._sleep(versions / self._rate)
+
+
+_Ranges = tuple[list[tuple[bytes, bytes, int, int]], int]
+
+
+def _ranges(
+    found: dict[Cell, list[Version]],
+    doomed: set[tuple[bytes, bytes, int]],
+    last: set[tuple[bytes, bytes, int]],
+) -> tuple[_Ranges, _Ranges]:
+    """The doomed versions as ``(row, column, low_ts, high_ts)`` ranges of consecutive
+    versions of a cell (as read, newest first): those to delete first, and those holding
+    a kept delete (``last``), each with the number of versions they hold.
+
+    A range covers only versions the pass read and doomed, and the gaps between them,
+    all below the safe point: a version written into a gap later is one no reader needs
+    (S8: its writer started below the safe point and never commits), so the range may
+    take it too (``KVStore.delete_version_ranges``).
+    """
+    first: list[tuple[bytes, bytes, int, int]] = []
+    then: list[tuple[bytes, bytes, int, int]] = []
+    counts = [0, 0]
+    removable = doomed | last
+    for cell, versions in found.items():
+        for run in _runs(cell, versions, removable):
+            holds_last = any((cell.row, cell.column, ts) in last for ts in run)
+            (then if holds_last else first).append((cell.row, cell.column, run[-1], run[0]))
+            counts[holds_last] += len(run)
+    return (first, counts[0]), (then, counts[1])
+
+
+def _runs(
+    cell: Cell, versions: list[Version], doomed: set[tuple[bytes, bytes, int]]
+) -> list[list[int]]:
+    """The timestamps of each run of consecutive doomed versions, newest first."""
+    runs: list[list[int]] = [[]]
+    for v in versions:
+        if (cell.row, cell.column, v.ts) in doomed:
+            runs[-1].append(v.ts)
+        elif runs[-1]:
+            runs.append([])
+    return [run for run in runs if run]
 
 
 def _decoded(raw: bytes | None) -> GcCursor | None:

@@ -1,5 +1,13 @@
 """A hypothesis state machine that drives a backend and a plain dict model in lockstep.
 
+Sweeping below a safe point is in it too (issue 27): range deletes of versions, and the
+prune of cells without versions (Cassandra's ``cells`` index), alone or with a writer
+racing it (writes between the prune's reads and its deletes). A prune at ``below_ts``
+is a promise that no version below it is written any more (the safe point, S8), so the
+machine writes nothing below the highest prune bound of a table afterwards, nor into a
+range it deleted (which may take later writes, ``KVStore.delete_version_ranges``); what
+it checks is that no other write, racing or not, is ever hidden from a scan.
+
 The strategies reach both ends of every range on purpose: stored timestamps include 0, 1
 and MAX_TIMESTAMP, and bounds run from far below the range to far above it (issue 30
 item 11: Cassandra dropped the version at MAX_TIMESTAMP for below_ts=2**63, SQLite raised
@@ -73,6 +81,10 @@ class StoreAgreesWithDict(RuleBasedStateMachine):
         #: rewrite a version only with its own value, and never after a delete.
         self.written: dict[VersionKey, bytes | None] = {}
         self.system: dict[tuple[str, bytes], bytes] = {}
+        #: The highest prune bound of each table: nothing is written below it after.
+        self.floor: dict[str, int] = {}
+        #: Ranges deleted per cell: nothing is written into them after.
+        self.swept: dict[tuple[str, bytes, bytes], list[tuple[int, int]]] = {}
 
     def teardown(self) -> None:
         self.store.close()
@@ -84,16 +96,40 @@ class StoreAgreesWithDict(RuleBasedStateMachine):
     def put_versions(
         self, table: str, writes: list[tuple[bytes, bytes, int, bytes | None]]
     ) -> None:
+        batch = self._writable(table, writes)
+        self.store.put_versions(table, batch)
+        self._written(table, batch)
+
+    def _writable(
+        self, table: str, writes: list[tuple[bytes, bytes, int, bytes | None]]
+    ) -> list[VersionWrite]:
+        """The writes the contract lets a caller make now, each with its one value."""
         batch = []
         for r, c, ts, v in writes:
             key = (table, r, c, ts)
             if key in self.written and ts not in self.model.get((table, r, c), {}):
                 continue  # deleted: never written again
+            if ts < self.floor.get(table, 0):
+                continue  # below a prune's bound: the safe point forbids it
+            if any(low <= ts <= high for low, high in self.swept.get((table, r, c), ())):
+                continue  # into a deleted range: below the safe point too
             value = self.written.setdefault(key, v)  # a rewrite carries the same value
             batch.append(VersionWrite(r, c, ts, value))
-        self.store.put_versions(table, batch)
+        return batch
+
+    def _written(self, table: str, batch: list[VersionWrite]) -> None:
         for w in batch:
             self.model.setdefault((table, w.row, w.column), {})[w.ts] = w.value
+
+    def _scan_agrees(self, table: str) -> None:
+        """A whole scan of ``table`` finds every cell with a version below the top."""
+        expected = []
+        for (t, r, c), versions in sorted(self.model.items()):
+            older = [ts for ts in versions if t == table and ts < MAX_TIMESTAMP]
+            if older:
+                v = self._version(table, r, c, max(older))
+                expected.append(ScanEntry(r, c, v.ts, v.value, v.commit_ts))
+        assert list(self.store.scan(table, b"", None, MAX_TIMESTAMP, page_size=2)) == expected
 
     def _version(self, table: str, r: bytes, c: bytes, ts: int) -> Version:
         value = self.model[(table, r, c)][ts]
@@ -281,6 +317,70 @@ class StoreAgreesWithDict(RuleBasedStateMachine):
         self.store.delete_versions(table, [(r, c, ts)])
         del versions[ts]
         self.stamps.pop((table, r, c, ts), None)  # a delete takes the stamp with it
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data())
+    def delete_version_range(self, data: st.DataObject) -> None:
+        """A range of a cell's versions: around stored ones, empty, or the whole range."""
+        table, r, c = key = data.draw(st.sampled_from(sorted(self.model)))
+        low = self._bound(data, table, BELOW)
+        high = data.draw(st.one_of(st.just(low), st.integers(low, MAX_TIMESTAMP), BELOW))
+        low, high = min(low, high), max(low, high)
+        deleted = self.store.delete_version_ranges(table, [(r, c, low, high)])
+        versions = self.model[key]
+        doomed = [ts for ts in versions if low <= ts <= high]
+        assert deleted == len(doomed)
+        for ts in doomed:
+            del versions[ts]
+            self.stamps.pop((table, r, c, ts), None)
+        self.swept.setdefault(key, []).append((low, high))
+
+    @rule(table=TABLES, data=st.data())
+    def prune_cells(self, table: str, data: st.DataObject) -> None:
+        """A prune changes no read; afterwards nothing is written below its bound."""
+        below = self._prune_bound(data, table)
+        self.store.prune_cells(table, below)
+        self.floor[table] = max(below, self.floor.get(table, 0))
+        self._scan_agrees(table)
+
+    @rule(
+        table=TABLES,
+        data=st.data(),
+        writes=st.lists(st.tuples(ROWS, COLS, TSS, VALUES), min_size=1, max_size=5),
+    )
+    def prune_with_a_racing_writer(
+        self,
+        table: str,
+        data: st.DataObject,
+        writes: list[tuple[bytes, bytes, int, bytes | None]],
+    ) -> None:
+        """Writes at or above the bound land after the prune read its cells and before
+        it deletes (on Cassandra, through the store's two halves): none is hidden."""
+        from storage_adapters.cassandra import CassandraStore
+
+        below = self._prune_bound(data, table)
+        self.floor[table] = max(below, self.floor.get(table, 0))
+        batch = self._writable(table, writes)
+        if isinstance(self.store, CassandraStore):
+            shards = range(self.store.shards)
+            runs = [run for shard in shards for run in self.store._dead_runs(table, shard)]
+            self.store.put_versions(table, batch)
+            self.store._prune_runs(table, runs, below)
+        else:
+            self.store.put_versions(table, batch)
+            self.store.prune_cells(table, below)
+        self._written(table, batch)
+        self._scan_agrees(table)
+
+    def _prune_bound(self, data: st.DataObject, table: str) -> int:
+        """A prune bound no lower than the table's last one: one above a stored
+        timestamp (where a tie of write timestamps would decide), or a small one."""
+        near = sorted(
+            {ts + 1 for (t, _, _), vs in self.model.items() if t == table for ts in vs if ts < 40}
+        )
+        base = st.integers(0, 31)
+        bound: int = data.draw(st.one_of(base, st.sampled_from(near)) if near else base)
+        return max(bound, self.floor.get(table, 0))
 
     @rule(table=TABLES, key=KEYS, value=st.binary(min_size=0, max_size=3))
     def put_unless_exists(self, table: str, key: bytes, value: bytes) -> None:

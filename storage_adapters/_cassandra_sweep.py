@@ -1,0 +1,224 @@
+"""The Cassandra store's sweeping below a safe point: range deletes of versions and the
+pruning of the ``cells`` index (the layout is in :mod:`storage_adapters.cassandra`'s
+docstring; the argument for both in docs/design/storage.md, "Pruning the index").
+
+Both write range tombstones, and both are safe only because of what their caller
+guarantees: garbage collection passes its published safe point, after the grace, and
+below it no writer that may still commit writes anything (rule S8).
+
+* :meth:`CassandraSweeps.delete_version_ranges`: one range tombstone per cell and range
+  (``ts >= low AND ts <= high`` in the cell's partition) instead of one row tombstone
+  per version. Stamped above the newest write time found in the range (read first, one
+  aggregate per range), like :meth:`~storage_adapters.cassandra.CassandraStore.delete_versions`.
+* :meth:`CassandraSweeps.prune_cells`: the runs of consecutive index rows whose cells
+  hold no version at all go, one range tombstone per run, at the write timestamp
+  ``below_ts - 1``. Index rows are written at their cell's version timestamp
+  (``put_versions``), so the prune shadows only index writes of versions below
+  ``below_ts``: a later version's index row always wins (last write wins, and a
+  delete wins a tie only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cassandra.query import BatchStatement, BatchType
+
+from storage_adapters._base import MAX_TIMESTAMP, check_ranges, check_table, check_ts
+from storage_adapters._cassandra_reads import CassandraReads
+from storage_adapters._cassandra_session import _IN_CONCURRENCY, _bytes, cell_key
+
+# Writes to one partition go as one unlogged batch (one mutation, one request), kept
+# under Cassandra's batch_size_warn_threshold (5 KiB) so that no batch logs a warning.
+_BATCH_BYTES = 4096
+_BATCH_ROWS = 100
+# Writes to different partitions (versions of different cells, their deletes) share a
+# batch only when one replica holds them all, and at most this many: Cassandra warns
+# above unlogged_batch_across_partitions_warn_threshold (10). Ten rows a request cut
+# the driver's per-request cost (the bottleneck of a Python client) about tenfold.
+_CROSS_PARTITION_ROWS = 10
+# The largest write timestamp Cassandra takes (a signed 64-bit count of microseconds).
+_MAX_WRITE_TIME = (1 << 63) - 1
+
+#: Index rows a prune reads per request; their cells are checked ``_IN_LIMIT`` a request.
+PRUNE_PAGE_CELLS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRun:
+    """Consecutive index rows of one shard, ``first`` to ``last`` included, whose
+    ``cells`` cells held no version when read."""
+
+    shard: int
+    first: tuple[bytes, bytes]
+    last: tuple[bytes, bytes]
+    cells: int
+
+
+class CassandraSweeps(CassandraReads):
+    """Range deletes of versions and the index prune (see the module docstring)."""
+
+    def delete_version_ranges(
+        self, table: str, ranges: Sequence[tuple[bytes, bytes, int, int]]
+    ) -> int:
+        """One range tombstone per ``(row, column, low_ts, high_ts)``, above the newest
+        write time in the range (read first: ``MAX(WRITETIME(deleted))`` and the count,
+        one request per range). A range found empty is left alone.
+
+        The tombstone beats every write of the versions found and every late copy of
+        them, whatever the clients' clocks. It also covers a version written into the
+        range later with a lagging clock: the caller's guarantee (below the safe point,
+        rule S8) is what makes that a version no reader needs.
+        """
+        check_table(table)
+        wanted = list(dict.fromkeys(check_ranges(ranges)))
+        self._check_open()
+        if not wanted:
+            return 0
+        keys = [cell_key(cell.row, cell.column) for cell, _, _ in wanted]
+        reads = [
+            (self._stmts.range_write_time, (table, key, low, high))
+            for key, (_, low, high) in zip(keys, wanted, strict=True)
+        ]
+        found = self._execute_all(reads, write=False, concurrency=_IN_CONCURRENCY)
+        now = self._session.cluster.timestamp_generator()
+        deletes: list[tuple[Hashable, tuple[Any, ...], int]] = []
+        count = 0
+        for key, (_, low, high), rows in zip(keys, wanted, found, strict=True):
+            newest, versions = rows[0] if rows else (None, 0)
+            if not versions:
+                continue
+            count += versions
+            at = now if newest is None else min(max(now, newest + 1), _MAX_WRITE_TIME)
+            deletes.append((self._replica(table, key), (at, table, key, low, high), 60))
+        self._execute_all(
+            batched(self._stmts.delete_range, deletes, _CROSS_PARTITION_ROWS),
+            write=True,
+            concurrency=_IN_CONCURRENCY,
+        )
+        return count
+
+    def prune_cells(self, table: str, below_ts: int) -> int:
+        """Drop the index rows of cells with no version, shard by shard, one range
+        tombstone per run of them at write timestamp ``below_ts - 1``.
+
+        Why no version written concurrently is hidden (docs/design/storage.md, "Pruning
+        the index"): a version at or above ``below_ts`` writes its index row at its own
+        timestamp, above the tombstone's, so it wins whenever it lands; a version below
+        ``below_ts`` that existed when its cell was read keeps its cell out of every run;
+        and one written below ``below_ts`` after that is one the caller says no reader
+        needs (below the safe point: its writer never commits, rule S8).
+        """
+        check_table(table)
+        check_ts("below_ts", below_ts)
+        self._check_open()
+        if below_ts == 0:
+            return 0  # nothing lies below timestamp 0
+        pruned = 0
+        for shard in range(self.shards):
+            runs: list[DeadRun] = []
+            for run in self._dead_runs(table, shard):
+                runs.append(run)
+                if len(runs) >= _BATCH_ROWS:
+                    pruned += self._prune_runs(table, runs, below_ts)
+                    runs = []
+            pruned += self._prune_runs(table, runs, below_ts)
+        return pruned
+
+    def _dead_runs(self, table: str, shard: int) -> Iterator[DeadRun]:
+        """The runs of consecutive index rows of ``shard`` whose cells hold no version
+        (of any timestamp) when read, in index order; a cell with a version ends a run.
+        Reads only: :meth:`_prune_runs` deletes them."""
+        stmts = self._stmts
+        cursor, inclusive = (b"", b""), True
+        first: tuple[bytes, bytes] | None = None
+        last = first
+        cells_in_run = 0
+        while True:
+            statement = stmts.index_from if inclusive else stmts.index_after
+            rows = self._execute_all(
+                [(statement, (table, shard, *cursor, PRUNE_PAGE_CELLS))], write=False
+            )[0]
+            cells = [(_bytes(r), _bytes(c)) for r, c in rows]
+            keys = [cell_key(r, c) for r, c in cells]
+            # Any version at all, newest first: one row per cell that has one.
+            queries = self._per_cell(
+                stmts.version_ts_one, stmts.version_ts, table, keys, (-1, MAX_TIMESTAMP, 1)
+            )
+            alive: set[bytes] = set()
+            for found in self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY):
+                alive.update(_bytes(key) for key, _ in found)
+            for cell, key in zip(cells, keys, strict=True):
+                if key not in alive:
+                    first = first or cell
+                    last = cell
+                    cells_in_run += 1
+                elif first is not None and last is not None:
+                    yield DeadRun(shard, first, last, cells_in_run)
+                    first, last, cells_in_run = None, None, 0
+            if len(cells) < PRUNE_PAGE_CELLS:
+                break
+            cursor, inclusive = cells[-1], False
+        if first is not None and last is not None:
+            yield DeadRun(shard, first, last, cells_in_run)
+
+    def _prune_runs(self, table: str, runs: Sequence[DeadRun], below_ts: int) -> int:
+        """Delete each run's index rows with one range tombstone at ``below_ts - 1``:
+        it shadows the index writes of versions below ``below_ts`` only."""
+        if not runs or below_ts == 0:
+            return 0
+        items: list[tuple[Hashable, tuple[Any, ...], int]] = [
+            (
+                run.shard,
+                (below_ts - 1, table, run.shard, *run.first, *run.last),
+                sum(len(part) for part in (*run.first, *run.last)) + 40,
+            )
+            for run in runs
+        ]
+        self._execute_all(
+            batched(self._stmts.prune_run, items), write=True, concurrency=_IN_CONCURRENCY
+        )
+        return sum(run.cells for run in runs)
+
+
+def batched(
+    statement: Any,
+    items: Sequence[tuple[Hashable, tuple[Any, ...], int]],
+    max_rows: int = _BATCH_ROWS,
+) -> list[tuple[Any, tuple[Any, ...] | None]]:
+    """``(group, params, approximate bytes)`` writes as unlogged batches of one group
+    each (a partition, or the partitions of one replica), ``max_rows`` at most.
+
+    Only writes that add up to ``_BATCH_BYTES`` share a batch; a larger write goes alone.
+    So no request is bigger than the largest single write, which the value and key
+    limits keep under Cassandra's 16 MiB message limit.
+    """
+    by_partition: dict[Hashable, list[tuple[tuple[Any, ...], int]]] = {}
+    for partition, params, size in items:
+        by_partition.setdefault(partition, []).append((params, size))
+    out: list[tuple[Any, tuple[Any, ...] | None]] = []
+
+    def flush(chunk: list[tuple[Any, ...]]) -> None:
+        if len(chunk) == 1:
+            out.append((statement, chunk[0]))
+            return
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        batch.is_idempotent = True
+        for params in chunk:
+            batch.add(statement, params)
+        out.append((batch, None))
+
+    for entries in by_partition.values():
+        chunk: list[tuple[Any, ...]] = []
+        chunk_bytes = 0
+        for params, size in entries:
+            if chunk and (chunk_bytes + size > _BATCH_BYTES or len(chunk) >= max_rows):
+                flush(chunk)
+                chunk, chunk_bytes = [], 0
+            chunk.append(params)
+            chunk_bytes += size
+        if chunk:
+            flush(chunk)
+    return out
