@@ -68,8 +68,9 @@ log = logging.getLogger(__name__)
 MID_COMMIT_WAIT_S: Final = 3.0
 #: How long an overlap of two serving oracles is stretched until the client process
 #: that reconnected to the newcomer has completed an operation (a slow start-up on a
-#: loaded machine), and how long it goes on after that, so that other clients begin
-#: transactions after that operation completed while both oracles still serve.
+#: loaded machine; never past the clients' deadline), and how long it goes on after
+#: that, so that other clients begin transactions after that operation completed while
+#: both oracles still serve.
 OVERLAP_PROGRESS_WAIT_S: Final = 20.0
 OVERLAP_AFTER_PROGRESS_S: Final = 1.0
 #: The slow network: bandwidth of the token bucket on loopback and TCP packet loss.
@@ -311,8 +312,16 @@ class Nemesis:
                 cluster.restart_client(moved)
 
         def end_overlap() -> dict[str, Any]:
-            progressed = moved is not None and _wait_for_a_completion(
-                moved.events[-1], OVERLAP_PROGRESS_WAIT_S
+            # Only a client that reconnected can progress, and only until the clients'
+            # deadline: a restart refused past it (process -1) left the crashed
+            # process's events last, and waiting on them cost the run its full wait.
+            left_s = (cluster.until_ns - time.monotonic_ns()) / 1e9
+            progressed = (
+                moved is not None
+                and detail.get("reconnected", -1) >= 0
+                and _wait_for_a_completion(
+                    moved.events[-1], min(OVERLAP_PROGRESS_WAIT_S, max(0.0, left_s))
+                )
             )
             if progressed:
                 time.sleep(OVERLAP_AFTER_PROGRESS_S)
