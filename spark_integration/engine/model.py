@@ -67,10 +67,14 @@ APPEND = "WRITE"
 OVERWRITE = "OVERWRITE"
 DELETE = "DELETE"
 UPDATE = "UPDATE"
+MERGE = "MERGE"
+#: An overwrite of the rows matching a predicate (``replaceWhere``) or of the
+#: partitions the new rows fall in (dynamic partition overwrite).
+REPLACE_WHERE = "REPLACE WHERE"
 #: Row-level statements: each commits a new generation, the live files at the head
 #: minus those it rewrote plus those it wrote, checked against its read set
-#: (``read_set``). MERGE will join them.
-DML_OPERATIONS = frozenset({DELETE, UPDATE})
+#: (``read_set``).
+DML_OPERATIONS = frozenset({DELETE, UPDATE, MERGE, REPLACE_WHERE})
 
 _SEP = b"\x00"
 _U64 = 8

@@ -11,19 +11,23 @@ it wrote. Its :class:`ReadSet` says what that result depends on:
   partition values and column statistics, as a conjunction. A file for which
   :meth:`ReadSet.may_match` is false holds no row the statement would touch.
   Conditions may only ever be *wider* than the predicate (a conjunct not
-  understood is left out; no condition at all means every row).
+  understood is left out; no condition at all means every row);
+* ``reads``: files it read and kept whose rows its result still depends on. A
+  ``MERGE`` inserts a source row only when no target row joins it, so the files
+  holding rows that joined a source row must not change under it even when it
+  leaves them as they are.
 
 :func:`find_conflict` runs inside the commit's transaction, after it read the head:
 
-1. every file in ``removes`` must still be live at the head (a concurrent commit
-   that rewrote or dropped it changed rows this statement read);
+1. every file in ``removes`` and ``reads`` must still be live at the head (a
+   concurrent commit that rewrote or dropped it changed rows this statement read);
 2. no file that became live after ``version`` may match ``conditions`` (a
    concurrent commit added rows the statement would have had to touch).
 
 If both hold, committing here gives exactly the table that running the statement
 on the head would give: the files it left alone held no matching row in the
-snapshot and are the same immutable files at the head; the files it rewrote are
-still live; and every file added since holds no matching row. Commits of one table
+snapshot and are the same immutable files at the head; the files it rewrote or
+depends on are still live; and every file added since holds no matching row. Commits of one table
 are totally ordered by its head cell (each writes it; first committer wins), so
 every history is equivalent to running its commits one by one in that order:
 serializable at table level (docs/design/lakehouse.md). Otherwise the statement
@@ -176,6 +180,7 @@ class ReadSet:
     version: int
     removes: tuple[str, ...]
     conditions: tuple[Condition, ...] = ()
+    reads: tuple[str, ...] = ()
 
     def may_match(self, entry: FileEntry) -> bool:
         """False only if no row of ``entry`` can satisfy every condition."""
@@ -207,12 +212,52 @@ class ReadSet:
         )
 
 
+def widen(alternatives: Sequence[Sequence[Condition]]) -> tuple[Condition, ...]:
+    """One conjunction true wherever any of ``alternatives`` (conjunctions) is.
+
+    A statement that touches rows of several kinds (a ``MERGE``'s matched rows and
+    the rows of its ``not matched by source`` clauses) reads their union, but a read
+    set holds one conjunction. Kept: a condition every alternative has, and an
+    equality or ``in`` on a column that every alternative has one of (the union of
+    their values). Everything else is dropped, which only ever widens.
+    """
+    if not alternatives:
+        return ()
+    first, *rest = [list(a) for a in alternatives]
+    out: list[Condition] = []
+    for condition in first:
+        if all(condition in other for other in rest):
+            out.append(condition)
+            continue
+        if condition.op not in ("=", IN):
+            continue
+        values = list(condition.values)
+        for other in rest:
+            same = [
+                c
+                for c in other
+                if c.column == condition.column and c.kind == condition.kind and c.op in ("=", IN)
+            ]
+            if not same:
+                break
+            values.extend(v for c in same[:1] for v in c.values)
+        else:
+            unique = tuple(dict.fromkeys(values))
+            out.append(Condition(condition.column, IN, condition.kind, unique))
+    return tuple(out)
+
+
 def check_read_set(read_set: ReadSet) -> None:
     """A read set's own consistency (the service checks what clients send)."""
     if read_set.version < 0:
         raise ValueError(f"a read set's version must not be negative, got {read_set.version}")
     if len(set(read_set.removes)) != len(read_set.removes):
         raise ValueError("a read set names a removed file more than once")
+    if len(set(read_set.reads)) != len(read_set.reads):
+        raise ValueError("a read set names a kept file more than once")
+    both = set(read_set.removes) & set(read_set.reads)
+    if both:
+        raise ValueError(f"a read set names file {sorted(both)[0]} as removed and as kept")
 
 
 def find_conflict(
@@ -232,7 +277,7 @@ def find_conflict(
             f"which is newer than its head {head.version}"
         )
     live_paths = {e.path for e in live}
-    gone = [path for path in read_set.removes if path not in live_paths]
+    gone = [path for path in (*read_set.removes, *read_set.reads) if path not in live_paths]
     if gone:
         return live, (
             f"file {gone[0]} that the statement read (as of version {read_set.version}) was "

@@ -12,7 +12,9 @@ from collections.abc import Iterable
 from spark_integration.engine.model import (
     APPEND,
     DELETE,
+    MERGE,
     OVERWRITE,
+    REPLACE_WHERE,
     UPDATE,
     FileEntry,
     FileStats,
@@ -30,6 +32,8 @@ OPERATIONS = {
     OVERWRITE: pb.COMMIT_OPERATION_OVERWRITE,
     DELETE: pb.COMMIT_OPERATION_DELETE,
     UPDATE: pb.COMMIT_OPERATION_UPDATE,
+    MERGE: pb.COMMIT_OPERATION_MERGE,
+    REPLACE_WHERE: pb.COMMIT_OPERATION_REPLACE_WHERE,
 }
 OPERATION_NAMES = {v: k for k, v in OPERATIONS.items()}
 
@@ -152,9 +156,11 @@ def read_set_to_pb(read_set: ReadSet | None) -> pb.ReadSet | None:
         version=read_set.version,
         removes=list(read_set.removes),
         conditions_json=read_set.conditions_json(),
+        reads=list(read_set.reads),
     )
 
 
 def read_set_from_pb(msg: pb.ReadSet) -> ReadSet:
     """A read set; malformed conditions raise ``ValueError`` (the service checks them)."""
-    return ReadSet(msg.version, tuple(msg.removes), ReadSet.parse_conditions(msg.conditions_json))
+    conditions = ReadSet.parse_conditions(msg.conditions_json)
+    return ReadSet(msg.version, tuple(msg.removes), conditions, tuple(msg.reads))

@@ -209,9 +209,10 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
             raise ValueError(f"{operation}: row-level statements, and only they, carry a read set")
         if read_set is not None:
             check_read_set(read_set)
-            bad = [path for path in read_set.removes if not check_relative_file(path)]
+            named = (*read_set.removes, *read_set.reads)
+            bad = [path for path in named if not check_relative_file(path)]
             if bad:
-                raise ValueError(f"removed file {bad[0]!r} is not a path inside the table")
+                raise ValueError(f"read file {bad[0]!r} is not a path inside the table")
         if operation == OVERWRITE and base_version is None:
             raise ValueError("an overwrite needs the base_version it replaces")
         if operation != OVERWRITE and base_version is not None:

@@ -2,7 +2,7 @@
 
 A statement runs in four steps, each one readable below:
 
-1. **Check** (:func:`_check_predicate`, :func:`_check_updates`): the predicate and the
+1. **Check** (:func:`check_predicate`, :func:`_check_updates`): the predicate and the
    update expressions are analysed by Spark against the table's schema, so a typo, an
    unknown column or an expression of the wrong kind fails here, before any file is
    read or written.
@@ -11,7 +11,7 @@ A statement runs in four steps, each one readable below:
    and date columns) become engine :class:`Condition` s; files whose partition values
    or column statistics rule them out are never read. Conjuncts not understood are
    left out, which only ever keeps more files.
-3. **Find** (:func:`_count_matches`): one Spark job counts each candidate file's rows
+3. **Find** (:func:`count_matches`): one Spark job counts each candidate file's rows
    and matching rows. Files with no match are untouched. When the conditions decide
    the predicate exactly (only partition columns, every conjunct understood) or there
    is no predicate, the counts come from the catalog and no file is read.
@@ -23,7 +23,8 @@ A statement runs in four steps, each one readable below:
    the engine at the commit point: see ``engine.read_set`` and docs/design/lakehouse.md.
 
 A statement that matches no row commits nothing and returns the version it read,
-as deltalake does. MERGE will reuse steps 2 to 4 with a join as its step 3.
+as deltalake does. ``merge`` and ``replace`` reuse these steps (the checks, the
+conditions, the counting and :func:`commit_rewrite`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -101,7 +102,7 @@ def update(
     return _run(catalog, Statement(UPDATE, name, predicate, updates), spark)
 
 
-def _session(spark: SparkSession | None) -> SparkSession:
+def session_of(spark: SparkSession | None) -> SparkSession:
     if spark is None:
         # The thread's active session, else the process's default one.
         return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
@@ -111,12 +112,12 @@ def _session(spark: SparkSession | None) -> SparkSession:
 
 
 def _run(catalog: Catalog | RemoteCatalog, st: Statement, spark: SparkSession | None) -> DmlResult:
-    session = _session(spark)
+    session = session_of(spark)
     prepared = catalog.prepare(st.table)
     meta, version = prepared.meta, prepared.head.version
     schema = StructType.fromJson(json.loads(meta.schema_json))
     what = f"{st.operation.lower()} on table {st.table!r}"
-    predicate = _check_predicate(session, schema, st.predicate, what)
+    predicate = check_predicate(session, schema, st.predicate, what)
     updates = _check_updates(session, schema, st.updates, what, st.operation == UPDATE)
     conditions, exact = conditions_of(predicate, schema, meta.partition_by)
     _, _, entries = catalog.files(st.table, version, FileEntry)
@@ -125,7 +126,7 @@ def _run(catalog: Catalog | RemoteCatalog, st: Statement, spark: SparkSession | 
     if predicate is None or exact:
         counts = {e.path: (e.record_count, e.record_count) for e in candidates}
     else:
-        counts = _count_matches(session, schema, meta, candidates, predicate)
+        counts = count_matches(session, schema, meta, candidates, predicate)
     touched = [e for e in candidates if counts.get(e.path, (0, 0))[1] > 0]
     matched = sum(counts[e.path][1] for e in touched)
     log.info(
@@ -143,21 +144,54 @@ def _run(catalog: Catalog | RemoteCatalog, st: Statement, spark: SparkSession | 
         rewrite = [e for e in touched if counts[e.path][1] < counts[e.path][0]]
     else:
         rewrite = touched
+    rows = None
+    if rewrite:
+        rows = _rewritten_rows(session, schema, meta, rewrite, predicate, updates)
+    read_set = ReadSet(version, tuple(e.path for e in touched), conditions)
+    new_version, written = commit_rewrite(catalog, st.operation, meta, schema, rows, read_set)
+    return DmlResult(
+        new_version,
+        rows_updated=matched if st.operation == UPDATE else 0,
+        rows_deleted=matched if st.operation == DELETE else 0,
+        files_added=len(written),
+        files_removed=len(touched),
+    )
+
+
+def commit_rewrite(
+    catalog: Catalog | RemoteCatalog,
+    operation: str,
+    meta: TableMeta,
+    schema: StructType,
+    rows: DataFrame | None,
+    read_set: ReadSet | Callable[[list[FileEntry]], ReadSet],
+) -> tuple[int, list[FileEntry]]:
+    """Write ``rows`` into a new job folder and commit them with ``read_set``: the
+    commit step every row-level statement shares. Returns the version and the files.
+    ``read_set`` may be a function of the files written (a dynamic partition
+    overwrite replaces the partitions it wrote).
+
+    Nothing to remove and no row written: nothing is committed, and the version
+    read is returned (as deltalake does for a statement that changes nothing).
+    """
     job = new_job(meta.location)
     written: list[FileEntry] = []
     try:
-        if rewrite:
-            rows = _rewritten_rows(session, schema, meta, rewrite, predicate, updates)
+        if rows is not None:
             written = write_files(rows, schema, meta.partition_by, job)
+        if not isinstance(read_set, ReadSet):
+            read_set = read_set(written)
+        if not written and not read_set.removes:
+            filesystem.delete_tree(job.staging)
+            return read_set.version, []
         catalog.failpoints.hit(fp.BEFORE_COMMIT, job.job_id)
     except Exception:
         filesystem.delete_tree(job.staging)  # no commit was attempted: nothing names them
         raise
-    read_set = ReadSet(version, tuple(e.path for e in touched), conditions)
     try:
         committed = catalog.commit_files(
-            st.table,
-            st.operation,
+            meta.name,
+            operation,
             written,
             job_id=job.job_id,
             job_started_ms=job.started_ms,
@@ -169,30 +203,30 @@ def _run(catalog: Catalog | RemoteCatalog, st: Statement, spark: SparkSession | 
         raise
     # Any other failure leaves the files: the commit may have landed (see
     # ``Lakehouse._run_job``); vacuum removes the files that no version names.
-    log.info("%s committed version %d (job %s)", what, committed.version, job.job_id)
-    return DmlResult(
+    log.info(
+        "%s on table %r committed version %d (job %s)",
+        operation.lower(),
+        meta.name,
         committed.version,
-        rows_updated=matched if st.operation == UPDATE else 0,
-        rows_deleted=matched if st.operation == DELETE else 0,
-        files_added=len(written),
-        files_removed=len(touched),
+        job.job_id,
     )
+    return committed.version, written
 
 
 # --- step 1: check --------------------------------------------------------------------
 
 
-def _spark_error(exc: BaseException) -> str:
+def spark_error(exc: BaseException) -> str:
     """The first line of a Spark analysis or parse error: what is wrong, without the plan."""
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _analysed(df: DataFrame) -> StructType:
+def analysed(df: DataFrame) -> StructType:
     """The DataFrame's schema: Spark analyses the plan for it (Connect lazily, here)."""
     return df.schema
 
 
-def _check_predicate(
+def check_predicate(
     spark: SparkSession, schema: StructType, predicate: object, what: str
 ) -> str | None:
     if predicate is None:
@@ -202,9 +236,9 @@ def _check_predicate(
     if not predicate.strip():
         raise ValueError(f"{what}: the predicate is empty (pass None for every row)")
     try:
-        _analysed(spark.createDataFrame([], schema).filter(predicate))
+        analysed(spark.createDataFrame([], schema).filter(predicate))
     except Exception as exc:  # pyspark's analysis and parse errors have no common base
-        raise ValueError(f"{what}: invalid predicate {predicate!r}: {_spark_error(exc)}") from exc
+        raise ValueError(f"{what}: invalid predicate {predicate!r}: {spark_error(exc)}") from exc
     return predicate
 
 
@@ -232,13 +266,13 @@ def _check_updates(
     if out:
         try:
             empty = spark.createDataFrame([], schema)
-            _analysed(empty.selectExpr(*[_cast(schema, c, e) for c, e in out.items()]))
+            analysed(empty.selectExpr(*[cast_to_column(schema, c, e) for c, e in out.items()]))
         except Exception as exc:
-            raise ValueError(f"{what}: invalid update expression: {_spark_error(exc)}") from exc
+            raise ValueError(f"{what}: invalid update expression: {spark_error(exc)}") from exc
     return out
 
 
-def _cast(schema: StructType, column: str, expression: str) -> str:
+def cast_to_column(schema: StructType, column: str, expression: str) -> str:
     kind = schema[column].dataType.simpleString()
     return f"CAST(({expression}) AS {kind}) AS {quote(column)}"
 
@@ -265,7 +299,7 @@ _ONE_LITERAL = re.compile(_LITERAL, re.IGNORECASE)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _kind(kind: DataType) -> str | None:
+def value_kind(kind: DataType) -> str | None:
     """The engine's value kind of a column, if its conditions are decided on."""
     if isinstance(kind, ByteType | ShortType | IntegerType | LongType):
         return "int"
@@ -289,23 +323,33 @@ def conditions_of(
     anything else (OR at the top, BETWEEN, functions, casts) is left out, so the
     conditions never rule out a file that holds a matching row.
     """
-    if predicate is None or any(mark in predicate for mark in ("--", "/*", "\\")):
-        # A comment could hide an AND from Spark, an escape end a string early here.
-        return (), False
-    conjuncts = _conjuncts(predicate)
+    conjuncts = conjuncts_of(predicate)
     if conjuncts is None:
         return (), False
-    kinds = {f.name.lower(): (f.name, _kind(f.dataType)) for f in schema.fields}
+    kinds = column_kinds(schema)
     out: list[Condition] = []
     exact = True
     for text in conjuncts:
-        condition = _condition(text, kinds)
+        condition = condition_of(text, kinds)
         if condition is None:
             exact = False
             continue
         out.append(condition)
         exact = exact and condition.column in partition_by
     return tuple(out), exact
+
+
+def conjuncts_of(predicate: str | None) -> list[str] | None:
+    """The predicate's top-level conjuncts; ``None`` when they cannot be told for sure."""
+    if predicate is None or any(mark in predicate for mark in ("--", "/*", "\\")):
+        # A comment could hide an AND from Spark, an escape end a string early here.
+        return None
+    return _conjuncts(predicate)
+
+
+def column_kinds(schema: StructType) -> dict[str, tuple[str, str | None]]:
+    """Column kinds by lower-case name: ``(name, kind)``, kind ``None`` when not decided on."""
+    return {f.name.lower(): (f.name, value_kind(f.dataType)) for f in schema.fields}
 
 
 def _conjuncts(text: str) -> list[str] | None:
@@ -399,7 +443,7 @@ def _literal(text: str, kind: str) -> int | str | bool | None:
     return None
 
 
-def _condition(text: str, kinds: _Kinds) -> Condition | None:
+def condition_of(text: str, kinds: _Kinds) -> Condition | None:
     match = _NULL_TEST.fullmatch(text)
     if match is not None:
         column = _column(match, kinds)
@@ -429,12 +473,12 @@ def _condition(text: str, kinds: _Kinds) -> Condition | None:
 # --- steps 3 and 4: find the matching rows, rewrite their files -----------------------
 
 
-def _matching(predicate: str | None) -> str:
+def matching(predicate: str | None) -> str:
     """SQL true exactly for the rows the statement touches (a null predicate is not)."""
     return "true" if predicate is None else f"coalesce(({predicate}), false)"
 
 
-def _count_matches(
+def count_matches(
     spark: SparkSession,
     schema: StructType,
     meta: TableMeta,
@@ -448,18 +492,18 @@ def _count_matches(
     tagged = rows.selectExpr(
         f"input_file_name() AS {_FILE}",
         f"1 AS {_ROW}",
-        f"CAST({_matching(predicate)} AS INT) AS {_MATCH}",
+        f"CAST({matching(predicate)} AS INT) AS {_MATCH}",
     )
     by_path = {e.path: e for e in files}
     out: dict[str, tuple[int, int]] = {}
     # A dict of aggregates names its columns ``sum(<column>)``, in no promised order.
     for row in tagged.groupBy(_FILE).agg({_ROW: "sum", _MATCH: "sum"}).collect():
-        path = _relative(row[_FILE], by_path)
+        path = relative_path(row[_FILE], by_path)
         out[path] = (int(row[f"sum({_ROW})"]), int(row[f"sum({_MATCH})"]))
     return out
 
 
-def _relative(uri: str, by_path: Mapping[str, Any]) -> str:
+def relative_path(uri: str, by_path: Mapping[str, Any]) -> str:
     """The relative path of the file Spark names ``uri`` (URL-escaped, with a scheme)."""
     plain = unquote(uri)
     for candidate in (plain[plain.find("/_lh_job=") + 1 :], plain):
@@ -482,15 +526,15 @@ def _rewritten_rows(
     """The rows that replace ``files``: those not matching for a delete, every row with
     the matching ones changed for an update (expressions see the row before it)."""
     rows = read_version(spark, schema, meta.partition_by, meta.location, files)
-    matching = _matching(predicate)
+    matches = matching(predicate)
     if not updates:
-        return rows.filter(f"NOT {matching}")
+        return rows.filter(f"NOT {matches}")
     columns = []
     for name in schema.fieldNames():
         if name in updates:
             kind = schema[name].dataType.simpleString()
             columns.append(
-                f"CASE WHEN {matching} THEN CAST(({updates[name]}) AS {kind}) "
+                f"CASE WHEN {matches} THEN CAST(({updates[name]}) AS {kind}) "
                 f"ELSE {quote(name)} END AS {quote(name)}"
             )
         else:

@@ -33,7 +33,7 @@ from spark_integration.engine.model import (
 )
 from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.service.client import RemoteCatalog
-from spark_integration.spark import dml, filesystem
+from spark_integration.spark import dml, filesystem, merge, replace
 from spark_integration.spark.hook import (
     STAGING_PREFIX,
     Job,
@@ -42,6 +42,7 @@ from spark_integration.spark.hook import (
     new_job,
     write_files,
 )
+from spark_integration.spark.merge import MergeBuilder
 from spark_integration.spark.reads import read_version
 from spark_integration.spark.schema import check_dataframe_schema, check_table_schema, parse_schema
 from spark_integration.spark.vacuum_sweep import vacuum
@@ -259,13 +260,22 @@ class Lakehouse:
         df: DataFrame,
         app_id: str | None = None,
         batch_id: int | str | None = None,
+        *,
+        replace_where: str | None = None,
+        dynamic_partitions: bool | None = None,
     ) -> int:
         """Replace every row with the DataFrame's, atomically; returns the new version.
 
         Raises :class:`ConcurrentModificationError` (nothing committed) if another
         commit landed while this job ran: replacing rows it never saw would lose them.
+        ``replace_where`` (Spark SQL) replaces only the rows it matches, and
+        ``dynamic_partitions`` (``None``: the session's partitionOverwriteMode) only
+        the partitions written, each beside concurrent commits elsewhere (``replace``).
         """
-        return self._write(OVERWRITE, name, df, app_id, batch_id)
+        if replace.mode_of(_check_dataframe(df), replace_where, dynamic_partitions) == "static":
+            return self._write(OVERWRITE, name, df, app_id, batch_id)
+        replace.check_no_batch(app_id, batch_id)
+        return replace.overwrite(self._catalog, _check_name(name), df, replace_where)
 
     def _write(
         self,
@@ -302,14 +312,7 @@ class Lakehouse:
         """
         prepared = self._catalog.prepare(name, app_id, batch_id)
         if prepared.replayed_version is not None:
-            log.info(
-                "%s (%s, %r) to %s already committed as version %d; nothing to do",
-                operation.lower(),
-                app_id,
-                batch_id,
-                name,
-                prepared.replayed_version,
-            )
+            log.info("%s to %s: (%s, %r) committed before", operation, name, app_id, batch_id)
             return prepared.replayed_version
         meta = prepared.meta
         schema = StructType.fromJson(json.loads(meta.schema_json))
@@ -388,22 +391,8 @@ class Lakehouse:
         name carries none, the oldest file's mtime. The files are never deleted
         here, whatever happens: they are the caller's until a version names them.
         """
-        _check_name(name)
-        app_id, batch_id = _check_batch(app_id, batch_id)
-        meta = self._catalog.meta(name)
-        entries = [_relative_entry(meta, f) for f in files]
-        if written_since_ms is None:
-            written_since_ms = _oldest_job_start_ms(meta.location, entries)
-        committed = self._catalog.commit_files(
-            name,
-            APPEND,
-            entries,
-            job_id=f"files-{uuid.uuid4().hex[:16]}",
-            job_started_ms=written_since_ms,
-            app_id=app_id,
-            batch_id=batch_id,
-        )
-        return committed.version
+        key = _check_batch(app_id, batch_id)
+        return _append_files(self._catalog, _check_name(name), files, key, written_since_ms)
 
     # --- row-level changes (``dml``: copy-on-write, checked against what they read) ------
 
@@ -423,6 +412,20 @@ class Lakehouse:
     ) -> DmlResult:
         """Set ``updates`` (column: Spark SQL expression) where ``predicate`` holds."""
         return dml.update(self._catalog, _check_name(name), updates, predicate, spark)
+
+    def merge(
+        self,
+        name: str,
+        source_df: DataFrame,
+        predicate: str,
+        source_alias: str = "source",
+        target_alias: str = "target",
+        *,
+        spark: SparkSession | None = None,
+    ) -> MergeBuilder:
+        """``MERGE INTO name USING source_df ON predicate``: ``when_*`` clauses, ``execute()``."""
+        args = (source_df, predicate, source_alias, target_alias, spark)
+        return merge.merge(self._catalog, _check_name(name), *args)
 
     def transaction(self) -> LakehouseTransaction:
         """Appends and overwrites of several tables, committed together or not at all.
@@ -582,6 +585,12 @@ class LakehouseTransaction:
         _check_dataframe(df)
         app_id, batch_id = _check_batch(app_id, batch_id)
         self._check_open(name)
+        if operation == OVERWRITE and replace.mode_of(df, None, None) == "dynamic":
+            raise ValueError(
+                f"{replace.PARTITION_OVERWRITE_CONF}=dynamic: a transaction's overwrite would "
+                "replace the whole table; use lh.overwrite(name, df) outside it, which "
+                "replaces only the partitions written"
+            )
         catalog = self._lh._catalog
         prepared = catalog.prepare(name, app_id, batch_id)
         if prepared.replayed_version is not None:
@@ -648,6 +657,30 @@ class LakehouseTransaction:
         for _, _, job in self._staged:
             if job is not None:
                 _remove_staging(job.staging)
+
+
+def _append_files(
+    catalog: Catalog | RemoteCatalog,
+    name: str,
+    files: Sequence[DataFile],
+    key: tuple[str | None, int | str | None],
+    written_since_ms: int | None,
+) -> int:
+    """``Lakehouse.append_files`` after its argument checks; ``key``: (app_id, batch_id)."""
+    meta = catalog.meta(name)
+    entries = [_relative_entry(meta, f) for f in files]
+    if written_since_ms is None:
+        written_since_ms = _oldest_job_start_ms(meta.location, entries)
+    committed = catalog.commit_files(
+        name,
+        APPEND,
+        entries,
+        job_id=f"files-{uuid.uuid4().hex[:16]}",
+        job_started_ms=written_since_ms,
+        app_id=key[0],
+        batch_id=key[1],
+    )
+    return committed.version
 
 
 def _is_spark_session(spark: object) -> bool:

@@ -31,6 +31,9 @@ class _CommitOperationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Commi
     COMMIT_OPERATION_DELETE: _CommitOperation.ValueType  # 3
     """Row-level statements: they carry a ReadSet and commit alone, never in a group."""
     COMMIT_OPERATION_UPDATE: _CommitOperation.ValueType  # 4
+    COMMIT_OPERATION_MERGE: _CommitOperation.ValueType  # 5
+    COMMIT_OPERATION_REPLACE_WHERE: _CommitOperation.ValueType  # 6
+    """An overwrite of the rows a predicate matches (replaceWhere, dynamic partitions)."""
 
 class CommitOperation(_CommitOperation, metaclass=_CommitOperationEnumTypeWrapper): ...
 
@@ -40,12 +43,15 @@ COMMIT_OPERATION_OVERWRITE: CommitOperation.ValueType  # 2
 COMMIT_OPERATION_DELETE: CommitOperation.ValueType  # 3
 """Row-level statements: they carry a ReadSet and commit alone, never in a group."""
 COMMIT_OPERATION_UPDATE: CommitOperation.ValueType  # 4
+COMMIT_OPERATION_MERGE: CommitOperation.ValueType  # 5
+COMMIT_OPERATION_REPLACE_WHERE: CommitOperation.ValueType  # 6
+"""An overwrite of the rows a predicate matches (replaceWhere, dynamic partitions)."""
 Global___CommitOperation: _TypeAlias = CommitOperation  # noqa: Y015
 
 @_typing.final
 class ReadSet(_message.Message):
     """What a row-level statement read (spark_integration/engine/read_set.py). It commits
-    only if every file in `removes` is still live at the head and no file that became
+    only if every file in `removes` and `reads` is still live at the head and no file that became
     live after `version` may match `conditions_json`; else ABORTED
     (concurrent-modification), nothing committed.
     """
@@ -55,6 +61,7 @@ class ReadSet(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     REMOVES_FIELD_NUMBER: _builtins.int
     CONDITIONS_JSON_FIELD_NUMBER: _builtins.int
+    READS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """the snapshot the statement read"""
     conditions_json: _builtins.str
@@ -65,16 +72,23 @@ class ReadSet(_message.Message):
     def removes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """relative paths of the files it rewrote or dropped"""
 
+    @_builtins.property
+    def reads(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Files it read and kept whose rows its result depends on (a MERGE's files holding
+        rows that joined a source row): they too must still be live at the head.
+        """
+
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
         removes: _abc.Iterable[_builtins.str] | None = ...,
         conditions_json: _builtins.str = ...,
+        reads: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conditions_json", b"conditions_json", "removes", b"removes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conditions_json", b"conditions_json", "reads", b"reads", "removes", b"removes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -10,13 +10,12 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from spark_integration.engine.locations import join
+from spark_integration.engine.model import REPLACE_WHERE, FileEntry, TableMeta
+from spark_integration.engine.read_set import Condition, ReadSet
 from spark_integration.spark import filesystem
 from spark_integration.spark.datasource.files import write_batches
-from spark_integration.spark.datasource.gateway import open_gateway
-from spark_integration.spark.datasource.options import (
-    PARTITION_OVERWRITE_CONF,
-    dynamic_overwrite_refused,
-)
+from spark_integration.spark.datasource.gateway import GatewayCatalog, open_gateway, table_schema
+from spark_integration.spark.datasource.options import PARTITION_OVERWRITE_CONF, WriteOptions
 from spark_integration.spark.datasource.write_plan import (
     FilesWritten,
     WriteTarget,
@@ -24,6 +23,8 @@ from spark_integration.spark.datasource.write_plan import (
     remove_folders,
     task_tag,
 )
+from spark_integration.spark.dml import conditions_of
+from spark_integration.spark.replace import partitions_read_set
 from txn.errors import TransactionAbortedError
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,14 @@ class WritePlan:
     batch_id: int | None
     #: The version an earlier write with the same (app_id, batch_id) committed.
     replayed_version: int | None
-    #: An overwrite without option partitionOverwriteMode: its tasks refuse to run when
-    #: the session asks for dynamic partition overwrite (see ``_session_overwrite_mode``).
+    #: An overwrite without option partitionOverwriteMode or replaceWhere: its tasks
+    #: read the session's setting (see ``_session_overwrite_mode``) and report it.
     check_session_overwrite_mode: bool = False
+    #: ``where`` (option replaceWhere) or ``dynamic`` (the write option): what an
+    #: overwrite replaces, as a ``REPLACE WHERE`` commit; ``None``: the whole table.
+    replace: str | None = None
+    #: replaceWhere's conditions: on partition columns only, so exact per file.
+    conditions: tuple[Condition, ...] = ()
 
 
 class PercolakeBatchWriter(DataSourceArrowWriter):
@@ -61,10 +67,11 @@ class PercolakeBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         plan = self.plan
-        if plan.check_session_overwrite_mode and _session_overwrite_mode() == "dynamic":
+        mode = _session_overwrite_mode() if plan.check_session_overwrite_mode else None
+        if mode == "dynamic" and plan.app_id is not None:
             # Before any file is written: the job fails, abort() removes the empty job
             # folder and nothing is committed.
-            raise dynamic_overwrite_refused(f"the session sets {PARTITION_OVERWRITE_CONF}=dynamic")
+            raise ValueError(_NO_TXN_WITH_REPLACE)
         if plan.replayed_version is not None:
             return FilesWritten()
         files = write_batches(
@@ -75,7 +82,18 @@ class PercolakeBatchWriter(DataSourceArrowWriter):
             partition_by=plan.target.partition_by,
             tag=task_tag(),
         )
-        return FilesWritten(tuple(files))
+        if plan.replace == "where":
+            probe = ReadSet(0, (), plan.conditions)
+            outside = [f for f in files if not probe.may_match(f)]
+            if outside:
+                # The job fails: abort() removes its folder, nothing is committed.
+                raise ValueError(
+                    f"percolake: option replaceWhere ({probe.describe()}): the DataFrame "
+                    f"holds rows outside it, in partition {outside[0].partition}; nothing "
+                    "was committed (as Delta, an overwrite by predicate only writes rows "
+                    "it would replace)"
+                )
+        return FilesWritten(tuple(files), overwrite_mode=mode)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         plan = self.plan
@@ -89,21 +107,37 @@ class PercolakeBatchWriter(DataSourceArrowWriter):
             )
             return
         files = files_of(messages)
+        replace = plan.replace or _session_replace(plan, messages)
         # Raises when the store refuses the write: then no commit is sent, and abort
         # removes the job's files.
         filesystem.write_bytes(join(plan.staging, COMMITTING_MARKER), plan.job_id.encode())
         with open_gateway(plan.target.gateway) as catalog:
             try:
-                committed = catalog.commit_files(
-                    plan.target.table,
-                    plan.operation,
-                    files,
-                    job_id=plan.job_id,
-                    job_started_ms=plan.job_started_ms,
-                    app_id=plan.app_id,
-                    batch_id=plan.batch_id,
-                    base_version=plan.base_version,
-                )
+                if replace is None:
+                    committed = catalog.commit_files(
+                        plan.target.table,
+                        plan.operation,
+                        files,
+                        job_id=plan.job_id,
+                        job_started_ms=plan.job_started_ms,
+                        app_id=plan.app_id,
+                        batch_id=plan.batch_id,
+                        base_version=plan.base_version,
+                    )
+                else:
+                    read_set = _replace_read_set(catalog, plan, replace, files)
+                    if not files and not read_set.removes:
+                        remove_folders([plan.staging])
+                        log.info("overwrite of %s replaces nothing", plan.target.table)
+                        return
+                    committed = catalog.commit_files(
+                        plan.target.table,
+                        REPLACE_WHERE,
+                        files,
+                        job_id=plan.job_id,
+                        job_started_ms=plan.job_started_ms,
+                        read_set=read_set,
+                    )
             except TransactionAbortedError:
                 # Definitely not committed: nothing names these files.
                 remove_folders([plan.staging])
@@ -158,6 +192,69 @@ class PercolakeBatchWriter(DataSourceArrowWriter):
             plan.job_id,
             plan.target.table,
         )
+
+
+_NO_TXN_WITH_REPLACE = (
+    "percolake: txnAppId/txnVersion make appends and whole-table overwrites idempotent; "
+    "an overwrite by replaceWhere or of dynamic partitions does not take them yet"
+)
+
+
+def replace_mode(opts: WriteOptions, overwrite: bool) -> str | None:
+    """What a batch write replaces, from its options: see ``WritePlan.replace``."""
+    if not overwrite:
+        if opts.replace_where is not None:
+            raise ValueError('percolake: option replaceWhere needs mode("overwrite")')
+        return None  # partitionOverwriteMode does not concern appends, as in Spark
+    replace = "where" if opts.replace_where is not None else None
+    if opts.partition_overwrite_mode == "dynamic":
+        replace = "dynamic"
+    if replace is not None and opts.app_id is not None:
+        raise ValueError(_NO_TXN_WITH_REPLACE)
+    return replace
+
+
+def replace_where_conditions(predicate: str, meta: TableMeta) -> tuple[Condition, ...]:
+    """Option replaceWhere as conditions, which must decide it exactly from partition
+    values: the data source's driver side cannot run Spark to rewrite files."""
+    conditions, exact = conditions_of(predicate, table_schema(meta), meta.partition_by)
+    if not conditions or not exact:
+        raise ValueError(
+            f"percolake: option replaceWhere {predicate!r} must be simple conditions on "
+            f"the partition columns {list(meta.partition_by)} joined by AND (col = literal, "
+            "<, <=, >, >=, IN (...), IS [NOT] NULL); Lakehouse.overwrite(name, df, "
+            "replace_where=...) takes any predicate"
+        )
+    return conditions
+
+
+def _session_replace(plan: WritePlan, messages: list[WriterCommitMessage | None]) -> str | None:
+    """``dynamic`` when the tasks found the session asking for it (see ``write``)."""
+    if not plan.check_session_overwrite_mode:
+        return None
+    reports = [m for m in messages if isinstance(m, FilesWritten)]
+    if not reports:
+        raise ValueError(
+            f"percolake: no task ran, so the session's {PARTITION_OVERWRITE_CONF} could not "
+            "be read and the overwrite cannot tell what to replace; nothing was committed. "
+            "Give option partitionOverwriteMode (static or dynamic)"
+        )
+    return "dynamic" if any(m.overwrite_mode == "dynamic" for m in reports) else None
+
+
+def _replace_read_set(
+    catalog: GatewayCatalog, plan: WritePlan, replace: str, files: list[FileEntry]
+) -> ReadSet:
+    """The read set of a ``REPLACE WHERE`` commit of ``files`` (see ``spark.replace``)."""
+    base = plan.base_version
+    assert base is not None  # an overwrite's plan always reads one
+    meta, _, snapshot = catalog.files(plan.target.table, base, FileEntry)
+    if replace == "dynamic":
+        if not meta.partition_by:  # as in Spark: dynamic on an unpartitioned table is static
+            return ReadSet(base, tuple(e.path for e in snapshot))
+        return partitions_read_set(base, snapshot, files, table_schema(meta), meta.partition_by)
+    probe = ReadSet(base, (), plan.conditions)
+    return ReadSet(base, tuple(e.path for e in snapshot if probe.may_match(e)), plan.conditions)
 
 
 def _session_overwrite_mode() -> str | None:

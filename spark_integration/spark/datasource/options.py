@@ -26,7 +26,7 @@ _COMMON = {"path", "gateway"}
 _READ = {"versionasof", "timestampasof"}
 _WRITE = {"warehouse", "txnappid", "txnversion", "createifmissing", "partitioncolumns"}
 #: A batch write's only: Spark's DataFrameWriter option, checked against overwrites.
-_BATCH_WRITE = {*_WRITE, "partitionoverwritemode"}
+_BATCH_WRITE = {*_WRITE, "partitionoverwritemode", "replacewhere"}
 #: Spark passes a streaming query's checkpoint to its sink; it also names the query.
 _STREAM_WRITE = {*_WRITE, "checkpointlocation", "queryname"}
 _STREAM_READ = {"startingversion", "maxfilespertrigger", "skipchangecommits"}
@@ -45,6 +45,7 @@ _SPELLING = {
     "createifmissing": "createIfMissing",
     "partitioncolumns": "partitionColumns",
     "partitionoverwritemode": "partitionOverwriteMode",
+    "replacewhere": "replaceWhere",
     "checkpointlocation": "checkpointLocation",
     "queryname": "queryName",
     "startingversion": "startingVersion",
@@ -76,6 +77,8 @@ class WriteOptions:
     #: ``partitionOverwriteMode`` (``static`` or ``dynamic``); ``None`` when absent: the
     #: session's ``spark.sql.sources.partitionOverwriteMode`` applies.
     partition_overwrite_mode: str | None = None
+    #: ``replaceWhere``: an overwrite replaces only the rows this predicate matches.
+    replace_where: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,7 @@ def _check_known(options: Mapping[str, str], allowed: set[str], what: str) -> No
         "timestampasof": "reads",
         "txnversion": "batch writes",
         "partitionoverwritemode": "batch writes",
+        "replacewhere": "batch writes",
         **dict.fromkeys(_WRITE - {"txnversion"}, "writes"),
         **dict.fromkeys(_STREAM_READ, "streaming reads"),
     }
@@ -261,17 +265,6 @@ def _partition_overwrite_mode(options: Mapping[str, str]) -> str | None:
     return mode
 
 
-def dynamic_overwrite_refused(where: str) -> ValueError:
-    """The error for an overwrite asked to be dynamic; ``where`` names who asked."""
-    return ValueError(
-        f"percolake: dynamic partition overwrite is not supported yet ({where}): it would "
-        "replace only the partitions this DataFrame writes, and the percolake data source "
-        "can only replace the whole table. Nothing was written or committed. To replace "
-        "the whole table say so with option partitionOverwriteMode=static; to add rows use "
-        'mode("append")'
-    )
-
-
 def write_options(options: Mapping[str, str]) -> WriteOptions:
     opts = _lower(options)
     _check_known(opts, _COMMON | _BATCH_WRITE, "write")
@@ -282,6 +275,13 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
             "percolake: options txnAppId and txnVersion go together: give both (an "
             "idempotent write) or neither"
         )
+    mode, replace_where = _partition_overwrite_mode(opts), opts.get("replacewhere")
+    if replace_where is not None and not replace_where.strip():
+        raise ValueError("percolake: option replaceWhere is empty")
+    if replace_where is not None and mode == "dynamic":
+        raise ValueError(
+            "percolake: give option replaceWhere or partitionOverwriteMode=dynamic, not both"
+        )
     return WriteOptions(
         table,
         gateway,
@@ -290,7 +290,8 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
         batch_id,
         _create(opts, warehouse),
         _partition_by(opts),
-        _partition_overwrite_mode(opts),
+        mode,
+        replace_where,
     )
 
 

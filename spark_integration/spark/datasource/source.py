@@ -22,8 +22,11 @@ plain values; each driver-side step opens its own connection to the gateway.
   sent for the job (a commit whose outcome is unknown may have named its files:
   those stay, for ``vacuum`` to remove if no version names them). Partition values are
   written as Spark writes them (NULL and ``''`` both the default partition). An
-  overwrite replaces the whole table; one asked to be dynamic (the session's
-  ``spark.sql.sources.partitionOverwriteMode`` or the write option) is refused.
+  overwrite replaces the whole table, unless option ``replaceWhere`` (conditions on
+  partition columns) or dynamic partition overwrite (the write option
+  ``partitionOverwriteMode``, else the session's ``spark.sql.sources.
+  partitionOverwriteMode``, which only the tasks can read) say to replace part of it:
+  then the commit is a ``REPLACE WHERE`` with a read set (``spark.replace``).
 - **Reads.** The version is pinned when the DataFrame is defined (``load``): the
   latest, ``versionAsOf``, or the latest committed at or before ``timestampAsOf``.
   Planning lists that version's files once and spreads them over tasks.
@@ -75,6 +78,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader
 from pyspark.sql.types import StructType
 
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, TableMeta
+from spark_integration.engine.read_set import Condition
 from spark_integration.spark import filesystem
 from spark_integration.spark.datasource.batch_read import (
     PercolakePushdownReader,
@@ -83,11 +87,15 @@ from spark_integration.spark.datasource.batch_read import (
     planning_with_pushdown,
     resolve_version,
 )
-from spark_integration.spark.datasource.batch_write import PercolakeBatchWriter, WritePlan
+from spark_integration.spark.datasource.batch_write import (
+    PercolakeBatchWriter,
+    WritePlan,
+    replace_mode,
+    replace_where_conditions,
+)
 from spark_integration.spark.datasource.gateway import open_gateway, table_schema
 from spark_integration.spark.datasource.options import (
     STREAM_READ_OPTIONS,
-    dynamic_overwrite_refused,
     query_id_of_checkpoint,
     read_options,
     stream_read_options,
@@ -152,13 +160,14 @@ class PercolakeDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> PercolakeBatchWriter:
         opts = write_options(self.options)
-        if overwrite and opts.partition_overwrite_mode == "dynamic":
-            # Refused before the table is created or anything is written.
-            raise dynamic_overwrite_refused("option partitionOverwriteMode=dynamic")
+        replace = replace_mode(opts, overwrite)  # refused before anything is created
         with open_gateway(opts.gateway) as catalog:
             meta = prepare_table(catalog, opts, schema)
             prepared = catalog.prepare(opts.table, opts.app_id, opts.batch_id)
         _check_store(opts.table, meta)
+        conditions: tuple[Condition, ...] = ()
+        if opts.replace_where is not None:
+            conditions = replace_where_conditions(opts.replace_where, meta)
         job = new_job(meta.location)
         plan = WritePlan(
             target=write_target(opts, meta),
@@ -171,7 +180,11 @@ class PercolakeDataSource(DataSource):
             batch_id=opts.batch_id,
             replayed_version=prepared.replayed_version,
             # The write option, when given, wins over the session's setting (as in Spark).
-            check_session_overwrite_mode=overwrite and opts.partition_overwrite_mode is None,
+            check_session_overwrite_mode=overwrite
+            and opts.partition_overwrite_mode is None
+            and replace is None,
+            replace=replace,
+            conditions=conditions,
         )
         return PercolakeBatchWriter(plan)
 

@@ -62,6 +62,9 @@ class FilesWritten(WriterCommitMessage):
     #: The task's own job folder (streaming writes) and when it started.
     folder: str | None = None
     started_ms: int | None = None
+    #: The session's ``spark.sql.sources.partitionOverwriteMode`` as the task read it
+    #: (batch overwrites without the write option only).
+    overwrite_mode: str | None = None
 
 
 def files_of(messages: Sequence[WriterCommitMessage | None]) -> list[FileEntry]:

@@ -1,0 +1,549 @@
+"""``MERGE`` into a lakehouse table: a join of a source DataFrame with the target, copy-on-write.
+
+The builder (:class:`MergeBuilder`) collects clauses as delta-spark's and deltalake's
+do; :meth:`MergeBuilder.execute` runs the statement in the steps of ``dml``:
+
+1. **Check**: the merge predicate, every clause's predicate and every expression are
+   analysed by Spark (matched clauses against both sides, insert clauses against the
+   source, ``not matched by source`` clauses against the target), before anything is
+   read or written.
+2. **Prune**: the merge predicate's conjuncts on target columns alone (``target.day =
+   'd1'``) become conditions, as a ``DELETE``'s predicate does; a conjunct equating a
+   target partition column with a source column (``target.day = source.day``) becomes
+   ``day IN (<the source's distinct values>)``, one small Spark job. A target row
+   outside them can join no source row. ``not matched by source`` clauses read the
+   rows their own predicates may match, whatever the join.
+3. **Find** (:func:`_find`): one Spark job joins the candidate files' rows with the
+   source and counts, per file, the rows that joined a source row and the rows each
+   clause changes. A target row joined by several source rows that a matched clause
+   would act on fails the statement, as Delta does (unless the only matched clause
+   is an unconditional delete), committing nothing.
+4. **Rewrite and commit** (``dml.commit_rewrite``): the files holding changed rows are
+   rewritten, and the inserted rows written, in one Spark job, as one new version.
+   Its read set: the version read, the rewritten files, the files holding rows that
+   joined a source row (an insert depends on their rows not matching: they must still
+   be live), and the conditions of step 2, widened over the matched rows and the
+   ``not matched by source`` ones (``read_set.widen``).
+
+Clauses apply in order, the first whose predicate holds wins, as in Delta.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from spark_integration.engine.model import MERGE, DmlResult, FileEntry, TableMeta
+from spark_integration.engine.read_set import IN, Condition, ReadSet, widen
+from spark_integration.spark import dml
+from spark_integration.spark.reads import read_version
+from spark_integration.spark.schema import quote
+
+if TYPE_CHECKING:
+    from spark_integration.engine.catalog import Catalog
+    from spark_integration.service.client import RemoteCatalog
+
+log = logging.getLogger(__name__)
+
+UPDATE, DELETE, INSERT, DELETE_BY_SOURCE = "update", "delete", "insert", "delete_by_source"
+#: Columns the statement adds to the rows it joins; never table columns (``_lh_``).
+_FILE, _ROW, _SRC, _ACTION = "_lh_dml_file", "_lh_dml_row", "_lh_merge_src", "_lh_merge_action"
+_JOINED, _N = "_lh_merge_joined", "_lh_merge_n"
+#: At most this many distinct source values prune the target's partitions; more
+#: would make a long condition for little gain, so the partitions are not pruned.
+MAX_PARTITION_VALUES = 1000
+_ALIAS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class Clause:
+    """One ``WHEN`` clause: ``updates`` maps target columns to SQL expressions
+    (``None``: every column from the source column of the same name)."""
+
+    kind: str  # UPDATE, DELETE, INSERT or DELETE_BY_SOURCE
+    predicate: str | None
+    updates: Mapping[str, str] | None = None
+
+
+@dataclass(slots=True)
+class MergeBuilder:
+    """``lh.merge(...)``: add clauses, then :meth:`execute`. Each ``when_*`` returns the builder."""
+
+    catalog: Catalog | RemoteCatalog
+    table: str
+    source: DataFrame
+    predicate: str
+    source_alias: str
+    target_alias: str
+    spark: SparkSession | None
+    clauses: list[Clause] = field(default_factory=list)
+
+    def _add(self, clause: Clause) -> MergeBuilder:
+        if clause.predicate is not None and not isinstance(clause.predicate, str):
+            raise TypeError(f"a {clause.kind} clause's predicate must be a SQL string or None")
+        self.clauses.append(clause)
+        return self
+
+    def when_matched_update(
+        self, updates: Mapping[str, str], predicate: str | None = None
+    ) -> MergeBuilder:
+        """Set ``updates`` (target column: expression over both sides) on matched rows."""
+        return self._add(Clause(UPDATE, predicate, _updates(updates, "when_matched_update")))
+
+    def when_matched_update_all(self, predicate: str | None = None) -> MergeBuilder:
+        """Set every target column to the source column of the same name on matched rows."""
+        return self._add(Clause(UPDATE, predicate, None))
+
+    def when_matched_delete(self, predicate: str | None = None) -> MergeBuilder:
+        return self._add(Clause(DELETE, predicate))
+
+    def when_not_matched_insert(
+        self, updates: Mapping[str, str], predicate: str | None = None
+    ) -> MergeBuilder:
+        """Insert a row from a source row no target row matched (unnamed columns: NULL)."""
+        return self._add(Clause(INSERT, predicate, _updates(updates, "when_not_matched_insert")))
+
+    def when_not_matched_insert_all(self, predicate: str | None = None) -> MergeBuilder:
+        return self._add(Clause(INSERT, predicate, None))
+
+    def when_not_matched_by_source_delete(self, predicate: str | None = None) -> MergeBuilder:
+        """Delete target rows no source row matched (``predicate`` over the target)."""
+        return self._add(Clause(DELETE_BY_SOURCE, predicate))
+
+    def execute(self) -> DmlResult:
+        """Run the statement; see the module docstring."""
+        return _execute(self)
+
+
+def _updates(updates: object, where: str) -> Mapping[str, str]:
+    if not isinstance(updates, Mapping) or not updates:
+        raise TypeError(f"{where}: updates must be a non-empty dict of column -> SQL expression")
+    return dict(updates)
+
+
+def merge(
+    catalog: Catalog | RemoteCatalog,
+    name: str,
+    source: DataFrame,
+    predicate: str,
+    source_alias: str,
+    target_alias: str,
+    spark: SparkSession | None,
+) -> MergeBuilder:
+    """The builder of ``MERGE INTO name USING source ON predicate``; arguments checked here."""
+    if not isinstance(source, DataFrame):
+        raise TypeError(f"merge source must be a pyspark DataFrame, got {type(source).__name__}")
+    if source.isStreaming:
+        raise TypeError("merge source must not be streaming; merge each batch in foreachBatch")
+    if not isinstance(predicate, str) or not predicate.strip():
+        raise ValueError("merge needs a predicate (a Spark SQL string joining source and target)")
+    for label, alias in (("source_alias", source_alias), ("target_alias", target_alias)):
+        if not isinstance(alias, str) or not _ALIAS.fullmatch(alias):
+            raise ValueError(f"{label} must be a plain SQL identifier, got {alias!r}")
+    if source_alias.lower() == target_alias.lower():
+        raise ValueError(f"source_alias and target_alias must differ, both are {source_alias!r}")
+    return MergeBuilder(catalog, name, source, predicate, source_alias, target_alias, spark)
+
+
+# --- step 1: check ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A checked statement: clauses with their updates resolved to table columns."""
+
+    what: str
+    schema: StructType
+    meta: TableMeta
+    version: int
+    predicate: str
+    clauses: tuple[Clause, ...]
+    t: str  # target alias
+    s: str  # source alias
+
+    def of(self, *kinds: str) -> list[tuple[int, Clause]]:
+        return [(i, c) for i, c in enumerate(self.clauses) if c.kind in kinds]
+
+
+def _check(m: MergeBuilder, session: SparkSession) -> _Plan:
+    prepared = m.catalog.prepare(m.table)
+    meta, version = prepared.meta, prepared.head.version
+    schema = StructType.fromJson(json.loads(meta.schema_json))
+    what = f"merge into table {m.table!r}"
+    if not m.clauses:
+        raise ValueError(f"{what}: add at least one when_* clause before execute()")
+    t = session.createDataFrame([], schema).alias(m.target_alias)
+    s = session.createDataFrame([], m.source.schema).alias(m.source_alias)
+    both = t.crossJoin(s)
+    _analyse(both.filter(m.predicate), what, f"invalid merge predicate {m.predicate!r}")
+    clauses: list[Clause] = []
+    for clause in m.clauses:
+        side = {UPDATE: both, DELETE: both, INSERT: s, DELETE_BY_SOURCE: t}[clause.kind]
+        if clause.predicate is not None:
+            _analyse(side.filter(clause.predicate), what, f"invalid {clause.kind} clause predicate")
+        updates = _resolve(schema, m.source.schema, clause, m.source_alias, what)
+        if updates:
+            exprs = [dml.cast_to_column(schema, c, e) for c, e in updates.items()]
+            _analyse(side.selectExpr(*exprs), what, f"invalid {clause.kind} clause expression")
+        clauses.append(Clause(clause.kind, clause.predicate, updates))
+    return _Plan(
+        what, schema, meta, version, m.predicate, tuple(clauses), m.target_alias, m.source_alias
+    )
+
+
+def _analyse(df: DataFrame, what: str, problem: str) -> None:
+    try:
+        dml.analysed(df)
+    except Exception as exc:  # pyspark's analysis and parse errors have no common base
+        raise ValueError(f"{what}: {problem}: {dml.spark_error(exc)}") from exc
+
+
+def _resolve(
+    schema: StructType, source: StructType, clause: Clause, s: str, what: str
+) -> dict[str, str]:
+    """A clause's updates by the table's own column names (``*_all``: from the source)."""
+    if clause.kind in (DELETE, DELETE_BY_SOURCE):
+        return {}
+    if clause.updates is None:
+        have = {f.name.lower(): f.name for f in source.fields}
+        missing = [c for c in schema.fieldNames() if c.lower() not in have]
+        if missing:
+            raise ValueError(
+                f"{what}: {clause.kind}_all needs every table column in the source; "
+                f"it has no {missing}"
+            )
+        return {c: f"{s}.{quote(have[c.lower()])}" for c in schema.fieldNames()}
+    by_lower = {f.name.lower(): f.name for f in schema.fields}
+    out: dict[str, str] = {}
+    for column, expression in clause.updates.items():
+        name = column.rsplit(".", 1)[-1].strip("`") if isinstance(column, str) else None
+        found = by_lower.get(name.lower()) if name else None
+        if found is None:
+            raise ValueError(
+                f"{what}: no column {column!r} to set; the table has {schema.fieldNames()}"
+            )
+        if not isinstance(expression, str) or not expression.strip():
+            raise ValueError(f"{what}: the expression for {found!r} must be a SQL string")
+        if found in out:
+            raise ValueError(f"{what}: column {found!r} is set twice in one clause")
+        out[found] = expression
+    return out
+
+
+# --- step 2: which target rows the statement reads ------------------------------------
+
+
+def target_conditions(
+    predicate: str | None, schema: StructType, alias: str, source_columns: Sequence[str]
+) -> list[Condition]:
+    """Conditions from the conjuncts of ``predicate`` on target columns alone.
+
+    A column counts as the target's when qualified with ``alias`` or, unqualified,
+    when the source has no column of that name (else Spark would call it ambiguous).
+    """
+    conjuncts = dml.conjuncts_of(predicate)
+    if conjuncts is None:
+        return []
+    kinds = dml.column_kinds(schema)
+    unqualified = {k: v for k, v in kinds.items() if k not in {c.lower() for c in source_columns}}
+    prefix = re.compile(rf"^\s*`?{re.escape(alias)}`?\s*\.\s*", re.IGNORECASE)
+    out: list[Condition] = []
+    for text in conjuncts:
+        stripped = prefix.sub("", text, count=1)
+        condition = dml.condition_of(stripped, kinds if stripped != text else unqualified)
+        if condition is not None:
+            out.append(condition)
+    return out
+
+
+def partition_pairs(
+    predicate: str, partition_by: Sequence[str], t: str, s: str, source_columns: Sequence[str]
+) -> dict[str, str]:
+    """Target partition column -> source column, for each conjunct ``t.p = s.c``."""
+    conjuncts = dml.conjuncts_of(predicate) or []
+    ident = r"`?([A-Za-z_][A-Za-z0-9_]*)`?"
+    pattern = re.compile(rf"{ident}\s*\.\s*{ident}\s*==?\s*{ident}\s*\.\s*{ident}")
+    partitions = {c.lower(): c for c in partition_by}
+    sources = {c.lower(): c for c in source_columns}
+    out: dict[str, str] = {}
+    for text in conjuncts:
+        match = pattern.fullmatch(text.strip())
+        if match is None:
+            continue
+        a1, c1, a2, c2 = match.groups()
+        for (ta, tc), (sa, sc) in (((a1, c1), (a2, c2)), ((a2, c2), (a1, c1))):
+            sides = ta.lower() == t.lower() and sa.lower() == s.lower()
+            if sides and tc.lower() in partitions and sc.lower() in sources:
+                out[partitions[tc.lower()]] = sources[sc.lower()]
+    return out
+
+
+def partition_literal(value: object, kind: str | None) -> int | str | bool | None:
+    """A source value as a condition literal of the partition column's kind, if it is one."""
+    if kind == "str" and isinstance(value, str):
+        return value
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind == "bool" and isinstance(value, bool):
+        return value
+    if (
+        kind == "date"
+        and isinstance(value, datetime.date)
+        and not isinstance(value, datetime.datetime)
+    ):
+        return value.isoformat()
+    return None
+
+
+def _source_partitions(plan: _Plan, source: DataFrame) -> list[Condition] | None:
+    """``p IN (values)`` for each partition column the predicate equates with a source
+    column; ``None`` when the source has no non-null value there (no row can match)."""
+    pairs = partition_pairs(
+        plan.predicate, plan.meta.partition_by, plan.t, plan.s, source.schema.fieldNames()
+    )
+    if not pairs:
+        return []
+    kinds = dml.column_kinds(plan.schema)
+    columns = list(dict.fromkeys(pairs.values()))
+    rows = source.select(*[quote(c) for c in columns]).distinct().limit(MAX_PARTITION_VALUES + 1)
+    found = rows.collect()
+    if len(found) > MAX_PARTITION_VALUES:
+        return []
+    out: list[Condition] = []
+    for target, column in pairs.items():
+        kind = kinds[target.lower()][1]
+        values = {row[column] for row in found} - {None}
+        if not values:
+            return None
+        literals = [lit for v in values if (lit := partition_literal(v, kind)) is not None]
+        if kind is None or len(literals) != len(values):
+            continue  # Spark would cast: the values are not the column's own kind
+        out.append(Condition(target, IN, kind, tuple(sorted(literals, key=repr))))
+    return out
+
+
+def _alternatives(plan: _Plan, source: DataFrame) -> list[tuple[Condition, ...]]:
+    """The kinds of target rows the statement reads, each as a conjunction."""
+    out: list[tuple[Condition, ...]] = []
+    partitions = _source_partitions(plan, source)
+    if partitions is not None:
+        sides = source.schema.fieldNames()
+        matched = target_conditions(plan.predicate, plan.schema, plan.t, sides)
+        out.append(tuple(matched + partitions))
+    for _, clause in plan.of(DELETE_BY_SOURCE):
+        out.append(tuple(target_conditions(clause.predicate, plan.schema, plan.t, ())))
+    return out
+
+
+# --- steps 3 and 4: find the rows each clause changes, rewrite -------------------------
+
+
+def _action(plan: _Plan) -> str:
+    """SQL: the index of the clause that acts on a joined row, NULL for none."""
+
+    def first(clauses: list[tuple[int, Clause]]) -> str:
+        if not clauses:
+            return "CAST(NULL AS INT)"
+        whens = " ".join(f"WHEN {dml.matching(c.predicate)} THEN {i}" for i, c in clauses)
+        return f"CASE {whens} ELSE NULL END"
+
+    matched = first(plan.of(UPDATE, DELETE))
+    by_source = first(plan.of(DELETE_BY_SOURCE))
+    return f"CASE WHEN {_SRC} IS NULL THEN {by_source} ELSE {matched} END"
+
+
+def _joined(
+    plan: _Plan, session: SparkSession, source: DataFrame, files: Sequence[FileEntry], how: str
+) -> DataFrame:
+    meta = plan.meta
+    target = read_version(session, plan.schema, meta.partition_by, meta.location, files)
+    tagged = target.selectExpr(
+        "*", f"input_file_name() AS {_FILE}", f"monotonically_increasing_id() AS {_ROW}"
+    ).alias(plan.t)
+    marked = source.selectExpr("*", f"true AS {_SRC}").alias(plan.s)
+    return tagged.join(marked, F.expr(plan.predicate), how).withColumn(
+        _ACTION, F.expr(_action(plan))
+    )
+
+
+@dataclass(slots=True)
+class _Counts:
+    """Per file: rows that joined a source row, rows each clause kind changes."""
+
+    joined: int = 0
+    changed: dict[str, int] = field(default_factory=dict)
+
+
+def _find(
+    plan: _Plan, session: SparkSession, source: DataFrame, files: Sequence[FileEntry]
+) -> tuple[dict[str, _Counts], int]:
+    """Each candidate file's counts, and the most source rows joined to one target row."""
+    how = "left" if plan.of(DELETE_BY_SOURCE) else "inner"
+    per_row = (
+        _joined(plan, session, source, files, how)
+        .groupBy(_FILE, _ROW)
+        .agg(
+            F.count(_SRC).alias(_N),
+            F.min(_ACTION).alias(_ACTION),
+            F.count(_ACTION).alias("_lh_merge_acting"),
+        )
+    )
+    per_file = per_row.groupBy(_FILE, _ACTION).agg(
+        F.count("*").alias("rows"),
+        F.sum(F.expr(f"CAST({_N} > 0 AS INT)")).alias(_JOINED),
+        F.max(_N).alias(_N),
+        F.max("_lh_merge_acting").alias("acting"),
+    )
+    by_path = {e.path: e for e in files}
+    counts: dict[str, _Counts] = {}
+    most, acting = 0, 0
+    for row in per_file.collect():
+        path = dml.relative_path(row[_FILE], by_path)
+        c = counts.setdefault(path, _Counts())
+        c.joined += int(row[_JOINED] or 0)
+        most = max(most, int(row[_N] or 0))
+        acting = max(acting, int(row["acting"] or 0))
+        if row[_ACTION] is not None:
+            kind = plan.clauses[int(row[_ACTION])].kind
+            c.changed[kind] = c.changed.get(kind, 0) + int(row["rows"])
+    matched = plan.of(UPDATE, DELETE)
+    unconditional_delete = (
+        len(matched) == 1 and matched[0][1].kind == DELETE and matched[0][1].predicate is None
+    )
+    if acting > 1 and not unconditional_delete:
+        raise ValueError(
+            f"{plan.what}: a target row matched {acting} source rows and a matched clause "
+            "would change it for each; as in Delta, a target row may be changed by one "
+            "source row only. Nothing was committed. Deduplicate the source on the merge "
+            f"keys ({plan.predicate!r}) first. " + _duplicate(plan, session, source, files)
+        )
+    return counts, most
+
+
+def _duplicate(
+    plan: _Plan, session: SparkSession, source: DataFrame, files: Sequence[FileEntry]
+) -> str:
+    """One target row several source rows would change, to name in the error."""
+    joined = _joined(plan, session, source, files, "inner").filter(f"{_ACTION} IS NOT NULL")
+    columns = [f"{plan.t}.{quote(c)}" for c in plan.schema.fieldNames()]
+    rows = joined.groupBy(*columns).count().filter("count > 1").limit(1).collect()
+    if not rows:
+        return ""
+    values = {c: rows[0][i] for i, c in enumerate(plan.schema.fieldNames())}
+    return f"The target row {values} matched {rows[0]['count']} source rows."
+
+
+def _rewrite(
+    plan: _Plan,
+    session: SparkSession,
+    source: DataFrame,
+    touched: Sequence[FileEntry],
+    dedupe: bool,
+) -> DataFrame:
+    """The rows that replace ``touched``: each changed by the first clause that acts."""
+    rows = _joined(plan, session, source, touched, "left")
+    if dedupe:
+        # Several source rows joined one target row; at most one of them is acted on
+        # (or each deletes it): that copy, else any (they are the same row), is kept.
+        first = f"row_number() OVER (PARTITION BY {_FILE}, {_ROW} ORDER BY {_ACTION} NULLS LAST)"
+        rows = rows.withColumn("_lh_merge_rank", F.expr(first)).filter("_lh_merge_rank = 1")
+    kinds = {i: c.kind for i, c in enumerate(plan.clauses)}
+    dropped = [str(i) for i, kind in kinds.items() if kind in (DELETE, DELETE_BY_SOURCE)]
+    if dropped:
+        rows = rows.filter(f"{_ACTION} IS NULL OR {_ACTION} NOT IN ({', '.join(dropped)})")
+    columns = []
+    for name in plan.schema.fieldNames():
+        kind = plan.schema[name].dataType.simpleString()
+        whens = " ".join(
+            f"WHEN {i} THEN CAST(({c.updates[name]}) AS {kind})"
+            for i, c in plan.of(UPDATE)
+            if c.updates and name in c.updates
+        )
+        target = f"{plan.t}.{quote(name)}"
+        value = f"CASE {_ACTION} {whens} ELSE {target} END" if whens else target
+        columns.append(f"{value} AS {quote(name)}")
+    return rows.selectExpr(*columns)
+
+
+def _inserts(
+    plan: _Plan, session: SparkSession, source: DataFrame, joined_files: Sequence[FileEntry]
+) -> DataFrame:
+    """The rows the insert clauses add: from source rows no target row joins."""
+    meta = plan.meta
+    unmatched = source.alias(plan.s)
+    if joined_files:
+        target = read_version(session, plan.schema, meta.partition_by, meta.location, joined_files)
+        unmatched = unmatched.join(target.alias(plan.t), F.expr(plan.predicate), "left_anti")
+        unmatched = unmatched.alias(plan.s)
+    inserts = plan.of(INSERT)
+    whens = " ".join(f"WHEN {dml.matching(c.predicate)} THEN {i}" for i, c in inserts)
+    chosen = unmatched.withColumn(_ACTION, F.expr(f"CASE {whens} ELSE NULL END"))
+    chosen = chosen.alias(plan.s).filter(f"{_ACTION} IS NOT NULL")
+    columns = []
+    for name in plan.schema.fieldNames():
+        kind = plan.schema[name].dataType.simpleString()
+        whens = " ".join(
+            f"WHEN {i} THEN CAST(({c.updates[name]}) AS {kind})"
+            for i, c in inserts
+            if c.updates and name in c.updates
+        )
+        value = f"CASE {_ACTION} {whens} ELSE NULL END" if whens else "NULL"
+        columns.append(f"CAST({value} AS {kind}) AS {quote(name)}")
+    return chosen.selectExpr(*columns)
+
+
+def _execute(m: MergeBuilder) -> DmlResult:
+    session = dml.session_of(m.spark)
+    plan = _check(m, session)
+    _, _, entries = m.catalog.files(m.table, plan.version, FileEntry)
+    alternatives = _alternatives(plan, m.source)
+    candidates = [
+        e for e in entries if any(ReadSet(0, (), alt).may_match(e) for alt in alternatives)
+    ]
+    counts, most = _find(plan, session, m.source, candidates) if candidates else ({}, 0)
+    touched = [e for e in candidates if counts.get(e.path, _Counts()).changed]
+    kept = [e for e in candidates if e not in touched and counts.get(e.path, _Counts()).joined]
+    changed = {UPDATE: 0, DELETE: 0, DELETE_BY_SOURCE: 0}
+    for c in counts.values():
+        for kind, n in c.changed.items():
+            changed[kind] += n
+    log.info(
+        "%s: %d of %d files may hold rows it reads, %d hold rows it changes (version %d)",
+        plan.what,
+        len(candidates),
+        len(entries),
+        len(touched),
+        plan.version,
+    )
+    parts: list[DataFrame] = []
+    if touched:
+        parts.append(_rewrite(plan, session, m.source, touched, most > 1))
+    if plan.of(INSERT):
+        parts.append(_inserts(plan, session, m.source, [*touched, *kept]))
+    rows = parts[0].unionByName(parts[1]) if len(parts) == 2 else (parts[0] if parts else None)
+    read_set = ReadSet(
+        plan.version,
+        tuple(e.path for e in touched),
+        widen(alternatives),
+        tuple(e.path for e in kept),
+    )
+    version, written = dml.commit_rewrite(m.catalog, MERGE, plan.meta, plan.schema, rows, read_set)
+    deleted = changed[DELETE] + changed[DELETE_BY_SOURCE]
+    carried = sum(e.record_count for e in touched) - deleted
+    return DmlResult(
+        version,
+        rows_inserted=sum(e.record_count for e in written) - carried if written else 0,
+        rows_updated=changed[UPDATE],
+        rows_deleted=deleted,
+        files_added=len(written),
+        files_removed=len(touched),
+    )
