@@ -17,6 +17,21 @@ Scans: one logical table of 1,000,000 cells (50,000 with ``--quick``) listed in 
 order through ``KVStore.scan`` (a k-way merge over the table's shards), against a
 plain token-order ``SELECT`` of the same rows from the raw table.
 
+Sweeping (issue 27), in keyspaces of their own on the same node:
+
+* ``cassandra.scan.after_dead_cellsN.vs_live_only.ratio``: a full scan of a table whose
+  2 live cells sit among N = 100,000 cleaned cells (10,000 with ``--quick``; each
+  written once and removed with ``delete_versions``, as the cleaner does), after
+  ``prune_cells`` (what a garbage-collection pass runs), over the same scan of a fresh
+  table holding the 2 live cells only; goal <= 2. The scan before the prune and the
+  prune itself are timed too.
+* ``cassandra.gc.cell_versions25000.*``: one cell of 25,000 committed versions
+  (25,000 writers, each with its transactions-table entry), one
+  ``GarbageCollector.run_once`` at retention 0 over it: the pass's seconds; and the
+  deletes alone, 24,999 versions of a cell of its own each way: ``delete_versions``
+  (one row tombstone a version, the way passes deleted before) against
+  ``delete_version_ranges`` (one range tombstone).
+
 Reads after a million cleaned versions and on a cell of 100,000 versions:
 :mod:`bench.bench_cassandra_history` (``cassandra.tombstones.*``,
 ``cassandra.long_history.*``), run on the same node.
@@ -350,6 +365,188 @@ def scan_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list
     return figures
 
 
+LIVE_AMONG_DEAD = 2
+SWEEP_ANCHOR = "the same scan of a fresh table holding only the live cells, same node, same run"
+
+
+def _keyspace_url(url: str, keyspace: str) -> str:
+    base, _, query = url.partition("?")
+    return base.rsplit("/", 1)[0] + "/" + keyspace + (f"?{query}" if query else "")
+
+
+def _scan_ms(store: Any, expected: int) -> float:
+    started = time.perf_counter()
+    got = sum(1 for _ in store.scan("t", b"", None, MAX_TIMESTAMP, page_size=1000))
+    if got != expected:
+        raise AssertionError(f"scan returned {got} cells, expected {expected}")
+    return (time.perf_counter() - started) * 1000
+
+
+def dead_cells_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Figure]:
+    """Scans among cleaned cells after the prune, against a table of the live ones only."""
+    dead = 10_000 if quick else 100_000
+    runs = 5 if quick else 9
+    prefix = f"cassandra.scan.after_dead_cells{dead}"
+    pruned = open_store(_keyspace_url(url, f"bench_dead_{dead}"))
+    fresh = open_store(_keyspace_url(url, f"bench_live_{dead}"))
+    try:
+        live = [(f"k{i * (dead // LIVE_AMONG_DEAD):09d}".encode(), b"c") for i in range(2)]
+        for store in (pruned, fresh):
+            store.put_versions("t", [VersionWrite(r, c, 1, VALUE) for r, c in live])
+        progress(f"{prefix}: writing and cleaning")
+        chunk = 20_000
+        for first in range(0, dead, chunk):
+            doomed = [
+                (f"k{i:09d}x".encode(), b"c", 10) for i in range(first, min(dead, first + chunk))
+            ]
+            pruned.put_versions("t", [VersionWrite(r, c, ts, VALUE) for r, c, ts in doomed])
+            pruned.delete_versions("t", doomed)
+        before = _scan_ms(pruned, LIVE_AMONG_DEAD)
+        progress(f"{prefix}: prune")
+        started = time.perf_counter()
+        count = pruned.prune_cells("t", 11)
+        prune_s = time.perf_counter() - started
+        if count != dead:
+            raise AssertionError(f"pruned {count} cells, expected {dead}")
+        progress(f"{prefix}: scans")
+        after: list[float] = []
+        only: list[float] = []
+        for _ in range(runs):  # paired, alternating
+            after.append(_scan_ms(pruned, LIVE_AMONG_DEAD))
+            only.append(_scan_ms(fresh, LIVE_AMONG_DEAD))
+        what = f"full scans of {LIVE_AMONG_DEAD} live cells among {dead:,} cleaned ones"
+        return [
+            summarize(
+                f"{prefix}.vs_live_only.ratio",
+                "ratio",
+                SWEEP_ANCHOR,
+                [a / b for a, b in zip(after, only, strict=True)],
+                note=f"{what} after prune_cells / the same scan of a fresh table, paired "
+                "runs; goal <= 2 (issue 27: 31-50 s on 3 nodes before the prune existed)",
+            ),
+            summarize(f"{prefix}.after_prune.ms", "ms", SWEEP_ANCHOR, after, note=what),
+            summarize(f"{prefix}.live_only.ms", "ms", "none: the reference", only),
+            Figure(
+                f"{prefix}.before_prune.ms",
+                round(before, 1),
+                "ms",
+                1,
+                0.0,
+                f"{prefix}.after_prune.ms",
+                note=f"{what}, every cleaned cell still in the index (before issue 27)",
+            ),
+            Figure(
+                f"{prefix}.prune.seconds",
+                round(prune_s, 2),
+                "s",
+                1,
+                0.0,
+                "none: the prune's own wall time",
+                note=f"prune_cells over {dead:,} dead cells among {LIVE_AMONG_DEAD} live "
+                "ones, 32 shards",
+            ),
+        ]
+    finally:
+        pruned.close()
+        fresh.close()
+
+
+class _Oracle:
+    """Timestamps above every version the GC figure writes."""
+
+    def __init__(self, first: int) -> None:
+        self._next = first
+
+    def next_timestamp(self) -> int:
+        self._next += 1
+        return self._next
+
+
+def gc_cell_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Figure]:
+    """One pass over a cell of 25,000 committed versions; the deletes alone both ways."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from txn import GarbageCollector
+    from txn.tables import GC_TABLE, STATE_KEY, TXN_TABLE, GcState, encode_outcome, txn_key
+
+    versions = 2_500 if quick else 25_000
+    prefix = f"cassandra.gc.cell_versions{versions}"
+    store = open_store(_keyspace_url(url, f"bench_gc_cell_{versions}"))
+    try:
+        progress(f"{prefix}: writing {versions:,} versions and their entries")
+        starts = [2 * i + 2 for i in range(versions)]
+        for name in (b"pass", b"rows", b"ranges"):
+            for first in range(0, versions, 5_000):
+                store.put_versions(
+                    "t",
+                    [VersionWrite(name, b"c", ts, VALUE) for ts in starts[first : first + 5_000]],
+                )
+
+        def commit(ts: int) -> None:
+            store.put_unless_exists(TXN_TABLE, txn_key(ts), encode_outcome(ts + 1))
+
+        with ThreadPoolExecutor(32) as pool:
+            list(pool.map(commit, starts))
+        store.put_unless_exists(GC_TABLE, STATE_KEY, GcState(grace_ms=0).encode())
+        progress(f"{prefix}: deletes alone, both ways")
+        doomed = [(b"rows", b"c", ts) for ts in starts[:-1]]
+        started = time.perf_counter()
+        store.delete_versions("t", doomed)
+        rows_s = time.perf_counter() - started
+        started = time.perf_counter()
+        store.delete_version_ranges("t", [(b"ranges", b"c", starts[0], starts[-2])])
+        ranges_s = time.perf_counter() - started
+        progress(f"{prefix}: one pass")
+        collector = GarbageCollector(
+            store, timestamps=_Oracle(2 * versions + 10), retention_s=0, grace_ms=0
+        )
+        report = collector.run_once()
+        if report.versions_deleted < versions - 1:
+            raise AssertionError(f"the pass deleted too little: {report.summary()}")
+        what = f"one cell of {versions:,} committed versions, one Cassandra node"
+        return [
+            Figure(
+                f"{prefix}.pass.seconds",
+                round(report.seconds, 2),
+                "s",
+                1,
+                0.0,
+                "issue 27: 549 s for a pass over a cell of 25,000 versions (one node, "
+                "one delete per version, the gc.long_history figure)",
+                note=f"{what}; GarbageCollector.run_once at retention 0, grace 0: "
+                f"{report.summary()} (the pass also swept the two cells below, already "
+                "emptied)",
+            ),
+            Figure(
+                f"{prefix}.delete_versions.seconds",
+                round(rows_s, 2),
+                "s",
+                1,
+                0.0,
+                "none: the per-version way",
+                note=f"delete_versions of {versions - 1:,} versions of one cell: a "
+                "write-time read per 100 and a row tombstone each",
+            ),
+            Figure(
+                f"{prefix}.delete_version_ranges.seconds",
+                round(ranges_s, 3),
+                "s",
+                1,
+                0.0,
+                f"{prefix}.delete_versions.seconds",
+                note=f"delete_version_ranges of the same {versions - 1:,} versions of "
+                "another cell: one aggregate read and one range tombstone",
+            ),
+        ]
+    finally:
+        store.close()
+
+
+def sweep_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Figure]:
+    """The figures of issue 27's store side (``--only-sweep`` runs just these)."""
+    return dead_cells_figures(url, quick, progress) + gc_cell_figures(url, quick, progress)
+
+
 def run(
     quick: bool, progress: Callable[[str], None] = lambda _: None, url: str | None = None
 ) -> list[Result]:
@@ -360,6 +557,7 @@ def run(
     with cassandra_url(url) as store_url:
         results = write_figures(store_url, quick, progress, batches)
         results += scan_figures(store_url, quick, progress)
+        results += sweep_figures(store_url, quick, progress)
         # Reads after clean-up and on long histories (issue 18), on the same node.
         results += bench_cassandra_history.run(quick, progress, url=store_url)
     return results
@@ -369,14 +567,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_cassandra", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short runs, 50k-row scan")
     parser.add_argument("--url", help="cassandra:// URL of a running cluster (default: start one)")
+    parser.add_argument(
+        "--only-sweep", action="store_true", help="only the sweeping figures (issue 27)"
+    )
+    parser.add_argument(
+        "--write", action="store_true", help="merge the figures into bench/results/latest.json"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from bench.__main__ import print_result
 
-    for result in run(
-        args.quick, progress=lambda n: print(f"   {n} ...", flush=True), url=args.url
-    ):
+    def progress(step: str) -> None:
+        print(f"   {step} ...", flush=True)
+
+    if args.only_sweep:
+        with cassandra_url(args.url) as store_url:
+            results: list[Result] = list(sweep_figures(store_url, args.quick, progress))
+    else:
+        results = run(args.quick, progress=progress, url=args.url)
+    for result in results:
         print_result(result)
+    if args.write:
+        from bench._results import write_for_command
+
+        print(f"written to {write_for_command(results, quick=args.quick)}")
     return 0
 
 

@@ -77,6 +77,10 @@ log = logging.getLogger(__name__)
 #: Samples of (wall time, timestamp) kept beyond the retention, at most.
 MAX_SAMPLES = 1000
 
+#: Compare-and-deletes of transactions-table entries a pass keeps in flight on a store
+#: that overlaps requests (each one a lightweight transaction of its own partition).
+ENTRY_DELETES_IN_FLIGHT = 16
+
 #: The ``_gc`` row holding the cursor of an unfinished pass. A row of its own, not a
 #: field of ``state``: saving progress does not contend with raising the safe point.
 CURSOR_KEY = b"cursor"
@@ -587,7 +591,9 @@ class GarbageCollector:
             return self._store.delete_system(TXN_TABLE, txn_key(item[0]), item[1]).applied
 
         if self._store.concurrent_requests and len(expected) > 1:
-            with ThreadPoolExecutor(16, thread_name_prefix="percolake-gc") as pool:
+            with ThreadPoolExecutor(
+                ENTRY_DELETES_IN_FLIGHT, thread_name_prefix="percolake-gc"
+            ) as pool:
                 deleted = sum(pool.map(delete, expected))
         else:
             deleted = sum(map(delete, expected))
