@@ -31,10 +31,11 @@ Clauses apply in order, the first whose predicate holds wins, as in Delta.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -184,25 +185,38 @@ def _check(m: MergeBuilder, session: SparkSession) -> _Plan:
     t = session.createDataFrame([], schema).alias(m.target_alias)
     s = session.createDataFrame([], m.source.schema).alias(m.source_alias)
     both = t.crossJoin(s)
-    _analyse(both.filter(m.predicate), what, f"invalid merge predicate {m.predicate!r}")
+    _analyse(
+        functools.partial(both.filter, m.predicate),
+        what,
+        f"invalid merge predicate {m.predicate!r}",
+    )
     clauses: list[Clause] = []
     for clause in m.clauses:
         side = {UPDATE: both, DELETE: both, INSERT: s, DELETE_BY_SOURCE: t}[clause.kind]
         if clause.predicate is not None:
-            _analyse(side.filter(clause.predicate), what, f"invalid {clause.kind} clause predicate")
+            _analyse(
+                functools.partial(side.filter, clause.predicate),
+                what,
+                f"invalid {clause.kind} clause predicate",
+            )
         updates = _resolve(schema, m.source.schema, clause, m.source_alias, what)
         if updates:
             exprs = [dml.cast_to_column(schema, c, e) for c, e in updates.items()]
-            _analyse(side.selectExpr(*exprs), what, f"invalid {clause.kind} clause expression")
+            _analyse(
+                functools.partial(side.selectExpr, *exprs),
+                what,
+                f"invalid {clause.kind} clause expression",
+            )
         clauses.append(Clause(clause.kind, clause.predicate, updates))
     return _Plan(
         what, schema, meta, version, m.predicate, tuple(clauses), m.target_alias, m.source_alias
     )
 
 
-def _analyse(df: DataFrame, what: str, problem: str) -> None:
+def _analyse(build: Callable[[], DataFrame], what: str, problem: str) -> None:
+    """Spark's analysis of the DataFrame ``build`` makes (classic analyses eagerly)."""
     try:
-        dml.analysed(df)
+        dml.analysed(build())
     except Exception as exc:  # pyspark's analysis and parse errors have no common base
         raise ValueError(f"{what}: {problem}: {dml.spark_error(exc)}") from exc
 
