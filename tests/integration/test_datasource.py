@@ -617,31 +617,49 @@ def session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
 
 
 @local_only
-def test_dynamic_partition_overwrite_is_refused_and_commits_nothing(
+def test_dynamic_partition_overwrite_and_replace_where_replace_only_their_partitions(
     ds: SparkSession, env: Env
 ) -> None:
-    """Issue 30 item 7. Fails before the fix: with the session's
-    ``spark.sql.sources.partitionOverwriteMode=dynamic`` an overwrite of the rows of
-    ``day=d1`` silently replaced the whole table (``d0`` and ``d2`` were gone), the
-    opposite of what dynamic overwrite means; the write option was refused as unknown.
-    Both ways of asking are now refused by name, before anything is committed, and an
-    explicit ``partitionOverwriteMode=static`` still replaces the table."""
+    """Issue 30 item 7, then issue 26. Fails on both earlier behaviours: with the
+    session's ``spark.sql.sources.partitionOverwriteMode=dynamic`` an overwrite of the
+    rows of ``day=d1`` silently replaced the whole table (``d0`` and ``d2`` were gone),
+    and later it was refused. Now the session setting and the write option replace only
+    the partitions written, option ``replaceWhere`` only the partitions it names (a row
+    outside it fails the job, committing nothing), and an explicit
+    ``partitionOverwriteMode=static`` still replaces the table."""
     table = env.table(partition_by=("day",))
     env.writer(rows(ds, range(6))).save(table)  # type: ignore[attr-defined]
-    only_d1 = rows(ds, [100, 101]).where("day = 'd1'")
+    only_d1 = rows(ds, [100, 101]).where("day = 'd1'")  # 100
     with session_conf(ds, OVERWRITE_MODE_CONF, "DYNAMIC"):
-        with pytest.raises(Exception, match=f"{OVERWRITE_MODE_CONF}=dynamic"):
-            env.writer(only_d1, "overwrite").save(table)  # type: ignore[attr-defined]
+        env.writer(only_d1, "overwrite").save(table)  # type: ignore[attr-defined]
         # Appends are not overwrites: the setting does not concern them.
         env.writer(rows(ds, [6])).save(table)  # type: ignore[attr-defined]
-    with pytest.raises(Exception, match="option partitionOverwriteMode=dynamic"):
-        env.writer(only_d1, "overwrite").option("partitionOverwriteMode", "dynamic").save(table)  # type: ignore[attr-defined]
+    assert ids_of(env.reader(ds).load(table)) == [0, 2, 3, 5, 6, 100]  # type: ignore[attr-defined]
+    only_d2 = rows(ds, [200]).where("day = 'd2'")
+    dynamic = env.writer(only_d2, "overwrite").option("partitionOverwriteMode", "dynamic")
+    dynamic.save(table)  # type: ignore[attr-defined]
+    assert ids_of(env.reader(ds).load(table)) == [0, 3, 6, 100, 200]  # type: ignore[attr-defined]
+    d0 = rows(ds, [300]).where("day = 'd0'")
+    env.writer(d0, "overwrite").option("replaceWhere", "day = 'd0'").save(table)  # type: ignore[attr-defined]
+    assert ids_of(env.reader(ds).load(table)) == [100, 200, 300]  # type: ignore[attr-defined]
+    assert [h.operation for h in env.lh.history(table)][-4:] == [
+        "REPLACE WHERE",
+        "WRITE",
+        "REPLACE WHERE",
+        "REPLACE WHERE",
+    ]
+    folders = job_folders(env, table)
+    with pytest.raises(Exception, match="holds rows outside it"):
+        env.writer(rows(ds, [400, 401]), "overwrite").option("replaceWhere", "day = 'd1'").save(
+            table
+        )  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match="must be simple conditions on the partition columns"):
+        env.writer(d0, "overwrite").option("replaceWhere", "id > 3").save(table)  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="partitionOverwriteMode must be static or dynamic"):
         env.writer(only_d1, "overwrite").option("partitionOverwriteMode", "some").save(table)  # type: ignore[attr-defined]
-    assert env.lh.version(table) == 2
-    assert ids_of(env.reader(ds).load(table)) == list(range(7))  # type: ignore[attr-defined]
+    assert env.lh.version(table) == 5
     # Every refused job's folder is gone: abort ran before any commit was sent.
-    assert len(job_folders(env, table)) == 2
+    assert job_folders(env, table) == folders
     # The write option wins over the session's setting, as in Spark.
     with session_conf(ds, OVERWRITE_MODE_CONF, "dynamic"):
         static = env.writer(rows(ds, [100]), "overwrite")

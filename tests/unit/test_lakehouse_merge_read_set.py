@@ -135,3 +135,24 @@ def test_a_dynamic_overwrite_reads_and_replaces_only_the_partitions_it_wrote() -
     nulls = partitions_read_set(4, snapshot, [entry("n", None)], SCHEMA, ("day",))
     assert nulls == ReadSet(4, ("c",), ())
     assert partitions_read_set(4, snapshot, [], SCHEMA, ("day",)) == ReadSet(4, (), ())
+
+
+def test_the_data_source_options_of_an_overwrite_by_predicate_are_checked() -> None:
+    from spark_integration.spark.datasource.batch_write import replace_mode
+    from spark_integration.spark.datasource.options import write_options
+
+    where = write_options({"path": "t", "replaceWhere": "day = 'd1'"})
+    assert where.replace_where == "day = 'd1'" and replace_mode(where, True) == "where"
+    dynamic = write_options({"path": "t", "partitionOverwriteMode": "Dynamic"})
+    assert replace_mode(dynamic, True) == "dynamic" and replace_mode(dynamic, False) is None
+    with pytest.raises(ValueError, match='needs mode\\("overwrite"\\)'):
+        replace_mode(where, False)
+    with pytest.raises(ValueError, match="not both"):
+        write_options({"path": "t", "replaceWhere": "x", "partitionOverwriteMode": "dynamic"})
+    with pytest.raises(ValueError, match="replaceWhere is empty"):
+        write_options({"path": "t", "replaceWhere": " "})
+    idempotent = write_options(
+        {"path": "t", "replaceWhere": "day = 'd1'", "txnAppId": "a", "txnVersion": "1"}
+    )
+    with pytest.raises(ValueError, match="txnAppId"):
+        replace_mode(idempotent, True)
