@@ -409,6 +409,7 @@ def _find(
             F.count(_SRC).alias(_N),
             F.min(_ACTION).alias(_ACTION),
             F.count(_ACTION).alias("_lh_merge_acting"),
+            F.first(F.expr(_as_json(plan))).alias("_lh_merge_sample"),
         )
     )
     per_file = per_row.groupBy(_FILE, _ACTION).agg(
@@ -416,16 +417,19 @@ def _find(
         F.sum(F.expr(f"CAST({_N} > 0 AS INT)")).alias(_JOINED),
         F.max(_N).alias(_N),
         F.max("_lh_merge_acting").alias("acting"),
+        # The row acted on most often: named in the error if that is more than once.
+        F.max_by("_lh_merge_sample", "_lh_merge_acting").alias("sample"),
     )
     by_path = {e.path: e for e in files}
     counts: dict[str, _Counts] = {}
-    most, acting = 0, 0
+    most, acting, sample = 0, 0, ""
     for row in per_file.collect():
         path = dml.relative_path(row[_FILE], by_path)
         c = counts.setdefault(path, _Counts())
         c.joined += int(row[_JOINED] or 0)
         most = max(most, int(row[_N] or 0))
-        acting = max(acting, int(row["acting"] or 0))
+        if int(row["acting"] or 0) > acting:
+            acting, sample = int(row["acting"]), str(row["sample"])
         if row[_ACTION] is not None:
             kind = plan.clauses[int(row[_ACTION])].kind
             c.changed[kind] = c.changed.get(kind, 0) + int(row["rows"])
@@ -438,22 +442,16 @@ def _find(
             f"{plan.what}: a target row matched {acting} source rows and a matched clause "
             "would change it for each; as in Delta, a target row may be changed by one "
             "source row only. Nothing was committed. Deduplicate the source on the merge "
-            f"keys ({plan.predicate!r}) first. " + _duplicate(plan, session, source, files)
+            f"keys ({plan.predicate!r}) first. The target row: {sample}"
         )
     return counts, most
 
 
-def _duplicate(
-    plan: _Plan, session: SparkSession, source: DataFrame, files: Sequence[FileEntry]
-) -> str:
-    """One target row several source rows would change, to name in the error."""
-    joined = _joined(plan, session, source, files, "inner").filter(f"{_ACTION} IS NOT NULL")
-    columns = [f"{plan.t}.{quote(c)}" for c in plan.schema.fieldNames()]
-    rows = joined.groupBy(*columns).count().filter("count > 1").limit(1).collect()
-    if not rows:
-        return ""
-    values = {c: rows[0][i] for i, c in enumerate(plan.schema.fieldNames())}
-    return f"The target row {values} matched {rows[0]['count']} source rows."
+def _as_json(plan: _Plan) -> str:
+    """SQL: the target row as JSON, to name it in an error."""
+    names = plan.schema.fieldNames()
+    fields = ", ".join(f"'{c.replace(chr(39), '')}', {plan.t}.{quote(c)}" for c in names)
+    return f"to_json(named_struct({fields}))"
 
 
 def _rewrite(

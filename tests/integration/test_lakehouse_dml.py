@@ -201,7 +201,7 @@ def test_merge_applies_clauses_in_order_in_one_commit_and_refuses_ambiguous_matc
     # committed, no job folder left.
     folders = job_folders(lh)
     twice = spark.createDataFrame([(4, 1, "d2"), (4, 2, "d2")], SCHEMA)
-    with pytest.raises(ValueError, match=r"target row \{'id': 4, .*matched 2 source rows"):
+    with pytest.raises(ValueError, match=r'matched 2 source rows.* target row: \{"id":4,'):
         lh.merge("events", twice, "target.id = source.id").when_matched_update_all().execute()
     assert lh.version("events") == 2 and job_folders(lh) == folders
     with pytest.raises(ValueError, match="invalid merge predicate"):
@@ -226,14 +226,16 @@ def test_merges_on_disjoint_partitions_both_commit_and_one_loses_to_a_change_of_
         assert (got.version, got.rows_inserted, got.rows_updated, got.files_removed) == (2, 1, 1, 1)
 
     lh.failpoints.enable(fp.BEFORE_COMMIT, other_merges_d2, times=1)
-    assert lh.merge("events", d1, keyed).when_matched_update_all().execute().version == 3
+    # Pruned by a literal this time (the other by the source's partition values).
+    on_d1 = "target.id = source.id AND target.day = 'd1'"
+    assert lh.merge("events", d1, on_d1).when_matched_update_all().execute().version == 3
 
     # An insert-only MERGE keeps the d1 file whose row 3 blocks the insert of source row
     # 3, but depends on it: a DELETE of row 3 lands first, so the MERGE must not commit.
     dedupe = spark.createDataFrame([(3, 0, "d1"), (8, 8, "d1")], SCHEMA)
     lh.failpoints.enable(fp.BEFORE_COMMIT, lambda _: other.delete("events", "id = 3"), times=1)
     with pytest.raises(ConcurrentModificationError, match="rewritten or removed"):
-        lh.merge("events", dedupe, keyed).when_not_matched_insert_all().execute()
+        lh.merge("events", dedupe, on_d1).when_not_matched_insert_all().execute()
     assert lh.version("events") == 4  # the delete's
     assert table_rows(lh, spark) == [
         (1, 11, "d1"),
@@ -275,6 +277,7 @@ def test_overwrite_by_predicate_and_of_dynamic_partitions_replaces_only_their_ro
     # A data-column predicate: d2's file is rewritten with its row that does not match.
     negative = spark.createDataFrame([(14, -9, "d2")], SCHEMA)
     assert lh.overwrite("events", negative, replace_where="amount < 0") == 4
+    assert sum(f.record_count for f in lh.files("events") if f.partition["day"] == "d2") == 2
 
     # Dynamic partition overwrite asked by the session's setting. Before, lh.overwrite
     # ignored it and replaced the whole table: d1 and d3 were gone.
@@ -290,13 +293,6 @@ def test_overwrite_by_predicate_and_of_dynamic_partitions_replaces_only_their_ro
         (11, 1, "d1"),
         (20, 2, "d2"),
         (21, 2, "d4"),
-    ]
-    assert table_rows(lh, spark, version=4) == [
-        (5, 3, "d2"),
-        (6, 8, "d3"),
-        (7, 1, "d3"),
-        (11, 1, "d1"),
-        (14, -9, "d2"),
     ]
     assert [h.operation for h in lh.history("events")][-4:] == [
         "WRITE",
