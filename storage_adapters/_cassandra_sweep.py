@@ -28,7 +28,7 @@ from cassandra.query import BatchStatement, BatchType
 
 from storage_adapters._base import MAX_TIMESTAMP, check_ranges, check_table, check_ts
 from storage_adapters._cassandra_reads import CassandraReads
-from storage_adapters._cassandra_session import _IN_CONCURRENCY, _bytes, cell_key
+from storage_adapters._cassandra_session import _IN_CONCURRENCY, _IN_LIMIT, _bytes, cell_key
 
 # Writes to one partition go as one unlogged batch (one mutation, one request), kept
 # under Cassandra's batch_size_warn_threshold (5 KiB) so that no batch logs a warning.
@@ -65,7 +65,9 @@ class CassandraSweeps(CassandraReads):
     ) -> int:
         """One range tombstone per ``(row, column, low_ts, high_ts)``, above the newest
         write time in the range (read first: ``MAX(WRITETIME(deleted))`` and the count,
-        one request per range). A range found empty is left alone.
+        one request per range); a range of one timestamp is a row delete above its
+        version's write time, read ``_IN_LIMIT`` cells a request, as in
+        ``delete_versions``. A range found empty is left alone.
 
         The tombstone beats every write of the versions found and every late copy of
         them, whatever the clients' clocks. It also covers a version written into the
@@ -75,30 +77,60 @@ class CassandraSweeps(CassandraReads):
         check_table(table)
         wanted = list(dict.fromkeys(check_ranges(ranges)))
         self._check_open()
-        if not wanted:
-            return 0
-        keys = [cell_key(cell.row, cell.column) for cell, _, _ in wanted]
+        # A range of one timestamp (an aborted writer's version, most of what a pass
+        # deletes) reads its write time with others of that timestamp, cell IN ?, and
+        # goes as a row delete, as delete_versions does: no aggregate read per cell.
+        singles = [(c.row, c.column, low) for c, low, high in wanted if low == high]
+        spans = [(c, low, high) for c, low, high in wanted if low != high]
+        keys = [cell_key(cell.row, cell.column) for cell, _, _ in spans]
         reads = [
             (self._stmts.range_write_time, (table, key, low, high))
-            for key, (_, low, high) in zip(keys, wanted, strict=True)
+            for key, (_, low, high) in zip(keys, spans, strict=True)
         ]
         found = self._execute_all(reads, write=False, concurrency=_IN_CONCURRENCY)
+        written = self._write_times(table, singles) if singles else {}
         now = self._session.cluster.timestamp_generator()
-        deletes: list[tuple[Hashable, tuple[Any, ...], int]] = []
-        count = 0
-        for key, (_, low, high), rows in zip(keys, wanted, found, strict=True):
-            newest, versions = rows[0] if rows else (None, 0)
+        rows: list[tuple[Hashable, tuple[Any, ...], int]] = []
+        ranged: list[tuple[Hashable, tuple[Any, ...], int]] = []
+        count = len(written)
+        for (key, ts), write_time in written.items():
+            at = min(max(now, write_time + 1), _MAX_WRITE_TIME)
+            rows.append((self._replica(table, key), (at, table, key, ts), 60))
+        for key, (_, low, high), result in zip(keys, spans, found, strict=True):
+            newest, versions = result[0] if result else (None, 0)
             if not versions:
                 continue
             count += versions
             at = now if newest is None else min(max(now, newest + 1), _MAX_WRITE_TIME)
-            deletes.append((self._replica(table, key), (at, table, key, low, high), 60))
+            ranged.append((self._replica(table, key), (at, table, key, low, high), 60))
         self._execute_all(
-            batched(self._stmts.delete_range, deletes, _CROSS_PARTITION_ROWS),
+            batched(self._stmts.delete_version, rows, _CROSS_PARTITION_ROWS)
+            + batched(self._stmts.delete_range, ranged, _CROSS_PARTITION_ROWS),
             write=True,
             concurrency=_IN_CONCURRENCY,
         )
         return count
+
+    def _write_times(
+        self, table: str, versions: Sequence[tuple[bytes, bytes, int]]
+    ) -> dict[tuple[bytes, int], int]:
+        """The write time of each existing version, by (cell key, ts); ``_IN_LIMIT`` cells
+        of one timestamp a request."""
+        by_ts: dict[int, list[bytes]] = {}
+        for row, column, ts in versions:
+            by_ts.setdefault(ts, []).append(cell_key(row, column))
+        reads = [
+            (self._stmts.write_time, (table, keys[i : i + _IN_LIMIT], ts))
+            for ts, keys in by_ts.items()
+            for i in range(0, len(keys), _IN_LIMIT)
+        ]
+        written: dict[tuple[bytes, int], int] = {}
+        found = self._execute_all(reads, write=False, concurrency=_IN_CONCURRENCY)
+        for (_, (_, _, ts)), rows in zip(reads, found, strict=True):
+            for key, write_time in rows:
+                if write_time is not None:
+                    written[_bytes(key), ts] = write_time
+        return written
 
     def prune_cells(self, table: str, below_ts: int) -> int:
         """Drop the index rows of cells with no version, shard by shard, one range

@@ -180,7 +180,6 @@ from storage_adapters._base import (
 from storage_adapters._cassandra_errors import ConditionalWriteRetryPolicy, translate_error
 from storage_adapters._cassandra_session import (
     _IN_CONCURRENCY,
-    _IN_LIMIT,
     CONCURRENCY,
     _bytes,
     cell_key,
@@ -290,27 +289,6 @@ class CassandraStore(CassandraSweeps):
             write=True,
             concurrency=_IN_CONCURRENCY,
         )
-
-    def _write_times(
-        self, table: str, versions: Sequence[tuple[bytes, bytes, int]]
-    ) -> dict[tuple[bytes, int], int]:
-        """The write time of each existing version, by (cell key, ts); ``_IN_LIMIT`` cells
-        of one timestamp a request."""
-        by_ts: dict[int, list[bytes]] = {}
-        for row, column, ts in versions:
-            by_ts.setdefault(ts, []).append(cell_key(row, column))
-        reads = [
-            (self._stmts.write_time, (table, keys[i : i + _IN_LIMIT], ts))
-            for ts, keys in by_ts.items()
-            for i in range(0, len(keys), _IN_LIMIT)
-        ]
-        written: dict[tuple[bytes, int], int] = {}
-        found = self._execute_all(reads, write=False, concurrency=_IN_CONCURRENCY)
-        for (_, (_, _, ts)), rows in zip(reads, found, strict=True):
-            for key, write_time in rows:
-                if write_time is not None:
-                    written[_bytes(key), ts] = write_time
-        return written
 
     def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
         """Delete each version above its write time, not at this client's clock.
