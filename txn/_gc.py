@@ -81,6 +81,9 @@ MAX_SAMPLES = 1000
 #: that overlaps requests (each one a lightweight transaction of its own partition).
 ENTRY_DELETES_IN_FLIGHT = 16
 
+#: A collector prunes a table's dead cells (KVStore.prune_cells) at most this often.
+DEFAULT_PRUNE_EVERY_S = 60.0
+
 #: The ``_gc`` row holding the cursor of an unfinished pass. A row of its own, not a
 #: field of ``state``: saving progress does not contend with raising the safe point.
 CURSOR_KEY = b"cursor"
@@ -219,6 +222,7 @@ class GarbageCollector:
         page_cells: int = 500,
         max_versions_per_s: float | None = None,
         cursor_every_s: float = DEFAULT_CURSOR_EVERY_S,
+        prune_every_s: float = DEFAULT_PRUNE_EVERY_S,
         config: TransactionConfig | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -234,6 +238,8 @@ class GarbageCollector:
             raise ValueError(f"max_versions_per_s must be positive, got {max_versions_per_s}")
         if cursor_every_s < 0:
             raise ValueError(f"cursor_every_s must be >= 0, got {cursor_every_s}")
+        if prune_every_s < 0:
+            raise ValueError(f"prune_every_s must be >= 0, got {prune_every_s}")
         self._store = store
         self._timestamps = timestamps
         self._resolver = StatusResolver(store, locks or LockTable(), config or TransactionConfig())
@@ -242,6 +248,8 @@ class GarbageCollector:
         self._page_cells = page_cells
         self._rate = max_versions_per_s
         self._cursor_every_s = cursor_every_s
+        self._prune_every_s = prune_every_s
+        self._pruned_at: dict[str, float] = {}  # table -> when this process pruned it
         self._clock = clock
         self._monotonic = monotonic
         self._sleep = sleep
@@ -383,7 +391,8 @@ class GarbageCollector:
             # Cells left with no version stop costing scans (a no-op but on Cassandra).
             # Below the safe point, after its grace: no writer that may commit writes
             # there any more (S8), which is what the prune needs (KVStore.prune_cells).
-            run.report.cells_pruned += self._store.prune_cells(table, run.safe_point)
+            if self._prune_due(table):
+                run.report.cells_pruned += self._store.prune_cells(table, run.safe_point)
             run.report.tables += 1
         self._collect_entries(run)
         run.report.seconds = self._monotonic() - started
@@ -529,7 +538,7 @@ class GarbageCollector:
         doomed: list[tuple[bytes, bytes, int]] = []
         last: list[tuple[bytes, bytes, int]] = []  # deletes kept below sp: after the rest
         for cell, versions in found.items():
-            self._decide(run, cell, versions, outcomes, stamps, doomed, last)
+            _decide(run, cell, versions, outcomes, stamps, doomed, last)
         # Stamps first (a kept version carries its outcome before any entry goes), then
         # the older versions, then the kept deletes: a reader never sees an older value
         # come back from under a delete that went first. Consecutive doomed versions of
@@ -544,44 +553,6 @@ class GarbageCollector:
                 self._store.delete_version_ranges(table, ranges)
                 run.report.versions_deleted += count
                 self._throttle(count)
-
-    def _decide(
-        self,
-        run: _Pass,
-        cell: Cell,
-        versions: list[Version],
-        outcomes: dict[int, int],
-        stamps: list[VersionStamp],
-        doomed: list[tuple[bytes, bytes, int]],
-        last: list[tuple[bytes, bytes, int]],
-    ) -> None:
-        kept = False
-        for v in versions:  # newest first, all below the safe point
-            outcome = v.commit_ts if v.commit_ts is not None else outcomes.get(v.ts, ABORTED)
-            key = (cell.row, cell.column, v.ts)
-            if outcome < 0:  # ABORTED, or GONE (deleted meanwhile)
-                if outcome == ABORTED:
-                    doomed.append(key)
-                    run.aborted.add(v.ts)
-                continue
-            stamp = VersionStamp(cell.row, cell.column, v.ts, outcome)
-            if outcome >= run.safe_point:
-                # Visible only above the safe point: kept, stamped, its entry kept.
-                if v.commit_ts is None:
-                    stamps.append(stamp)
-                continue
-            if v.commit_ts is None or outcome >= run.collected_below:
-                # (Stamped and below a finished pass's safe point: that pass deleted
-                # the entry already.)
-                run.committed[v.ts] = outcome
-            if kept:
-                doomed.append(key)  # hidden below the safe point by a newer commit
-                continue
-            kept = True
-            if v.value is None:  # a delete below the safe point hides nothing left
-                last.append(key)
-            elif v.commit_ts is None:
-                stamps.append(stamp)
 
     def _collect_entries(self, run: _Pass) -> None:
         expected = [(ts, encode_outcome(c)) for ts, c in run.committed.items()]
@@ -599,9 +570,59 @@ class GarbageCollector:
             deleted = sum(map(delete, expected))
         run.report.entries_deleted += deleted
 
+    def _prune_due(self, table: str) -> bool:
+        """Whether this collector last pruned ``table`` ``prune_every_s`` ago or never:
+        a prune reads the table's whole index on Cassandra, so a loop of passes every
+        few seconds prunes now and then (pruning less only leaves dead cells longer)."""
+        now = self._monotonic()
+        if now - self._pruned_at.get(table, now - self._prune_every_s) < self._prune_every_s:
+            return False
+        self._pruned_at[table] = now
+        return True
+
     def _throttle(self, versions: int) -> None:
         if self._rate is not None:
             self._sleep(versions / self._rate)
+
+
+def _decide(
+    run: _Pass,
+    cell: Cell,
+    versions: list[Version],
+    outcomes: dict[int, int],
+    stamps: list[VersionStamp],
+    doomed: list[tuple[bytes, bytes, int]],
+    last: list[tuple[bytes, bytes, int]],
+) -> None:
+    """Sort a cell's versions below the safe point (newest first): stamps to write,
+    versions to delete, and the kept delete to remove last."""
+    kept = False
+    for v in versions:  # newest first, all below the safe point
+        outcome = v.commit_ts if v.commit_ts is not None else outcomes.get(v.ts, ABORTED)
+        key = (cell.row, cell.column, v.ts)
+        if outcome < 0:  # ABORTED, or GONE (deleted meanwhile)
+            if outcome == ABORTED:
+                doomed.append(key)
+                run.aborted.add(v.ts)
+            continue
+        stamp = VersionStamp(cell.row, cell.column, v.ts, outcome)
+        if outcome >= run.safe_point:
+            # Visible only above the safe point: kept, stamped, its entry kept.
+            if v.commit_ts is None:
+                stamps.append(stamp)
+            continue
+        if v.commit_ts is None or outcome >= run.collected_below:
+            # (Stamped and below a finished pass's safe point: that pass deleted
+            # the entry already.)
+            run.committed[v.ts] = outcome
+        if kept:
+            doomed.append(key)  # hidden below the safe point by a newer commit
+            continue
+        kept = True
+        if v.value is None:  # a delete below the safe point hides nothing left
+            last.append(key)
+        elif v.commit_ts is None:
+            stamps.append(stamp)
 
 
 _Ranges = tuple[list[tuple[bytes, bytes, int, int]], int]
