@@ -285,6 +285,12 @@ def test_overwrite_by_predicate_and_of_dynamic_partitions_replaces_only_their_ro
     try:
         dynamic = spark.createDataFrame([(20, 2, "d2"), (21, 2, "d4")], SCHEMA)
         assert lh.overwrite("events", dynamic) == 5
+        # A multi-table transaction replaces whole tables only: refused, nothing written.
+        with (
+            pytest.raises(ValueError, match="partitionOverwriteMode=dynamic"),
+            lh.transaction() as t,
+        ):
+            t.overwrite("events", dynamic)
     finally:
         spark.conf.unset(OVERWRITE_MODE_CONF)
     assert table_rows(lh, spark) == [

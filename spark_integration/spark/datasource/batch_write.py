@@ -234,10 +234,13 @@ def _session_replace(plan: WritePlan, messages: list[WriterCommitMessage | None]
         return None
     reports = [m for m in messages if isinstance(m, FilesWritten)]
     if not reports:
+        # An empty DataFrame may run no task at all. Replacing the whole table could
+        # wipe it when the session asked for dynamic (which replaces nothing here).
         raise ValueError(
-            f"percolake: no task ran, so the session's {PARTITION_OVERWRITE_CONF} could not "
-            "be read and the overwrite cannot tell what to replace; nothing was committed. "
-            "Give option partitionOverwriteMode (static or dynamic)"
+            f"percolake: an overwrite with no rows ran no task, so the session's "
+            f"{PARTITION_OVERWRITE_CONF} could not be read and it cannot tell what to "
+            "replace; nothing was committed. Give option partitionOverwriteMode: static "
+            "empties the table, dynamic replaces nothing"
         )
     return "dynamic" if any(m.overwrite_mode == "dynamic" for m in reports) else None
 
