@@ -514,7 +514,8 @@ def _inserts(
 
 
 def _execute(m: MergeBuilder) -> DmlResult:
-    session = dml.session_of(m.spark)
+    # The source's own session unless told otherwise: the join needs both in one.
+    session = dml.session_of(m.spark) if m.spark is not None else m.source.sparkSession
     plan = _check(m, session)
     _, _, entries = m.catalog.files(m.table, plan.version, FileEntry)
     alternatives = _alternatives(plan, m.source)
