@@ -197,9 +197,10 @@ class Catalog:
 
         ``APPEND`` adds them; ``OVERWRITE`` makes them the only live files and
         requires the head to still be at ``base_version``. A row-level statement
-        (``DELETE``, ``UPDATE``) passes its ``read_set``: the files it names leave
-        the live set and ``files`` join it, if the check of ``read_set`` passes at
-        the commit point, else :class:`ConcurrentModificationError`.
+        (``DELETE``, ``UPDATE``, ``MERGE``, ``REPLACE WHERE``) passes its
+        ``read_set``: the files it removes leave the live set and ``files`` join
+        it, if the check of ``read_set`` passes at the commit point, else
+        :class:`ConcurrentModificationError`.
         """
         request = CommitRequest(
             operation,

@@ -12,10 +12,11 @@ race at the head retries on a fresh snapshot (``table_access``), where it re-che
   before the cutoff of a vacuum that committed first fails the same way;
 * an ``(app_id, batch_id)`` mark is read and written in the same transaction,
   so a replay racing its original serialises behind it and finds its mark;
-* a row-level statement (``DELETE``, ``UPDATE``) depends on its read set: the
-  files it rewrote must still be live and no file added since its snapshot may
-  hold rows its predicate matches (``read_set.find_conflict``); it then commits
-  a new generation, the live files at the head minus those it rewrote plus its own.
+* a row-level statement (``DELETE``, ``UPDATE``, ``MERGE``, ``REPLACE WHERE``)
+  depends on its read set: the files it rewrote or depends on must still be live
+  and no file added since its snapshot may hold rows its predicate matches
+  (``read_set.find_conflict``); it then commits a new generation, the live files
+  at the head minus those it rewrote plus its own.
 
 Once committed, the follow-up work of the new versions (``follow_ups``) runs and
 never raises. The path of an append reads top-down: :class:`Commits` runs a
