@@ -6,7 +6,7 @@ See README.md for the API and docs/design/protocol.md for the protocol and its s
 from txn._api import Manager, ReadTransaction, Transaction
 from txn._committer import COMMIT_STEPS, CommitAttempt
 from txn._config import TransactionConfig
-from txn._gc import GarbageCollector, GcLoop, GcReport
+from txn._gc import GarbageCollector, GcLoop, GcReport, GcStoppedError
 from txn._isolation import Isolation, TransactionStatus
 from txn._manager import TransactionManager
 from txn._retry import CONFLICTS, ConflictRate, RetriesExhaustedError, RetryPolicy, run_transaction
@@ -24,6 +24,7 @@ __all__ = [
     "GarbageCollector",
     "GcLoop",
     "GcReport",
+    "GcStoppedError",
     "Isolation",
     "LockService",
     "Manager",

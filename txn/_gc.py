@@ -71,6 +71,7 @@ from txn._status import (
     txn_key,
 )
 from wire import metrics
+from wire.errors import PercolakeError
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,11 @@ CURSOR_KEY = b"cursor"
 #: How often a pass saves its cursor by default: a system write every few seconds, not
 #: every page.
 DEFAULT_CURSOR_EVERY_S = 5.0
+
+
+class GcStoppedError(PercolakeError):
+    """A pass ended by :meth:`GarbageCollector.stop` (a server stopping) at a wait or
+    between tables: it deleted nothing its grace did not allow."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,8 +232,10 @@ class GarbageCollector:
         config: TransactionConfig | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] | None = None,
     ) -> None:
+        """``sleep``: how the collector waits (its grace, its rate limit); by default an
+        event that :meth:`stop` sets, so a stopping server does not wait out a grace."""
         if retention_s < 0:
             raise ValueError(f"retention_s must be >= 0, got {retention_s}")
         if grace_ms < 0:
@@ -252,7 +260,8 @@ class GarbageCollector:
         self._pruned_at: dict[str, float] = {}  # table -> when this process pruned it
         self._clock = clock
         self._monotonic = monotonic
-        self._sleep = sleep
+        self._stopping = threading.Event()
+        self._sleep = sleep if sleep is not None else self._stopping.wait
         #: The safe point this process last saw in the row, and since when (monotonic).
         self._seen: tuple[int, float] | None = None
         #: The lowering of the grace (id, the grace lowered from) in the row this pass
@@ -360,6 +369,7 @@ class GarbageCollector:
         """One pass: resume the unfinished pass a cursor records, if any; else raise the
         safe point and sweep every table. Then collect entries."""
         started = self._monotonic()
+        self._check_stopping()
         run = self._resume()
         if run is None:
             safe_point, wait_ms, collected_below, grace_ms = self._raise_safe_point()
@@ -379,12 +389,13 @@ class GarbageCollector:
                 log.info(
                     "garbage collection waits %d ms before sweeping below %d", wait_ms, safe_point
                 )
-                self._sleep(wait_ms / 1000)
+                self._wait(wait_ms / 1000)
             run = _Pass(safe_point, report, collected_below, cursor_known=False)
         run.saved_at = self._monotonic()
         for table in sorted(self._store.tables()):
             if run.resumed is not None and table < run.resumed.table:
                 continue  # swept by the pass this one resumes
+            self._check_stopping()
             if progress is not None:
                 progress(table)
             self._sweep_table(run, table)
@@ -582,7 +593,22 @@ class GarbageCollector:
 
     def _throttle(self, versions: int) -> None:
         if self._rate is not None:
-            self._sleep(versions / self._rate)
+            self._wait(versions / self._rate)
+
+    def stop(self) -> None:
+        """Stop the pass running now at its next wait or table (``GcStoppedError``), and
+        every later one at its start. Safe at any point: a pass deletes nothing before
+        its grace has passed, and the next pass resumes from the cursor or raises the
+        safe point again, waiting what is left of the grace (rule S8)."""
+        self._stopping.set()
+
+    def _wait(self, seconds: float) -> None:
+        self._sleep(seconds)
+        self._check_stopping()
+
+    def _check_stopping(self) -> None:
+        if self._stopping.is_set():
+            raise GcStoppedError("garbage collection stopped (the server is stopping)")
 
 
 def _decide(
@@ -709,10 +735,15 @@ class GcLoop:
             try:
                 self.last = self._collector.run_once()
                 self.passes += 1
+            except GcStoppedError:
+                log.info("garbage collection stopped in a pass; the next start resumes it")
+                return
             except Exception:
                 metrics.record_gc_pass_failed()
                 log.exception("garbage-collection pass failed; the next one retries")
 
     def close(self) -> None:
+        """Stop: a pass in progress ends at its next wait or table, not after its grace."""
         self._stop.set()
+        self._collector.stop()
         self._thread.join(timeout=60)

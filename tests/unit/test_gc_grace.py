@@ -9,11 +9,12 @@ the longer grace can be valid: until then every collector, in any process, waits
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from txn import GarbageCollector, TransactionConfig, TransactionManager
+from txn import GarbageCollector, GcLoop, GcStoppedError, TransactionConfig, TransactionManager
 from txn.tables import GC_TABLE, STATE_KEY, GcState, read_state
 
 pytestmark = pytest.mark.unit
@@ -129,3 +130,32 @@ def test_a_longer_grace_asked_replaces_a_lowering() -> None:
         state, _ = read_state(manager.store)
         assert (state.grace_ms, state.lowered_from_ms, state.lowering) == (2 * LONG_MS, 0, "")
         assert report.grace_ms == 2 * LONG_MS and report.grace_asked_ms is None
+
+
+def test_closing_the_loop_ends_a_pass_waiting_its_grace_and_deletes_nothing(
+    tm: TransactionManager,
+) -> None:
+    """A stopping server used to wait out a pass's grace (10 s here) before its GC
+    thread let it go. Now ``GcLoop.close`` ends the wait: the pass stops with
+    ``GcStoppedError`` before sweeping anything, and a later collector still waits the
+    grace (the safe point it published keeps its time in the row, rule S8)."""
+    with tm.begin() as tx:
+        tx.put("t", b"r", b"c", b"v2")  # v becomes a collectable old version
+    collector = GarbageCollector(
+        tm.store, timestamps=tm._rt.timestamps, locks=tm.locks, retention_s=0, grace_ms=LONG_MS
+    )
+    loop = GcLoop(collector, interval_s=0.01)
+    deadline = time.monotonic() + 30
+    while read_state(tm.store)[0].safe_point == 0:  # the pass published, now waits
+        assert time.monotonic() < deadline, "the pass never published a safe point"
+        time.sleep(0.01)
+    loop.close()
+    assert not loop._thread.is_alive()  # close() joins for up to 60 s: it did not wait
+    assert loop.passes == 0 and loop.last is None
+    with pytest.raises(GcStoppedError):
+        collector.run_once()  # a stopped collector starts no pass
+    (versions,) = tm.store.get_versions("t", [(b"r", b"c")]).values()
+    assert len(versions) == 2  # nothing swept
+    clock = Clock()
+    _collector(tm, clock, grace_ms=0).run_once()
+    assert clock.slept and clock.slept[0] > 0  # the next pass waits the grace's remainder
