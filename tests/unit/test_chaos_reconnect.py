@@ -14,7 +14,7 @@ from percolake.tools.chaos._reconnect import (
     reconnect_ms_from_env,
     store_opener,
 )
-from storage_adapters import open_store
+from storage_adapters import KVStore, open_store
 
 pytestmark = pytest.mark.unit
 
@@ -42,3 +42,17 @@ def test_the_delay_comes_from_the_test_environment_only() -> None:
     assert reconnect_ms_from_env({"PERCOLAKE_CHAOS_STORE_RECONNECT_MS": "250"}) == 250
     with pytest.raises(ValueError, match="0-60000"):
         reconnect_ms_from_env({"PERCOLAKE_CHAOS_STORE_RECONNECT_MS": "-1"})
+
+
+def test_every_call_of_the_store_contract_goes_through_the_delay() -> None:
+    """A store method the wrapper does not define falls back to the base class's
+    generic version: slower, and never delayed after a pause. GC's range deletes, index
+    prune and candidate sweep did, until they were added here."""
+    requests = {
+        name
+        for name, member in vars(KVStore).items()
+        if callable(member) or isinstance(member, property)
+    }
+    # Not requests: the context manager, and scan, which pages through _scan.
+    requests -= {"__enter__", "__exit__", "scan"}
+    assert sorted(requests - set(vars(ReconnectingStore))) == []

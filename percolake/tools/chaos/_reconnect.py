@@ -153,6 +153,20 @@ class ReconnectingStore(KVStore):
         self._wait()
         return self._inner.get_versions(*args, **kwargs)
 
+    def delete_version_ranges(
+        self, table: str, ranges: Sequence[tuple[bytes, bytes, int, int]]
+    ) -> int:
+        self._wait()
+        return self._inner.delete_version_ranges(table, ranges)
+
+    def prune_cells(self, table: str, below_ts: int) -> int:
+        self._wait()
+        return self._inner.prune_cells(table, below_ts)
+
+    def sweep_candidates(self, *args: Any, **kwargs: Any) -> Any:
+        self._wait()
+        return self._inner.sweep_candidates(*args, **kwargs)
+
     def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
         self._wait()
         self._inner.stamp_versions(table, stamps)
