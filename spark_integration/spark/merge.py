@@ -523,8 +523,13 @@ def _execute(m: MergeBuilder) -> DmlResult:
         e for e in entries if any(ReadSet(0, (), alt).may_match(e) for alt in alternatives)
     ]
     counts, most = _find(plan, session, m.source, candidates) if candidates else ({}, 0)
-    touched = [e for e in candidates if counts.get(e.path, _Counts()).changed]
-    kept = [e for e in candidates if e not in touched and counts.get(e.path, _Counts()).joined]
+    none = _Counts()
+    touched = [e for e in candidates if counts.get(e.path, none).changed]
+    kept = [
+        e
+        for e in candidates
+        if not counts.get(e.path, none).changed and counts.get(e.path, none).joined
+    ]
     changed = {UPDATE: 0, DELETE: 0, DELETE_BY_SOURCE: 0}
     for c in counts.values():
         for kind, n in c.changed.items():
