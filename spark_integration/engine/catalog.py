@@ -138,7 +138,7 @@ class Catalog:
         """Metadata, head and the batch's earlier version, at one snapshot."""
         with self._tm.begin() as tx:
             head = self.tables.read_head(tx, name)
-            meta = self.tables.read_meta(tx, name)
+            meta = self.tables.read_meta(tx, name, head)
             replayed = (
                 self.tables.read_mark(tx, name, app_id, batch_id)
                 if app_id is not None and batch_id is not None
@@ -161,7 +161,7 @@ class Catalog:
         tables = self.tables
         with self._tm.begin() as tx:
             head = tables.read_head(tx, name)
-            meta = tables.read_meta(tx, name)
+            meta = tables.read_meta(tx, name, head)
             if version is None:
                 version = head.version
             tables.check_readable(tx, name, head, version)
@@ -192,8 +192,13 @@ class Catalog:
         batch_id: int | str | None = None,
         base_version: int | None = None,
         read_set: ReadSet | None = None,
+        schema_version: int | None = None,
+        new_schema_json: str | None = None,
     ) -> Committed:
         """Commit ``files`` as the next version, in one transaction.
+
+        ``schema_version``: the head's schema version the files were written under;
+        ``new_schema_json``: the schema this commit sets (see ``commit._schema_conflict``).
 
         ``APPEND`` adds them; ``OVERWRITE`` makes them the only live files and
         requires the head to still be at ``base_version``. A row-level statement
@@ -211,6 +216,8 @@ class Catalog:
             batch_id,
             base_version,
             read_set,
+            schema_version,
+            new_schema_json,
         )
         return self._commits.commit_files(name, request)
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from spark_integration.engine.errors import ConcurrentModificationError, TableExistsError
 from spark_integration.engine.follow_ups import FollowUps, NewVersion
 from spark_integration.engine.model import (
+    ADD_COLUMNS,
     APPEND,
     CREATE,
     DML_OPERATIONS,
@@ -71,6 +72,11 @@ class CommitRequest:
     batch_id: int | str | None = None
     base_version: int | None = None  # overwrites: the version replaced
     read_set: ReadSet | None = None  # row-level statements: what they read
+    #: The schema version (``Head.schema_version``) the files were written under;
+    #: None: not checked (callers that predate schema changes).
+    schema_version: int | None = None
+    #: A schema change: the table's schema from this version on (Spark JSON).
+    new_schema_json: str | None = None
 
     def size_bytes(self) -> int:
         """About what the request writes, to bound a group."""
@@ -153,6 +159,10 @@ class GroupAttempt:
                     )
                 )
                 continue
+            schema_conflict = _schema_conflict(name, head, r)
+            if schema_conflict is not None:
+                out.append(schema_conflict)
+                continue
             live: list[FileEntry] | None = None
             if r.read_set is not None:
                 live, conflict = find_conflict(tx, self.tables, name, head, r.read_set)
@@ -228,7 +238,25 @@ class GroupAttempt:
         tx.put(layout.marks, job_row, Layout.COL_MARK, stamp)
         if mark_row is not None:
             tx.put(layout.marks, mark_row, Layout.COL_MARK, stamp)
-        return Head(version, gen, gen_start, ms, head.vacuum_cutoff_ms, head.min_readable_version)
+        schema_version, schema_break = head.schema_version, head.schema_break
+        if r.new_schema_json is not None:
+            meta = self.tables.read_meta(tx, name, head)
+            new_meta = meta.with_schema(r.new_schema_json, version)
+            tx.put(layout.tables, Layout.name_row(name), Layout.COL_META, new_meta.encode())
+            self.tables.forget_meta(name)
+            schema_version = version
+            if r.operation == OVERWRITE:
+                schema_break = version
+        return Head(
+            version,
+            gen,
+            gen_start,
+            ms,
+            head.vacuum_cutoff_ms,
+            head.min_readable_version,
+            schema_version,
+            schema_break,
+        )
 
 
 class Commits:
@@ -356,9 +384,43 @@ class Commits:
         return out
 
 
+def _schema_conflict(name: str, head: Head, r: CommitRequest) -> ConcurrentModificationError | None:
+    """How a concurrent schema change conflicts with ``r`` (docs/design/lakehouse.md).
+
+    A schema change conflicts with any schema change since the schema it started
+    from. Files written under an older schema conflict only with a change that made
+    them unreadable (an overwrite's new schema): added nullable columns read as NULL
+    and widened types read widened, so appends beside ``add_columns`` both commit.
+    """
+    if r.schema_version is None:
+        return None
+    if r.new_schema_json is not None and head.schema_version != r.schema_version:
+        what = f"version {head.schema_version} changed the schema"
+    elif head.schema_break > r.schema_version:
+        what = f"version {head.schema_break} replaced the schema"
+    else:
+        return None
+    return ConcurrentModificationError(
+        f"{r.operation.lower()} of table {name!r} was prepared under the schema of version "
+        f"{r.schema_version}, but {what} meanwhile; nothing was committed (run it again)"
+    )
+
+
 def _check_request(request: CommitRequest) -> None:
-    if request.operation not in (APPEND, OVERWRITE, *DML_OPERATIONS):
+    if request.operation not in (APPEND, OVERWRITE, ADD_COLUMNS, *DML_OPERATIONS):
         raise ValueError(f"unknown operation {request.operation!r}")
+    if request.new_schema_json is not None and request.schema_version is None:
+        raise ValueError("a schema change needs the schema_version it changes")
+    if request.operation == ADD_COLUMNS and request.new_schema_json is None:
+        raise ValueError("ADD COLUMNS needs its new schema")
+    if request.new_schema_json is not None and request.operation not in (
+        APPEND,
+        OVERWRITE,
+        ADD_COLUMNS,
+    ):
+        raise ValueError(f"{request.operation} cannot change the schema")
+    if request.operation == ADD_COLUMNS and request.files:
+        raise ValueError("ADD COLUMNS commits no files")
     if request.operation == OVERWRITE and request.base_version is None:
         raise ValueError("an overwrite needs the base_version it replaces")
     if (request.operation in DML_OPERATIONS) != (request.read_set is not None):

@@ -75,6 +75,11 @@ REPLACE_WHERE = "REPLACE WHERE"
 #: minus those it rewrote plus those it wrote, checked against its read set
 #: (``read_set``).
 DML_OPERATIONS = frozenset({DELETE, UPDATE, MERGE, REPLACE_WHERE})
+#: A schema change without data (``Lakehouse.add_columns``). Appends with
+#: ``merge_schema`` and overwrites with ``overwrite_schema`` change the schema too,
+#: under their own names; every schema change carries its new schema
+#: (``CommitRequest.new_schema_json``).
+ADD_COLUMNS = "ADD COLUMNS"
 
 _SEP = b"\x00"
 _U64 = 8
@@ -178,24 +183,56 @@ class DmlResult:
 
 @dataclass(frozen=True, slots=True)
 class TableMeta:
-    """Immutable after creation: nothing here changes while the table exists."""
+    """The table's identity and schema; only a schema change rewrites it.
+
+    ``schema_json`` is the schema from version ``schema_since`` on; ``earlier_schemas``
+    holds the schemas before it as ``(since_version, schema_json)``, oldest first, so
+    that time travel reads an old version with the schema it was written under.
+    """
 
     name: str
     schema_json: str  # Spark's StructType.json(); opaque to the metadata layer
     partition_by: tuple[str, ...]
     location: str
     created_ms: int
+    schema_since: int = 0
+    earlier_schemas: tuple[tuple[int, str], ...] = ()
+
+    def schema_at(self, version: int) -> str:
+        """The schema that version ``version`` was read with when it was the latest."""
+        if version >= self.schema_since:
+            return self.schema_json
+        found = self.earlier_schemas[0][1] if self.earlier_schemas else self.schema_json
+        for since, schema in self.earlier_schemas:
+            if since <= version:
+                found = schema
+        return found
+
+    def with_schema(self, schema_json: str, version: int) -> TableMeta:
+        """This table with ``schema_json`` from ``version`` on (the old one kept)."""
+        earlier = (*self.earlier_schemas, (self.schema_since, self.schema_json))
+        return TableMeta(
+            self.name,
+            schema_json,
+            self.partition_by,
+            self.location,
+            self.created_ms,
+            version,
+            earlier,
+        )
 
     def encode(self) -> bytes:
-        return _dump(
-            {
-                "name": self.name,
-                "schema": self.schema_json,
-                "partition_by": list(self.partition_by),
-                "location": self.location,
-                "created_ms": self.created_ms,
-            }
-        )
+        d: dict[str, Any] = {
+            "name": self.name,
+            "schema": self.schema_json,
+            "partition_by": list(self.partition_by),
+            "location": self.location,
+            "created_ms": self.created_ms,
+        }
+        if self.schema_since:
+            d["since"] = self.schema_since
+            d["earlier"] = [list(e) for e in self.earlier_schemas]
+        return _dump(d)
 
     @classmethod
     def decode(cls, raw: bytes) -> TableMeta:
@@ -206,6 +243,8 @@ class TableMeta:
             partition_by=tuple(str(c) for c in d["partition_by"]),
             location=str(d["location"]),
             created_ms=int(d["created_ms"]),
+            schema_since=int(d.get("since", 0)),
+            earlier_schemas=tuple((int(v), str(j)) for v, j in d.get("earlier", ())),
         )
 
 
@@ -217,6 +256,9 @@ class Head:
     started before it may have been removed, so such a job must not commit.
     ``min_readable_version``: versions below it are no longer readable: vacuum
     removed their files, or retention expired them (see ``retention``).
+    ``schema_version``: the version that set the current schema (0: creation);
+    ``schema_break``: the latest version whose schema change made files written
+    under the schema before it unreadable (an overwrite's new schema), 0 if none.
     ``last_ms``: the lowest log time the next commit may take: the latest commit's,
     or above a time that ``version_at`` answered for since (it raises it, so the
     answer stays true). Log times never go backwards even when a committer's
@@ -229,23 +271,36 @@ class Head:
     last_ms: int
     vacuum_cutoff_ms: int = 0
     min_readable_version: int = 0
+    schema_version: int = 0
+    schema_break: int = 0
 
     def encode(self) -> bytes:
-        return _dump(
-            {
-                "v": self.version,
-                "g": self.gen,
-                "gs": self.gen_start,
-                "ms": self.last_ms,
-                "vc": self.vacuum_cutoff_ms,
-                "mr": self.min_readable_version,
-            }
-        )
+        d = {
+            "v": self.version,
+            "g": self.gen,
+            "gs": self.gen_start,
+            "ms": self.last_ms,
+            "vc": self.vacuum_cutoff_ms,
+            "mr": self.min_readable_version,
+        }
+        if self.schema_version:  # absent in heads of tables whose schema never changed
+            d["sv"] = self.schema_version
+            d["sb"] = self.schema_break
+        return _dump(d)
 
     @classmethod
     def decode(cls, raw: bytes) -> Head:
         d = _load(raw)
-        return cls(int(d["v"]), int(d["g"]), int(d["gs"]), int(d["ms"]), int(d["vc"]), int(d["mr"]))
+        return cls(
+            int(d["v"]),
+            int(d["g"]),
+            int(d["gs"]),
+            int(d["ms"]),
+            int(d["vc"]),
+            int(d["mr"]),
+            int(d.get("sv", 0)),
+            int(d.get("sb", 0)),
+        )
 
 
 @dataclass(frozen=True, slots=True)

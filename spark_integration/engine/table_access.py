@@ -149,9 +149,10 @@ class TableAccess:
     def cached_meta(self, name: str) -> TableMeta | None:
         return self._meta.get(name)
 
-    def read_meta(self, tx: Transaction, name: str) -> TableMeta:
+    def read_meta(self, tx: Transaction, name: str, head: Head | None = None) -> TableMeta:
+        """The table's metadata; cached until ``head`` shows a newer schema."""
         cached = self._meta.get(name)
-        if cached is not None:
+        if cached is not None and (head is None or cached.schema_since == head.schema_version):
             return cached
         raw = tx.get(self.layout.tables, Layout.name_row(name), Layout.COL_META)
         if raw is None:
@@ -159,6 +160,10 @@ class TableAccess:
         meta = TableMeta.decode(raw)
         self._meta[name] = meta
         return meta
+
+    def forget_meta(self, name: str) -> None:
+        """Drop the cached metadata (a schema change rewrote it, or the table went)."""
+        self._meta.pop(name, None)
 
     def read_mark(self, tx: Transaction, name: str, app_id: str, batch_id: int | str) -> int | None:
         raw = tx.get(self.layout.marks, Layout.mark_row(name, app_id, batch_id), Layout.COL_MARK)

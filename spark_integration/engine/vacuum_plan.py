@@ -9,6 +9,7 @@ remove what the plan does not keep. Like the catalog, no Spark is involved.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -77,13 +78,10 @@ def fence_vacuum(
         if head.gen > plan.head.gen:
             start, end = Layout.files_from_gen(name, plan.head.gen + 1)
             since.update(_paths(tx, layout, start, end))
-    fenced = Head(
-        head.version,
-        head.gen,
-        head.gen_start,
-        head.last_ms,
-        max(head.vacuum_cutoff_ms, cutoff_ms),
-        max(head.min_readable_version, plan.min_readable_version),
+    fenced = dataclasses.replace(
+        head,
+        vacuum_cutoff_ms=max(head.vacuum_cutoff_ms, cutoff_ms),
+        min_readable_version=max(head.min_readable_version, plan.min_readable_version),
     )
     tx.put(layout.head, Layout.name_row(name), Layout.COL_HEAD, fenced.encode())
     return since

@@ -222,6 +222,8 @@ class RemoteCatalog:
         batch_id: int | str | None = None,
         base_version: int | None = None,
         read_set: ReadSet | None = None,
+        schema_version: int | None = None,
+        new_schema_json: str | None = None,
     ) -> Committed:
         """Commit ``files`` as the next version through the gateway (see the module doc)."""
         request = self._commit_pb(
@@ -235,6 +237,8 @@ class RemoteCatalog:
                 batch_id,
                 base_version,
                 read_set,
+                schema_version,
+                new_schema_json,
             ),
         )
         what = f"{operation.lower()} to table {name!r} (job {job_id})"
@@ -272,6 +276,8 @@ class RemoteCatalog:
             mark=mark_to_pb(r.app_id, r.batch_id),
             base_version=r.base_version,
             read_set=read_set_to_pb(r.read_set),
+            schema_version=r.schema_version,
+            new_schema_json=r.new_schema_json,
         )
 
     def _send(self, method: Callable[..., R], request: object, what: str, job_id: str) -> R:

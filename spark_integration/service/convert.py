@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from spark_integration.engine.model import (
+    ADD_COLUMNS,
     APPEND,
     DELETE,
     MERGE,
@@ -34,6 +35,7 @@ OPERATIONS = {
     UPDATE: pb.COMMIT_OPERATION_UPDATE,
     MERGE: pb.COMMIT_OPERATION_MERGE,
     REPLACE_WHERE: pb.COMMIT_OPERATION_REPLACE_WHERE,
+    ADD_COLUMNS: pb.COMMIT_OPERATION_ADD_COLUMNS,
 }
 OPERATION_NAMES = {v: k for k, v in OPERATIONS.items()}
 
@@ -45,12 +47,22 @@ def meta_to_pb(meta: TableMeta) -> pb.TableMeta:
         partition_by=list(meta.partition_by),
         location=meta.location,
         created_ms=meta.created_ms,
+        schema_since=meta.schema_since,
+        earlier_schemas=[
+            pb.SchemaAt(since_version=v, schema_json=j) for v, j in meta.earlier_schemas
+        ],
     )
 
 
 def meta_from_pb(msg: pb.TableMeta) -> TableMeta:
     return TableMeta(
-        msg.name, msg.schema_json, tuple(msg.partition_by), msg.location, msg.created_ms
+        msg.name,
+        msg.schema_json,
+        tuple(msg.partition_by),
+        msg.location,
+        msg.created_ms,
+        msg.schema_since,
+        tuple((e.since_version, e.schema_json) for e in msg.earlier_schemas),
     )
 
 
@@ -76,6 +88,8 @@ def head_to_pb(head: Head) -> pb.Head:
         last_ms=head.last_ms,
         vacuum_cutoff_ms=head.vacuum_cutoff_ms,
         min_readable_version=head.min_readable_version,
+        schema_version=head.schema_version,
+        schema_break=head.schema_break,
     )
 
 
@@ -87,6 +101,8 @@ def head_from_pb(msg: pb.Head) -> Head:
         msg.last_ms,
         msg.vacuum_cutoff_ms,
         msg.min_readable_version,
+        msg.schema_version,
+        msg.schema_break,
     )
 
 

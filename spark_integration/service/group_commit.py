@@ -31,7 +31,11 @@ from spark_integration.engine.model import OVERWRITE
 
 def _alone(request: CommitRequest) -> bool:
     """Whether the request commits in a group of its own (it depends on what it read)."""
-    return request.operation == OVERWRITE or request.read_set is not None
+    return (
+        request.operation == OVERWRITE
+        or request.read_set is not None
+        or request.new_schema_json is not None
+    )
 
 
 @dataclass(frozen=True)

@@ -231,6 +231,8 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
             batch_id,
             base_version,
             read_set,
+            request.schema_version if request.HasField("schema_version") else None,
+            request.new_schema_json if request.HasField("new_schema_json") else None,
         )
 
     # --- reads -----------------------------------------------------------------------

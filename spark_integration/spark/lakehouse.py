@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import json
@@ -33,7 +34,7 @@ from spark_integration.engine.model import (
 )
 from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.service.client import RemoteCatalog
-from spark_integration.spark import dml, filesystem, merge, replace
+from spark_integration.spark import dml, filesystem, merge, replace, schema_change
 from spark_integration.spark.hook import (
     STAGING_PREFIX,
     Job,
@@ -208,31 +209,18 @@ class Lakehouse:
         the name is taken or its location already holds files. ``retention``: see
         :meth:`expire` (``None``: 30 days of log, 7 days of batch marks).
         """
-        _check_name(name)
-        columns = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
-        if not all(isinstance(c, str) for c in columns):
-            raise TypeError("partition_by must be column names")
-        struct = parse_schema(schema)
-        check_table_schema(struct, columns)
-        if name in self.list_tables():
-            raise TableExistsError(f"table {name!r} already exists")
-        location = join(self._warehouse, name)
-        if filesystem.holds_files(location):
-            raise TableExistsError(
-                f"location {location} of table {name!r} already holds files; "
-                "a table never adopts files it did not write"
-            )
-        meta = TableMeta(name, struct.json(), columns, location, now_ms())
-        self._catalog.create(meta, job_id=f"create-{uuid.uuid4().hex[:16]}", retention=retention)
-        filesystem.make_dirs(location)
-        log.info("created table %s at %s", name, location)
+        _create_table(self._catalog, self._warehouse, name, schema, partition_by, retention)
 
     def list_tables(self) -> list[str]:
         return self._catalog.list_tables()
 
     def schema(self, name: str) -> StructType:
-        meta = self._catalog.meta(_check_name(name))
+        meta = self._catalog.prepare(_check_name(name)).meta
         return StructType.fromJson(json.loads(meta.schema_json))
+
+    def add_columns(self, name: str, columns: str | StructType) -> int:
+        """Add nullable columns (Spark DDL ``"c1 INT, c2 STRING"``) as a new version."""
+        return schema_change.add_columns(self._catalog, _check_name(name), columns)
 
     def version(self, name: str) -> int:
         """The table's latest version."""
@@ -246,13 +234,16 @@ class Lakehouse:
         df: DataFrame,
         app_id: str | None = None,
         batch_id: int | str | None = None,
+        *,
+        merge_schema: bool = False,
     ) -> int:
         """Add the DataFrame's rows as a new version; returns that version.
 
         Concurrent appends never fail each other: they retry at the table's head.
         A repeated ``(app_id, batch_id)`` returns its first version and adds nothing.
+        ``merge_schema`` adds the DataFrame's new columns and widens (``schema_change``).
         """
-        return self._write(APPEND, name, df, app_id, batch_id)
+        return self._write(APPEND, name, df, app_id, batch_id, (merge_schema, False))
 
     def overwrite(
         self,
@@ -263,6 +254,7 @@ class Lakehouse:
         *,
         replace_where: str | None = None,
         dynamic_partitions: bool | None = None,
+        overwrite_schema: bool = False,
     ) -> int:
         """Replace every row with the DataFrame's, atomically; returns the new version.
 
@@ -271,9 +263,11 @@ class Lakehouse:
         ``replace_where`` (Spark SQL) replaces only the rows it matches, and
         ``dynamic_partitions`` (``None``: the session's partitionOverwriteMode) only
         the partitions written, each beside concurrent commits elsewhere (``replace``).
+        ``overwrite_schema``: the DataFrame's schema becomes the table's.
         """
-        if replace.mode_of(_check_dataframe(df), replace_where, dynamic_partitions) == "static":
-            return self._write(OVERWRITE, name, df, app_id, batch_id)
+        mode = replace.mode_of(_check_dataframe(df), replace_where, dynamic_partitions)
+        if schema_change.whole_table(mode, overwrite_schema):
+            return self._write(OVERWRITE, name, df, app_id, batch_id, (False, overwrite_schema))
         replace.check_no_batch(app_id, batch_id)
         return replace.overwrite(self._catalog, _check_name(name), df, replace_where)
 
@@ -284,15 +278,17 @@ class Lakehouse:
         df: DataFrame,
         app_id: str | None,
         batch_id: int | str | None,
+        evolve: tuple[bool, bool] = (False, False),
     ) -> int:
         _check_name(name)
         _check_dataframe(df)
         app_id, batch_id = _check_batch(app_id, batch_id)
 
         def write(job: Job, schema: StructType, partition_by: tuple[str, ...]) -> list[FileEntry]:
-            return write_files(df, schema, partition_by, job)
+            rows = schema_change.conform(df, schema) if evolve[0] else df
+            return write_files(rows, schema, partition_by, job)
 
-        return self._run_job(operation, name, df.schema, write, app_id, batch_id)
+        return self._run_job(operation, name, df.schema, write, app_id, batch_id, evolve)
 
     def _run_job(
         self,
@@ -302,6 +298,7 @@ class Lakehouse:
         write: Callable[[Job, StructType, tuple[str, ...]], list[FileEntry] | None],
         app_id: str | None,
         batch_id: int | str | None,
+        evolve: tuple[bool, bool] = (False, False),
     ) -> int:
         """The commit hook: ``write`` fills a fresh job folder, whose files are committed.
 
@@ -315,8 +312,7 @@ class Lakehouse:
             log.info("%s to %s: (%s, %r) committed before", operation, name, app_id, batch_id)
             return prepared.replayed_version
         meta = prepared.meta
-        schema = StructType.fromJson(json.loads(meta.schema_json))
-        check_dataframe_schema(name, schema, source_schema)
+        schema, new_schema = schema_change.target(name, meta, source_schema, *evolve)
         job = new_job(meta.location)
         self.failpoints.hit(fp.BEFORE_WRITE, job.job_id)
         try:
@@ -342,6 +338,8 @@ class Lakehouse:
                 app_id=app_id,
                 batch_id=batch_id,
                 base_version=prepared.head.version if operation == OVERWRITE else None,
+                schema_version=prepared.head.schema_version,
+                new_schema_json=new_schema,
             )
         except TransactionAbortedError:
             # Definitely not committed (a conflict at the head, a stale overwrite, a
@@ -484,8 +482,8 @@ class Lakehouse:
             raise ValueError("pass version or timestamp, not both")
         if timestamp is not None:
             version = self.version_at(name, timestamp)
-        meta, _, entries = self._catalog.files(name, version, FileEntry)
-        schema = StructType.fromJson(json.loads(meta.schema_json))
+        meta, at, entries = self._catalog.files(name, version, FileEntry)
+        schema = StructType.fromJson(json.loads(meta.schema_at(at)))
         return read_version(spark, schema, meta.partition_by, meta.location, entries)
 
     def history(self, name: str) -> list[Commit]:
@@ -609,6 +607,7 @@ class LakehouseTransaction:
         request = CommitRequest(
             operation, tuple(files), job.job_id, job.started_ms, app_id, batch_id, base
         )
+        request = dataclasses.replace(request, schema_version=prepared.head.schema_version)
         self._staged.append((name, request, job))
 
     def append_files(
@@ -657,6 +656,35 @@ class LakehouseTransaction:
         for _, _, job in self._staged:
             if job is not None:
                 _remove_staging(job.staging)
+
+
+def _create_table(
+    catalog: Catalog | RemoteCatalog,
+    warehouse: str,
+    name: str,
+    schema: StructType | str,
+    partition_by: Sequence[str] | str,
+    retention: Retention | None,
+) -> None:
+    """``Lakehouse.create_table`` (see there)."""
+    _check_name(name)
+    columns = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
+    if not all(isinstance(c, str) for c in columns):
+        raise TypeError("partition_by must be column names")
+    struct = parse_schema(schema)
+    check_table_schema(struct, columns)
+    if name in catalog.list_tables():
+        raise TableExistsError(f"table {name!r} already exists")
+    location = join(warehouse, name)
+    if filesystem.holds_files(location):
+        raise TableExistsError(
+            f"location {location} of table {name!r} already holds files; "
+            "a table never adopts files it did not write"
+        )
+    meta = TableMeta(name, struct.json(), columns, location, now_ms())
+    catalog.create(meta, job_id=f"create-{uuid.uuid4().hex[:16]}", retention=retention)
+    filesystem.make_dirs(location)
+    log.info("created table %s at %s", name, location)
 
 
 def _append_files(

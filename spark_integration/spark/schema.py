@@ -76,15 +76,16 @@ def check_table_schema(schema: StructType, partition_by: tuple[str, ...]) -> Non
         raise ValueError("at least one column must not be a partition column")
 
 
-def _without_nullability(kind: DataType) -> DataType:
+def without_nullability(kind: DataType) -> DataType:
+    """``kind`` with every nested field, element and value nullable (for comparisons)."""
     if isinstance(kind, StructType):
         return StructType(
-            [StructField(f.name, _without_nullability(f.dataType), True) for f in kind.fields]
+            [StructField(f.name, without_nullability(f.dataType), True) for f in kind.fields]
         )
     if isinstance(kind, ArrayType):
-        return ArrayType(_without_nullability(kind.elementType), True)
+        return ArrayType(without_nullability(kind.elementType), True)
     if isinstance(kind, MapType):
-        return MapType(_without_nullability(kind.keyType), _without_nullability(kind.valueType))
+        return MapType(without_nullability(kind.keyType), without_nullability(kind.valueType))
     return kind
 
 
@@ -106,7 +107,7 @@ def check_dataframe_schema(table: str, expected: StructType, actual: StructType)
     if len(actual.fields) != len(got):
         problems.append("duplicate column names")
     for n in want.keys() & got.keys():
-        if _without_nullability(want[n]) != _without_nullability(got[n]):
+        if without_nullability(want[n]) != without_nullability(got[n]):
             problems.append(
                 f"column {n!r} is {got[n].simpleString()}, the table has {want[n].simpleString()}"
             )

@@ -34,6 +34,8 @@ class _CommitOperationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Commi
     COMMIT_OPERATION_MERGE: _CommitOperation.ValueType  # 5
     COMMIT_OPERATION_REPLACE_WHERE: _CommitOperation.ValueType  # 6
     """An overwrite of the rows a predicate matches (replaceWhere, dynamic partitions)."""
+    COMMIT_OPERATION_ADD_COLUMNS: _CommitOperation.ValueType  # 7
+    """A schema change without files (Lakehouse.add_columns); carries new_schema_json."""
 
 class CommitOperation(_CommitOperation, metaclass=_CommitOperationEnumTypeWrapper): ...
 
@@ -46,6 +48,8 @@ COMMIT_OPERATION_UPDATE: CommitOperation.ValueType  # 4
 COMMIT_OPERATION_MERGE: CommitOperation.ValueType  # 5
 COMMIT_OPERATION_REPLACE_WHERE: CommitOperation.ValueType  # 6
 """An overwrite of the rows a predicate matches (replaceWhere, dynamic partitions)."""
+COMMIT_OPERATION_ADD_COLUMNS: CommitOperation.ValueType  # 7
+"""A schema change without files (Lakehouse.add_columns); carries new_schema_json."""
 Global___CommitOperation: _TypeAlias = CommitOperation  # noqa: Y015
 
 @_typing.final
@@ -103,13 +107,21 @@ class TableMeta(_message.Message):
     PARTITION_BY_FIELD_NUMBER: _builtins.int
     LOCATION_FIELD_NUMBER: _builtins.int
     CREATED_MS_FIELD_NUMBER: _builtins.int
+    SCHEMA_SINCE_FIELD_NUMBER: _builtins.int
+    EARLIER_SCHEMAS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     schema_json: _builtins.str
     """Spark's StructType.json(); opaque to the gateway"""
     location: _builtins.str
     created_ms: _builtins.int
+    schema_since: _builtins.int
+    """The version from which schema_json applies (0: creation), and the schemas
+    before it, oldest first: time travel reads a version with its own schema.
+    """
     @_builtins.property
     def partition_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def earlier_schemas(self) -> _containers.RepeatedCompositeFieldContainer[Global___SchemaAt]: ...
     def __init__(
         self,
         *,
@@ -118,14 +130,38 @@ class TableMeta(_message.Message):
         partition_by: _abc.Iterable[_builtins.str] | None = ...,
         location: _builtins.str = ...,
         created_ms: _builtins.int = ...,
+        schema_since: _builtins.int = ...,
+        earlier_schemas: _abc.Iterable[Global___SchemaAt] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "location", b"location", "name", b"name", "partition_by", b"partition_by", "schema_json", b"schema_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "earlier_schemas", b"earlier_schemas", "location", b"location", "name", b"name", "partition_by", b"partition_by", "schema_json", b"schema_json", "schema_since", b"schema_since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TableMeta: _TypeAlias = TableMeta  # noqa: Y015
+
+@_typing.final
+class SchemaAt(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINCE_VERSION_FIELD_NUMBER: _builtins.int
+    SCHEMA_JSON_FIELD_NUMBER: _builtins.int
+    since_version: _builtins.int
+    schema_json: _builtins.str
+    def __init__(
+        self,
+        *,
+        since_version: _builtins.int = ...,
+        schema_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schema_json", b"schema_json", "since_version", b"since_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SchemaAt: _TypeAlias = SchemaAt  # noqa: Y015
 
 @_typing.final
 class Head(_message.Message):
@@ -137,12 +173,19 @@ class Head(_message.Message):
     LAST_MS_FIELD_NUMBER: _builtins.int
     VACUUM_CUTOFF_MS_FIELD_NUMBER: _builtins.int
     MIN_READABLE_VERSION_FIELD_NUMBER: _builtins.int
+    SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
+    SCHEMA_BREAK_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     gen: _builtins.int
     gen_start: _builtins.int
     last_ms: _builtins.int
     vacuum_cutoff_ms: _builtins.int
     min_readable_version: _builtins.int
+    schema_version: _builtins.int
+    """The version that set the current schema, and the latest one whose schema
+    change left files of older schemas unreadable (an overwrite's); 0: none.
+    """
+    schema_break: _builtins.int
     def __init__(
         self,
         *,
@@ -152,10 +195,12 @@ class Head(_message.Message):
         last_ms: _builtins.int = ...,
         vacuum_cutoff_ms: _builtins.int = ...,
         min_readable_version: _builtins.int = ...,
+        schema_version: _builtins.int = ...,
+        schema_break: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gen", b"gen", "gen_start", b"gen_start", "last_ms", b"last_ms", "min_readable_version", b"min_readable_version", "vacuum_cutoff_ms", b"vacuum_cutoff_ms", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gen", b"gen", "gen_start", b"gen_start", "last_ms", b"last_ms", "min_readable_version", b"min_readable_version", "schema_break", b"schema_break", "schema_version", b"schema_version", "vacuum_cutoff_ms", b"vacuum_cutoff_ms", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -467,6 +512,8 @@ class CommitFilesRequest(_message.Message):
     MARK_FIELD_NUMBER: _builtins.int
     BASE_VERSION_FIELD_NUMBER: _builtins.int
     READ_SET_FIELD_NUMBER: _builtins.int
+    SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
+    NEW_SCHEMA_JSON_FIELD_NUMBER: _builtins.int
     catalog: _builtins.str
     table: _builtins.str
     operation: Global___CommitOperation.ValueType
@@ -476,6 +523,12 @@ class CommitFilesRequest(_message.Message):
     """When the oldest file was written: a vacuum with a later cutoff may have removed it."""
     base_version: _builtins.int
     """Overwrites only: the version the new files replace."""
+    schema_version: _builtins.int
+    """The head's schema_version the files were written under (unset: not checked),
+    and for a schema change the schema it sets. A schema change conflicts with any
+    other since schema_version; files conflict with a later schema_break (ABORTED).
+    """
+    new_schema_json: _builtins.str
     @_builtins.property
     def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileEntry]: ...
     @_builtins.property
@@ -496,23 +549,33 @@ class CommitFilesRequest(_message.Message):
         mark: Global___BatchMark | None = ...,
         base_version: _builtins.int | None = ...,
         read_set: Global___ReadSet | None = ...,
+        schema_version: _builtins.int | None = ...,
+        new_schema_json: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "_mark", b"_mark", "_read_set", b"_read_set", "base_version", b"base_version", "mark", b"mark", "read_set", b"read_set"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "_mark", b"_mark", "_new_schema_json", b"_new_schema_json", "_read_set", b"_read_set", "_schema_version", b"_schema_version", "base_version", b"base_version", "mark", b"mark", "new_schema_json", b"new_schema_json", "read_set", b"read_set", "schema_version", b"schema_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "_mark", b"_mark", "_read_set", b"_read_set", "base_version", b"base_version", "catalog", b"catalog", "files", b"files", "job_id", b"job_id", "job_started_ms", b"job_started_ms", "mark", b"mark", "operation", b"operation", "read_set", b"read_set", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "_mark", b"_mark", "_new_schema_json", b"_new_schema_json", "_read_set", b"_read_set", "_schema_version", b"_schema_version", "base_version", b"base_version", "catalog", b"catalog", "files", b"files", "job_id", b"job_id", "job_started_ms", b"job_started_ms", "mark", b"mark", "new_schema_json", b"new_schema_json", "operation", b"operation", "read_set", b"read_set", "schema_version", b"schema_version", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__base_version: _TypeAlias = _typing.Literal["base_version"]  # noqa: Y015
     _WhichOneofArgType__base_version: _TypeAlias = _typing.Literal["_base_version", b"_base_version"]  # noqa: Y015
     _WhichOneofReturnType__mark: _TypeAlias = _typing.Literal["mark"]  # noqa: Y015
     _WhichOneofArgType__mark: _TypeAlias = _typing.Literal["_mark", b"_mark"]  # noqa: Y015
+    _WhichOneofReturnType__new_schema_json: _TypeAlias = _typing.Literal["new_schema_json"]  # noqa: Y015
+    _WhichOneofArgType__new_schema_json: _TypeAlias = _typing.Literal["_new_schema_json", b"_new_schema_json"]  # noqa: Y015
     _WhichOneofReturnType__read_set: _TypeAlias = _typing.Literal["read_set"]  # noqa: Y015
     _WhichOneofArgType__read_set: _TypeAlias = _typing.Literal["_read_set", b"_read_set"]  # noqa: Y015
+    _WhichOneofReturnType__schema_version: _TypeAlias = _typing.Literal["schema_version"]  # noqa: Y015
+    _WhichOneofArgType__schema_version: _TypeAlias = _typing.Literal["_schema_version", b"_schema_version"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__base_version) -> _WhichOneofReturnType__base_version | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__mark) -> _WhichOneofReturnType__mark | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__new_schema_json) -> _WhichOneofReturnType__new_schema_json | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__read_set) -> _WhichOneofReturnType__read_set | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__schema_version) -> _WhichOneofReturnType__schema_version | None: ...
 
 Global___CommitFilesRequest: _TypeAlias = CommitFilesRequest  # noqa: Y015
 
