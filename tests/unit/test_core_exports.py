@@ -25,6 +25,7 @@ EXPORTS = {
         "GarbageCollector",
         "GcLoop",
         "GcReport",
+        "GcStoppedError",
         "Isolation",
         "LockService",
         "Manager",
@@ -53,6 +54,7 @@ EXPORTS = {
     },
     "tso": {
         "BOUND_KEY",
+        "DEFAULT_LEADER_WAIT_S",
         "DEFAULT_LEASE_MS",
         "DEFAULT_WINDOW",
         "DRIFT_MARGIN",
