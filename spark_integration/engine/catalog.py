@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from spark_integration.engine import lakehouse_failpoints as fp
+from spark_integration.engine import lifecycle
 from spark_integration.engine.checkpoints import list_gen
 from spark_integration.engine.commit import CommitRequest, Commits, Committed
 from spark_integration.engine.errors import ConcurrentModificationError
@@ -167,6 +168,28 @@ class Catalog:
             tables.check_readable(tx, name, head, version)
             gen = head.gen if version >= head.gen_start else tables.gen_of(tx, name, version)
             return meta, version, list_gen(tx, self.layout, name, gen, version, make)
+
+    # --- table lifecycle (``lifecycle``) ---------------------------------------------
+
+    def drop_table(self, name: str) -> TableMeta:
+        """Delete the table's metadata in one transaction; returns it (for its files)."""
+        meta, _ = self.tables.transact(
+            lambda tx: lifecycle.drop(tx, self.tables, name),
+            what=f"drop table {name!r}",
+            settle_unknown=True,
+        )
+        self.tables.forget_meta(name)
+        return meta
+
+    def rename_table(self, old: str, new: str) -> None:
+        """Move the table to the name ``new`` (free) in one transaction; files stay."""
+        self.tables.transact(
+            lambda tx: lifecycle.rename(tx, self.tables, old, new),
+            what=f"rename table {old!r} to {new!r}",
+            settle_unknown=True,
+        )
+        self.tables.forget_meta(old)
+        self.tables.forget_meta(new)
 
     # --- commits (``commit``) ---------------------------------------------------------
 

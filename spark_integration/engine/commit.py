@@ -256,6 +256,7 @@ class GroupAttempt:
             head.min_readable_version,
             schema_version,
             schema_break,
+            head.created_ms,
         )
 
 
@@ -282,7 +283,8 @@ class Commits:
                 raise TableExistsError(f"table {name!r} already exists")
             ms = self._tables.clock_ms()
             tx.put(layout.tables, row, Layout.COL_META, meta.encode())
-            tx.put(layout.head, row, Layout.COL_HEAD, Head(0, 0, 0, ms).encode())
+            head = Head(0, 0, 0, ms, created_ms=meta.created_ms)
+            tx.put(layout.head, row, Layout.COL_HEAD, head.encode())
             tx.put(layout.gens, Layout.gen_row(name, 0), Layout.COL_GEN, _gen0(ms))
             record = LogRecord(0, CREATE, ms, 0, 0, job_id, None, None, tx.start_ts)
             tx.put(layout.log, Layout.log_row(name, 0), Layout.COL_RECORD, record.encode())

@@ -273,6 +273,10 @@ class Head:
     min_readable_version: int = 0
     schema_version: int = 0
     schema_break: int = 0
+    #: ``TableMeta.created_ms`` of the table this head belongs to (0 in heads written
+    #: before tables could be dropped): cached metadata of a dropped table of the
+    #: same name is told apart by it.
+    created_ms: int = 0
 
     def encode(self) -> bytes:
         d = {
@@ -286,6 +290,8 @@ class Head:
         if self.schema_version:  # absent in heads of tables whose schema never changed
             d["sv"] = self.schema_version
             d["sb"] = self.schema_break
+        if self.created_ms:
+            d["cr"] = self.created_ms
         return _dump(d)
 
     @classmethod
@@ -300,6 +306,7 @@ class Head:
             int(d["mr"]),
             int(d.get("sv", 0)),
             int(d.get("sb", 0)),
+            int(d.get("cr", 0)),
         )
 
 

@@ -150,9 +150,15 @@ class TableAccess:
         return self._meta.get(name)
 
     def read_meta(self, tx: Transaction, name: str, head: Head | None = None) -> TableMeta:
-        """The table's metadata; cached until ``head`` shows a newer schema."""
+        """The table's metadata; cached until ``head`` shows a newer schema or table."""
         cached = self._meta.get(name)
-        if cached is not None and (head is None or cached.schema_since == head.schema_version):
+        if cached is not None and (
+            head is None
+            or (
+                cached.schema_since == head.schema_version
+                and head.created_ms in (0, cached.created_ms)
+            )
+        ):
             return cached
         raw = tx.get(self.layout.tables, Layout.name_row(name), Layout.COL_META)
         if raw is None:

@@ -186,6 +186,20 @@ class RemoteCatalog:
 
     # --- changes ----------------------------------------------------------------------
 
+    def drop_table(self, name: str) -> TableMeta:
+        """Drop the table's metadata in the gateway; returns it (for its files)."""
+        request = pb.DropTableRequest(catalog=self._catalog, table=name)
+        got = call(self._stub.DropTable, request, self._conn, self._commit_timeout_s)
+        self._meta.pop(name, None)
+        return meta_from_pb(got.meta)
+
+    def rename_table(self, old: str, new: str) -> None:
+        """Move the table to the name ``new`` in the gateway; its files stay."""
+        request = pb.RenameTableRequest(catalog=self._catalog, table=old, new_name=new)
+        call(self._stub.RenameTable, request, self._conn, self._commit_timeout_s)
+        self._meta.pop(old, None)
+        self._meta.pop(new, None)
+
     def create(
         self, meta: TableMeta, job_id: str, retention: Retention | None = None
     ) -> int | None:

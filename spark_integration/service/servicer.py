@@ -146,6 +146,27 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
         except Exception as exc:
             abort_with(context, exc)
 
+    def DropTable(
+        self, request: pb.DropTableRequest, context: grpc.ServicerContext
+    ) -> pb.DropTableResponse:
+        try:
+            catalog = self._catalog(request.catalog)
+            meta = catalog.drop_table(_check_table(request.table))
+            return pb.DropTableResponse(meta=meta_to_pb(meta))
+        except Exception as exc:
+            abort_with(context, exc)
+
+    def RenameTable(
+        self, request: pb.RenameTableRequest, context: grpc.ServicerContext
+    ) -> pb.RenameTableResponse:
+        try:
+            catalog = self._catalog(request.catalog)
+            old, new = _check_table(request.table), _check_table(request.new_name)
+            catalog.rename_table(old, new)
+            return pb.RenameTableResponse()
+        except Exception as exc:
+            abort_with(context, exc)
+
     def ListTables(
         self, request: pb.ListTablesRequest, context: grpc.ServicerContext
     ) -> pb.ListTablesResponse:

@@ -211,6 +211,14 @@ class Lakehouse:
         """
         _create_table(self._catalog, self._warehouse, name, schema, partition_by, retention)
 
+    def drop_table(self, name: str) -> None:
+        """Drop the table and its files; the name is free again (``schema_change``)."""
+        schema_change.drop_table(self._catalog, _check_name(name))
+
+    def rename_table(self, old: str, new: str) -> None:
+        """Rename atomically; refuses a taken ``new``; the files stay where they are."""
+        schema_change.rename_table(self._catalog, _check_name(old), _check_name(new))
+
     def list_tables(self) -> list[str]:
         return self._catalog.list_tables()
 
@@ -473,18 +481,10 @@ class Lakehouse:
         version that was the latest at ``timestamp`` (see :meth:`version_at`).
 
         ``spark`` may be a classic session or a Spark Connect one; the DataFrame is
-        of that session's kind."""
+        of that session's kind. An old version reads with the schema it had."""
         if not _is_spark_session(spark):
             raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
-        _check_name(name)
-        _check_version(version)
-        if version is not None and timestamp is not None:
-            raise ValueError("pass version or timestamp, not both")
-        if timestamp is not None:
-            version = self.version_at(name, timestamp)
-        meta, at, entries = self._catalog.files(name, version, FileEntry)
-        schema = StructType.fromJson(json.loads(meta.schema_at(at)))
-        return read_version(spark, schema, meta.partition_by, meta.location, entries)
+        return _read(self._catalog, spark, _check_name(name), version, timestamp)
 
     def history(self, name: str) -> list[Commit]:
         """Every version, oldest first."""
@@ -709,6 +709,24 @@ def _append_files(
         batch_id=key[1],
     )
     return committed.version
+
+
+def _read(
+    catalog: Catalog | RemoteCatalog,
+    spark: SparkSession | ConnectSession,
+    name: str,
+    version: int | None,
+    timestamp: datetime.datetime | str | int | None,
+) -> DataFrame:
+    """``Lakehouse.read`` after its session check."""
+    _check_version(version)
+    if version is not None and timestamp is not None:
+        raise ValueError("pass version or timestamp, not both")
+    if timestamp is not None:
+        version = catalog.version_at(name, _timestamp_ms(timestamp))
+    meta, at, entries = catalog.files(name, version, FileEntry)
+    schema = StructType.fromJson(json.loads(meta.schema_at(at)))
+    return read_version(spark, schema, meta.partition_by, meta.location, entries)
 
 
 def _is_spark_session(spark: object) -> bool:

@@ -1,4 +1,4 @@
-"""Schema evolution: the rules of ``mergeSchema``, ``overwriteSchema`` and ``add_columns``.
+"""Schema evolution (``mergeSchema``, ``overwriteSchema``, ``add_columns``), drop and rename.
 
 A schema change is a commit like any other (``CommitRequest.new_schema_json``): the
 table's metadata keeps every earlier schema with the version it started at, so time
@@ -11,6 +11,7 @@ and a widened column widened (Parquet's int32 read as bigint, float as double).
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 
 from pyspark.sql import DataFrame
@@ -30,6 +31,7 @@ from pyspark.sql.types import (
 from spark_integration.engine import Catalog, now_ms
 from spark_integration.engine.model import ADD_COLUMNS, TableMeta
 from spark_integration.service.client import RemoteCatalog
+from spark_integration.spark import filesystem
 from spark_integration.spark.schema import (
     check_dataframe_schema,
     check_table_schema,
@@ -37,6 +39,8 @@ from spark_integration.spark.schema import (
     quote,
     without_nullability,
 )
+
+log = logging.getLogger(__name__)
 
 #: Safe widenings: every value of the narrower type is one of the wider, and Spark's
 #: Parquet readers read the narrower physical type as the wider one.
@@ -192,3 +196,21 @@ def whole_table(mode: str, overwrite_schema: bool) -> bool:
             "replace_where or dynamic partition overwrite"
         )
     return mode == "static"
+
+
+def drop_table(catalog: Catalog | RemoteCatalog, name: str) -> None:
+    """``Lakehouse.drop_table``: the metadata in one transaction, then the files.
+
+    After the drop commits no version names the files, so they go at once, as
+    vacuum would remove them; a removal that fails leaves them to be removed by
+    hand, and a new table of that name is refused while its folder holds files.
+    """
+    meta = catalog.drop_table(name)
+    filesystem.delete_tree(meta.location)
+    log.info("dropped table %s; removed %s", name, meta.location)
+
+
+def rename_table(catalog: Catalog | RemoteCatalog, old: str, new: str) -> None:
+    """``Lakehouse.rename_table``: atomic; the files stay at the old location."""
+    catalog.rename_table(old, new)
+    log.info("renamed table %s to %s", old, new)

@@ -20,7 +20,12 @@ pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from spark_integration import ConcurrentModificationError, Lakehouse
+from spark_integration import (
+    ConcurrentModificationError,
+    Lakehouse,
+    TableExistsError,
+    TableNotFoundError,
+)
 from spark_integration.engine import lakehouse_failpoints as fp
 from txn import TransactionConfig, TransactionManager
 
@@ -112,3 +117,32 @@ def test_schema_evolves_by_commits_that_old_files_and_time_travel_read(
     assert lh.version("events") == 5
     assert lh.history("events")[-1].operation == "OVERWRITE"
     assert [tuple(r) for r in lh.read(spark, "events").collect()] == [("x", "d9")]
+
+
+def test_rename_is_atomic_and_keeps_files_and_drop_frees_the_name(
+    lh: Lakehouse, spark: SparkSession
+) -> None:
+    lh.create_table("events", SCHEMA, partition_by="day")
+    lh.create_table("other", SCHEMA)
+    assert lh.append("events", spark.createDataFrame([(1, 10, "d1")], SCHEMA)) == 1
+    (before,) = lh.files("events")
+    with pytest.raises(TableExistsError, match="'other' already exists"):
+        lh.rename_table("events", "other")
+    lh.rename_table("events", "renamed")
+    assert sorted(lh.list_tables()) == ["other", "renamed"]
+    assert lh.files("renamed") == [before]  # same path: the files stayed
+    assert [c.operation for c in lh.history("renamed")] == ["CREATE TABLE", "WRITE"]
+    assert [tuple(r) for r in lh.read(spark, "renamed", version=1).collect()] == [(1, 10, "d1")]
+    with pytest.raises(TableNotFoundError, match="'events'"):
+        lh.version("events")
+
+    lh.drop_table("renamed")
+    assert lh.list_tables() == ["other"]
+    with pytest.raises(TableNotFoundError, match="'renamed'"):
+        lh.read(spark, "renamed", version=1)
+    assert not Path(before.path).exists()
+    # Both names are free again, and the new tables start from version 0.
+    lh.create_table("events", SCHEMA, partition_by="day")
+    lh.create_table("renamed", SCHEMA)
+    assert lh.version("events") == 0 and lh.version("renamed") == 0
+    assert lh.files("events") == []

@@ -461,6 +461,90 @@ class GetTableResponse(_message.Message):
 Global___GetTableResponse: _TypeAlias = GetTableResponse  # noqa: Y015
 
 @_typing.final
+class DropTableRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CATALOG_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    catalog: _builtins.str
+    table: _builtins.str
+    def __init__(
+        self,
+        *,
+        catalog: _builtins.str = ...,
+        table: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog", b"catalog", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropTableRequest: _TypeAlias = DropTableRequest  # noqa: Y015
+
+@_typing.final
+class DropTableResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def meta(self) -> Global___TableMeta:
+        """the dropped table's, for its location"""
+
+    def __init__(
+        self,
+        *,
+        meta: Global___TableMeta | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropTableResponse: _TypeAlias = DropTableResponse  # noqa: Y015
+
+@_typing.final
+class RenameTableRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CATALOG_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    NEW_NAME_FIELD_NUMBER: _builtins.int
+    catalog: _builtins.str
+    table: _builtins.str
+    new_name: _builtins.str
+    def __init__(
+        self,
+        *,
+        catalog: _builtins.str = ...,
+        table: _builtins.str = ...,
+        new_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog", b"catalog", "new_name", b"new_name", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenameTableRequest: _TypeAlias = RenameTableRequest  # noqa: Y015
+
+@_typing.final
+class RenameTableResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenameTableResponse: _TypeAlias = RenameTableResponse  # noqa: Y015
+
+@_typing.final
 class ListTablesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -67,6 +67,16 @@ class LakehouseServiceStub:
                 request_serializer=wire_dot_v1_dot_lakehouse__pb2.ListTablesRequest.SerializeToString,
                 response_deserializer=wire_dot_v1_dot_lakehouse__pb2.ListTablesResponse.FromString,
                 _registered_method=True)
+        self.DropTable = channel.unary_unary(
+                '/percolake.v1.LakehouseService/DropTable',
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.DropTableRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.DropTableResponse.FromString,
+                _registered_method=True)
+        self.RenameTable = channel.unary_unary(
+                '/percolake.v1.LakehouseService/RenameTable',
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.RenameTableRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.RenameTableResponse.FromString,
+                _registered_method=True)
         self.CommitFiles = channel.unary_unary(
                 '/percolake.v1.LakehouseService/CommitFiles',
                 request_serializer=wire_dot_v1_dot_lakehouse__pb2.CommitFilesRequest.SerializeToString,
@@ -139,6 +149,22 @@ class LakehouseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DropTable(self, request, context):
+        """Delete a table's metadata in one transaction (NOT_FOUND: no such table); the
+        caller removes its files. The name is free again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenameTable(self, request, context):
+        """Move a table's metadata to a new name in one transaction; its files stay where
+        they are (ALREADY_EXISTS: the new name is taken).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CommitFiles(self, request, context):
         """Commit files as the table's next version. Idempotent by job_id: sending the same
         request again returns the version it committed (and commits nothing more).
@@ -200,6 +226,16 @@ def add_LakehouseServiceServicer_to_server(servicer, server):
                     servicer.ListTables,
                     request_deserializer=wire_dot_v1_dot_lakehouse__pb2.ListTablesRequest.FromString,
                     response_serializer=wire_dot_v1_dot_lakehouse__pb2.ListTablesResponse.SerializeToString,
+            ),
+            'DropTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropTable,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.DropTableRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.DropTableResponse.SerializeToString,
+            ),
+            'RenameTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenameTable,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.RenameTableRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.RenameTableResponse.SerializeToString,
             ),
             'CommitFiles': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitFiles,
@@ -331,6 +367,60 @@ class LakehouseService:
             '/percolake.v1.LakehouseService/ListTables',
             wire_dot_v1_dot_lakehouse__pb2.ListTablesRequest.SerializeToString,
             wire_dot_v1_dot_lakehouse__pb2.ListTablesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.LakehouseService/DropTable',
+            wire_dot_v1_dot_lakehouse__pb2.DropTableRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.DropTableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenameTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.LakehouseService/RenameTable',
+            wire_dot_v1_dot_lakehouse__pb2.RenameTableRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.RenameTableResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,14 @@ class LakehouseServiceStub:
     GetTable: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.GetTableRequest, _lakehouse_pb2.GetTableResponse]
     """A table's metadata and head; with app_id and batch_id, the version they committed."""
     ListTables: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.ListTablesRequest, _lakehouse_pb2.ListTablesResponse]
+    DropTable: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.DropTableRequest, _lakehouse_pb2.DropTableResponse]
+    """Delete a table's metadata in one transaction (NOT_FOUND: no such table); the
+    caller removes its files. The name is free again.
+    """
+    RenameTable: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.RenameTableRequest, _lakehouse_pb2.RenameTableResponse]
+    """Move a table's metadata to a new name in one transaction; its files stay where
+    they are (ALREADY_EXISTS: the new name is taken).
+    """
     CommitFiles: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.CommitFilesRequest, _lakehouse_pb2.CommitFilesResponse]
     """Commit files as the table's next version. Idempotent by job_id: sending the same
     request again returns the version it committed (and commits nothing more).
@@ -99,6 +107,14 @@ class LakehouseServiceAsyncStub(LakehouseServiceStub):
     GetTable: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.GetTableRequest, _lakehouse_pb2.GetTableResponse]  # type: ignore[assignment]
     """A table's metadata and head; with app_id and batch_id, the version they committed."""
     ListTables: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.ListTablesRequest, _lakehouse_pb2.ListTablesResponse]  # type: ignore[assignment]
+    DropTable: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.DropTableRequest, _lakehouse_pb2.DropTableResponse]  # type: ignore[assignment]
+    """Delete a table's metadata in one transaction (NOT_FOUND: no such table); the
+    caller removes its files. The name is free again.
+    """
+    RenameTable: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.RenameTableRequest, _lakehouse_pb2.RenameTableResponse]  # type: ignore[assignment]
+    """Move a table's metadata to a new name in one transaction; its files stay where
+    they are (ALREADY_EXISTS: the new name is taken).
+    """
     CommitFiles: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.CommitFilesRequest, _lakehouse_pb2.CommitFilesResponse]  # type: ignore[assignment]
     """Commit files as the table's next version. Idempotent by job_id: sending the same
     request again returns the version it committed (and commits nothing more).
@@ -158,6 +174,26 @@ class LakehouseServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _lakehouse_pb2.ListTablesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_lakehouse_pb2.ListTablesResponse, _abc.Awaitable[_lakehouse_pb2.ListTablesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DropTable(
+        self,
+        request: _lakehouse_pb2.DropTableRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lakehouse_pb2.DropTableResponse, _abc.Awaitable[_lakehouse_pb2.DropTableResponse]]:
+        """Delete a table's metadata in one transaction (NOT_FOUND: no such table); the
+        caller removes its files. The name is free again.
+        """
+
+    @_abc_1.abstractmethod
+    def RenameTable(
+        self,
+        request: _lakehouse_pb2.RenameTableRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lakehouse_pb2.RenameTableResponse, _abc.Awaitable[_lakehouse_pb2.RenameTableResponse]]:
+        """Move a table's metadata to a new name in one transaction; its files stay where
+        they are (ALREADY_EXISTS: the new name is taken).
+        """
 
     @_abc_1.abstractmethod
     def CommitFiles(
