@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, DataFrameReader, DataFrameWriter, SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from spark_integration import (
@@ -146,3 +146,55 @@ def test_rename_is_atomic_and_keeps_files_and_drop_frees_the_name(
     lh.create_table("renamed", SCHEMA)
     assert lh.version("events") == 0 and lh.version("renamed") == 0
     assert lh.files("events") == []
+
+
+def test_data_source_merges_and_overwrites_the_schema_and_reads_old_files_with_it(
+    tmp_path: Path, spark: SparkSession
+) -> None:
+    from spark_integration import register
+    from tests.servers import ServerProcess
+
+    server = ServerProcess("all", ["--store", f"sqlite:///{tmp_path}/gw.db"], tmp_path).start()
+    tm = TransactionManager.remote(server.address)
+    try:
+        register(spark)
+        lh = Lakehouse(tm, str(tmp_path / "warehouse"))
+        lh.create_table("events", SCHEMA, partition_by="day")
+        assert lh.append("events", spark.createDataFrame([(1, 10, "d1")], SCHEMA)) == 1
+
+        def write(df: DataFrame, mode: str = "append") -> DataFrameWriter:
+            return df.write.format("percolake").mode(mode).option("gateway", server.address)
+
+        def read() -> DataFrameReader:
+            return spark.read.format("percolake").option("gateway", server.address)
+
+        new = spark.createDataFrame(
+            [(2, 2**40, "d2", "n")], "id BIGINT, amount BIGINT, day STRING, note STRING"
+        )
+        with pytest.raises(Exception, match="unexpected columns"):
+            write(new).save("events")
+        with pytest.raises(Exception, match=r"overwriteSchema needs mode\('overwrite'\)"):
+            write(new).option("overwriteSchema", "true").save("events")
+        write(new).option("mergeSchema", "true").save("events")
+        assert lh.version("events") == 2
+        assert lh.schema("events").simpleString() == (
+            "struct<id:bigint,amount:bigint,day:string,note:string>"
+        )
+        # The batch reader reads the old file with the new schema, and time travel
+        # with the old one.
+        assert sorted(tuple(r) for r in read().load("events").collect()) == [
+            (1, 10, "d1", None),
+            (2, 2**40, "d2", "n"),
+        ]
+        old = read().option("versionAsOf", 1).load("events")
+        assert old.schema.simpleString() == "struct<id:bigint,amount:int,day:string>"
+        assert [tuple(r) for r in old.collect()] == [(1, 10, "d1")]
+
+        replaced = spark.createDataFrame([("x", "d9")], "key STRING, day STRING")
+        write(replaced, "overwrite").option("overwriteSchema", "true").save("events")
+        assert lh.history("events")[-1].operation == "OVERWRITE"
+        assert lh.schema("events").fieldNames() == ["key", "day"]
+        assert [tuple(r) for r in lh.read(spark, "events").collect()] == [("x", "d9")]
+    finally:
+        tm.close()
+        server.stop()

@@ -57,6 +57,10 @@ class WritePlan:
     replace: str | None = None
     #: replaceWhere's conditions: on partition columns only, so exact per file.
     conditions: tuple[Condition, ...] = ()
+    #: The head's schema version at planning, and the schema a mergeSchema or
+    #: overwriteSchema write sets (``None``: unchanged).
+    schema_version: int | None = None
+    new_schema_json: str | None = None
 
 
 class PercolakeBatchWriter(DataSourceArrowWriter):
@@ -123,6 +127,8 @@ class PercolakeBatchWriter(DataSourceArrowWriter):
                         app_id=plan.app_id,
                         batch_id=plan.batch_id,
                         base_version=plan.base_version,
+                        schema_version=plan.schema_version,
+                        new_schema_json=plan.new_schema_json,
                     )
                 else:
                     read_set = _replace_read_set(catalog, plan, replace, files)

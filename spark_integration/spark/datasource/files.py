@@ -164,14 +164,17 @@ def read_files(
 
     Data columns come from the files (cast to the table's types: Spark and pyarrow
     may store a type differently), partition columns from each file's recorded
-    values, as Spark would parse them from the folder names.
+    values, as Spark would parse them from the folder names. A column a file lacks
+    (written before ``add_columns`` or ``mergeSchema`` added it) reads as NULL.
     """
     data_columns = [f.name for f in target if f.name not in partition_by]
     for item in files:
         fs, fs_path = filesystem.resolve(item.path)
         with fs.open_input_file(fs_path) as source:
             # pre_buffer: one ranged GET per run of column chunks, not one per page.
-            table = pq.ParquetFile(source, pre_buffer=True).read(columns=data_columns)
+            parquet = pq.ParquetFile(source, pre_buffer=True)
+            present = set(parquet.schema_arrow.names)
+            table = parquet.read(columns=[c for c in data_columns if c in present])
         rows = table.num_rows
         if not rows:
             continue
@@ -179,6 +182,8 @@ def read_files(
             _constant(item.partition.get(f.name), f.type, rows)
             if f.name in partition_by
             else table.column(f.name).cast(f.type)
+            if f.name in present
+            else pa.nulls(rows, f.type)
             for f in target
         ]
         yield from pa.Table.from_arrays(arrays, schema=target).to_batches(READ_BATCH_ROWS)

@@ -41,5 +41,7 @@ def open_gateway(address: str) -> Iterator[GatewayCatalog]:
         tm.close()
 
 
-def table_schema(meta: TableMeta) -> StructType:
-    return StructType.fromJson(json.loads(meta.schema_json))
+def table_schema(meta: TableMeta, version: int | None = None) -> StructType:
+    """The table's schema, or the one it had at ``version`` (time travel)."""
+    raw = meta.schema_json if version is None else meta.schema_at(version)
+    return StructType.fromJson(json.loads(raw))

@@ -26,7 +26,13 @@ _COMMON = {"path", "gateway"}
 _READ = {"versionasof", "timestampasof"}
 _WRITE = {"warehouse", "txnappid", "txnversion", "createifmissing", "partitioncolumns"}
 #: A batch write's only: Spark's DataFrameWriter option, checked against overwrites.
-_BATCH_WRITE = {*_WRITE, "partitionoverwritemode", "replacewhere"}
+_BATCH_WRITE = {
+    *_WRITE,
+    "partitionoverwritemode",
+    "replacewhere",
+    "mergeschema",
+    "overwriteschema",
+}
 #: Spark passes a streaming query's checkpoint to its sink; it also names the query.
 _STREAM_WRITE = {*_WRITE, "checkpointlocation", "queryname"}
 _STREAM_READ = {"startingversion", "maxfilespertrigger", "skipchangecommits"}
@@ -46,6 +52,8 @@ _SPELLING = {
     "partitioncolumns": "partitionColumns",
     "partitionoverwritemode": "partitionOverwriteMode",
     "replacewhere": "replaceWhere",
+    "mergeschema": "mergeSchema",
+    "overwriteschema": "overwriteSchema",
     "checkpointlocation": "checkpointLocation",
     "queryname": "queryName",
     "startingversion": "startingVersion",
@@ -79,6 +87,10 @@ class WriteOptions:
     partition_overwrite_mode: str | None = None
     #: ``replaceWhere``: an overwrite replaces only the rows this predicate matches.
     replace_where: str | None = None
+    #: ``mergeSchema``: add the DataFrame's new columns, widen (``schema_change``).
+    merge_schema: bool = False
+    #: ``overwriteSchema`` (overwrites only): the DataFrame's schema becomes the table's.
+    overwrite_schema: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +294,14 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
         raise ValueError(
             "percolake: give option replaceWhere or partitionOverwriteMode=dynamic, not both"
         )
+    merge_schema, overwrite_schema = _bool(opts, "mergeschema"), _bool(opts, "overwriteschema")
+    if merge_schema and overwrite_schema:
+        raise ValueError("percolake: give option mergeSchema or overwriteSchema, not both")
+    if overwrite_schema and (replace_where is not None or mode == "dynamic"):
+        raise ValueError(
+            "percolake: option overwriteSchema replaces the whole table: it cannot go with "
+            "replaceWhere or partitionOverwriteMode=dynamic"
+        )
     return WriteOptions(
         table,
         gateway,
@@ -292,6 +312,8 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
         _partition_by(opts),
         mode,
         replace_where,
+        merge_schema,
+        overwrite_schema,
     )
 
 

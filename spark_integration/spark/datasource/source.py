@@ -104,7 +104,11 @@ from spark_integration.spark.datasource.options import (
 )
 from spark_integration.spark.datasource.stream_read import PercolakeStreamReader
 from spark_integration.spark.datasource.stream_write import PercolakeStreamWriter, StreamPlan
-from spark_integration.spark.datasource.write_plan import prepare_table, write_target
+from spark_integration.spark.datasource.write_plan import (
+    evolved_target,
+    prepare_table,
+    write_target,
+)
 from spark_integration.spark.hook import new_job
 from spark_integration.spark.schema import check_dataframe_schema
 from spark_integration.spark.session import reach_every_session, workers_run_this_python
@@ -136,9 +140,9 @@ class PercolakeDataSource(DataSource):
         opts = read_options(self.options)
         with open_gateway(opts.gateway) as catalog:
             version = resolve_version(catalog, opts)
-            meta = catalog.meta(opts.table)
+            meta = catalog.meta(opts.table)  # as fresh as the head resolve_version read
         self.pinned_version = version
-        return table_schema(meta)
+        return table_schema(meta, version)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = read_options(self.options)
@@ -146,8 +150,8 @@ class PercolakeDataSource(DataSource):
             version = self.pinned_version
             if version is None:  # the user gave a schema: schema() never ran
                 version = resolve_version(catalog, opts)
-            meta, _, entries = catalog.files(opts.table, version, FileEntry)
-        check_dataframe_schema(opts.table, table_schema(meta), schema)
+            meta, at, entries = catalog.files(opts.table, version, FileEntry)
+        check_dataframe_schema(opts.table, table_schema(meta, at), schema)
         files = files_to_read(meta.location, entries)
         log.info("read of %s version %d: %d files", opts.table, version, len(files))
         # Spark refuses a reader with pushFilters unless the session enabled Python
@@ -165,12 +169,15 @@ class PercolakeDataSource(DataSource):
             meta = prepare_table(catalog, opts, schema)
             prepared = catalog.prepare(opts.table, opts.app_id, opts.batch_id)
         _check_store(opts.table, meta)
+        target, new_schema = write_target(opts, meta), None
+        if opts.merge_schema or opts.overwrite_schema:
+            target, new_schema = evolved_target(opts, meta, schema, overwrite)
         conditions: tuple[Condition, ...] = ()
         if opts.replace_where is not None:
             conditions = replace_where_conditions(opts.replace_where, meta)
         job = new_job(meta.location)
         plan = WritePlan(
-            target=write_target(opts, meta),
+            target=target,
             operation=OVERWRITE if overwrite else APPEND,
             job_id=job.job_id,
             job_started_ms=job.started_ms,
@@ -182,9 +189,12 @@ class PercolakeDataSource(DataSource):
             # The write option, when given, wins over the session's setting (as in Spark).
             check_session_overwrite_mode=overwrite
             and opts.partition_overwrite_mode is None
-            and replace is None,
+            and replace is None
+            and not opts.overwrite_schema,
             replace=replace,
             conditions=conditions,
+            schema_version=prepared.head.schema_version,
+            new_schema_json=new_schema,
         )
         return PercolakeBatchWriter(plan)
 

@@ -17,7 +17,7 @@ from pyspark.sql.types import StructType
 
 from spark_integration.engine.errors import TableExistsError, TableNotFoundError
 from spark_integration.engine.model import FileEntry, TableMeta
-from spark_integration.spark import filesystem
+from spark_integration.spark import filesystem, schema_change
 from spark_integration.spark.datasource.gateway import CATALOG, GatewayCatalog, table_schema
 from spark_integration.spark.schema import check_dataframe_schema
 
@@ -95,7 +95,8 @@ def prepare_table(catalog: GatewayCatalog, opts: Any, schema: StructType) -> Tab
             f"percolake: option partitionColumns {list(opts.partition_by)} does not match "
             f"table {opts.table!r}, which is partitioned by {list(meta.partition_by)}"
         )
-    check_dataframe_schema(opts.table, table_schema(meta), schema)
+    if not (getattr(opts, "merge_schema", False) or getattr(opts, "overwrite_schema", False)):
+        check_dataframe_schema(opts.table, table_schema(meta), schema)
     return meta
 
 
@@ -119,3 +120,25 @@ def write_target(opts: Any, meta: TableMeta) -> WriteTarget:
         tuple(table_schema(meta).fieldNames()),
         meta.partition_by,
     )
+
+
+def evolved_target(
+    opts: Any, meta: TableMeta, schema: StructType, overwrite: bool
+) -> tuple[WriteTarget, str | None]:
+    """A ``mergeSchema`` or ``overwriteSchema`` write: its target and the schema it sets.
+
+    Tasks write the DataFrame's own columns: a table column it lacks reads as NULL
+    from these files, as from files older than the column.
+    """
+    if opts.overwrite_schema and not overwrite:
+        raise ValueError("percolake: option overwriteSchema needs mode('overwrite')")
+    missing = [c for c in meta.partition_by if c not in schema.fieldNames()]
+    if missing:
+        raise ValueError(f"percolake: the DataFrame lacks partition columns {missing}")
+    _, new_schema = schema_change.target(
+        opts.table, meta, schema, opts.merge_schema, opts.overwrite_schema
+    )
+    target = WriteTarget(
+        opts.table, opts.gateway, meta.location, tuple(schema.fieldNames()), meta.partition_by
+    )
+    return target, new_schema
