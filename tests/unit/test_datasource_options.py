@@ -86,7 +86,7 @@ def test_bad_read_options(options: dict[str, str], message: str) -> None:
         ({"path": "t", "createIfMissing": "true"}, "needs option warehouse"),
         ({"path": "t", "partitionColumns": " , "}, "lists no column"),
         ({"path": "t", "timestampAsOf": "2024-01-01"}, "timestampAsOf is for reads"),
-        ({"path": "t", "mergeSchema": "true"}, "unknown option"),
+        ({"path": "t", "readChangeFeed": "true"}, "unknown option"),
     ],
 )
 def test_bad_write_options(options: dict[str, str], message: str) -> None:

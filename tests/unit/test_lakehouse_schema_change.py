@@ -103,3 +103,21 @@ def test_a_schema_change_conflicts_with_any_other_and_files_only_with_a_replaced
     conflict = _schema_conflict("t", replaced_at_5, request(4))
     assert conflict is not None and "version 5 replaced the schema" in str(conflict)
     assert _schema_conflict("t", replaced_at_5, request(5)) is None
+
+
+def test_the_data_source_parses_and_checks_the_schema_options() -> None:
+    from spark_integration.spark.datasource.options import read_options, write_options
+
+    assert write_options({"path": "t", "MergeSchema": "TRUE"}).merge_schema
+    opts = write_options({"path": "t", "overwriteSchema": "true"})
+    assert opts.overwrite_schema and not opts.merge_schema
+    for options, problem in [
+        ({"mergeSchema": "true", "overwriteSchema": "true"}, "not both"),
+        ({"overwriteSchema": "true", "replaceWhere": "day = 'd1'"}, "whole table"),
+        ({"overwriteSchema": "true", "partitionOverwriteMode": "dynamic"}, "whole table"),
+        ({"mergeSchema": "yes"}, "mergeSchema must be true or false"),
+    ]:
+        with pytest.raises(ValueError, match=problem):
+            write_options({"path": "t", **options})
+    with pytest.raises(ValueError, match="mergeSchema is for batch writes"):
+        read_options({"path": "t", "mergeSchema": "true"})

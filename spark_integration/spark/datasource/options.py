@@ -133,6 +133,8 @@ def _check_known(options: Mapping[str, str], allowed: set[str], what: str) -> No
         "txnversion": "batch writes",
         "partitionoverwritemode": "batch writes",
         "replacewhere": "batch writes",
+        "mergeschema": "batch writes",
+        "overwriteschema": "batch writes",
         **dict.fromkeys(_WRITE - {"txnversion"}, "writes"),
         **dict.fromkeys(_STREAM_READ, "streaming reads"),
     }
