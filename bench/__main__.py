@@ -45,6 +45,7 @@ SUITES = [
     "bench.bench_hotkeys",
     "bench.bench_gc",
     "bench.bench_datasource",
+    "bench.bench_lakehouse_merge",
     "bench.bench_checker",
 ]
 

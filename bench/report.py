@@ -179,6 +179,15 @@ _COMPARISONS = (
         "`df.write.parquet`, plus one delta-rs or pyiceberg commit of those files",
     ),
     (
+        "MERGE, deployed",
+        "`lh.merge(...).when_matched_update_all().when_not_matched_insert_all()` of 1% of "
+        "a 10M-row, 100-file table (half updates, half inserts) through `percolake serve` "
+        "on SQLite; two writer processes each running 50 MERGEs into their own partition "
+        "at once: failed statements",
+        "`deltalake` `DeltaTable.merge` of the same rows and source; the same two-process "
+        "workload with delta-rs (default conflict handling, no retries)",
+    ),
+    (
         "Spark writes to S3",
         '`df.write.format("percolake")` of 10M rows (~1 GB) to an `s3://` table on MinIO',
         "`df.write.parquet` of the same DataFrame to `s3a://` on the same bucket",
@@ -260,6 +269,22 @@ one a 64-character hash; quick mode 200,000) through `format("percolake")` into 
 settings of `spark_integration.spark.session.s3a_conf`, Hadoop's default
 FileOutputCommitter, whose rename is a copy and a delete on S3), paired runs after a
 warm-up of each.
+
+MERGE (`bench.bench_lakehouse_merge`; reproduce with `.venv/bin/python -m bench --only
+bench.bench_lakehouse_merge`, `--quick` for 200,000 rows in 10 files and 5 MERGEs per
+writer) runs on the same machine with one `percolake serve` on SQLite, local disk, the
+Lakehouse over a remote manager. `lakehouse.merge.rows10m.vs_deltalake.ratio` is
+delta-rs's MERGE time over ours (above 1: we are faster) on an unpartitioned table of 10
+million rows in 100 files, the delta-rs table holding the very same rows: each MERGE's
+source is 1% of the rows, half updates of existing keys spread over every file, half
+new keys, `ON target.id = source.id`, update all and insert all; paired runs after a
+warm-up of each, order rotated. `lakehouse.merge.concurrent_disjoint.failed` counts our
+failed statements when two writer processes (each its own local[1] Spark session) run
+50 MERGEs each into their own partition of one table at once, no retries; delta-rs's
+count for the same two-process workload (its default conflict handling) is
+`lakehouse.merge.concurrent_disjoint.deltalake_failed` and in the anchor. delta-spark is
+no anchor: its newest build on Maven Central (4.4.0) is for Spark 4.2, and delta-spark
+4.4.1 on PyPI requires pyspark <= 4.2.0, while we run PySpark 4.3.0.
 """
 
 
