@@ -141,15 +141,15 @@ def _source_df(spark: SparkSession, size: Size, run: int) -> DataFrame:
 
 
 def _delta_copy(lh: Lakehouse, table: str, path: str, partition_by: list[str] | None) -> None:
-    """A delta-rs table of the very rows (and files' rows) of percolake's ``table``."""
+    """A delta-rs table of the very rows (and files' rows) of percolake's ``table``;
+    its partition columns are integers (the only kind this suite partitions by)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from deltalake import write_deltalake
 
     for f in lh.files(table):
         data = pq.read_table(f.path)
         for column, value in f.partition.items():  # partition values live in the path
-            import pyarrow as pa
-
             data = data.append_column(column, pa.array([int(value or 0)] * data.num_rows))
         write_deltalake(path, data, mode="append", partition_by=partition_by)
 
