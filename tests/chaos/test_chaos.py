@@ -124,9 +124,10 @@ def test_kill_and_pause_on_the_embedded_store_leave_a_clean_history(tmp_path: Pa
         *GC,
         duration_s=14,
     )
-    # 300 ok operations (500 in the 20 s run): 426 in 14 s with the machine at load 12
-    # on 2 cores, 301 in 12 s at load 13.
-    assert_clean(report, min_ok=300, min_faults=4)
+    # 120 ok operations (500 in the 20 s run): 426 in 14 s at load 12 on 2 cores, but
+    # 155 in ci17 at load 12-13; a degenerate run (every transaction failing) makes a
+    # handful.
+    assert_clean(report, min_ok=120, min_faults=4)
     assert_collected(out)
     assert {f["kind"] for f in report["faults"]} == {"kill", "pause"}
     assert set(report["checks"]) == {
@@ -179,7 +180,9 @@ def test_late_settles_after_collection_at_retention_0_leave_a_clean_history(
         # late settles (3 s on) fall inside the run (`percolake chaos plan ...`).
         duration_s=12,
     )
-    assert_clean(report, min_ok=200, min_faults=4)
+    # 100 (was 200 for an 18 s run): 176 in ci17 at load 12-13 with other sessions
+    # running; a degenerate run (every transaction failing) makes a handful.
+    assert_clean(report, min_ok=100, min_faults=4)
     assert_collected(out)
     assert report["fault_counts"].get("kill gateway", 0) >= 2, report["fault_counts"]
     # Passes ran and collected entries while clients settled late.
@@ -685,8 +688,12 @@ def test_timestamps_stay_unique_and_in_real_time_order_across_leader_faults(
         *(["--unsafe-leader-ignores-lease"] if broken else []),
         # 13 s (was 20 with seed 1, issue 29's suite time): seed 274 plans a pause at
         # 1.0 s, a kill at 4.5 s, a pause at 6.2 s and a kill at 9.6 s; seed 1 planned
-        # its third fault at 7.6 s and its fourth at 12.5 s.
-        duration_s=13,
+        # its third fault at 7.6 s and its fourth at 12.5 s. The broken build keeps 20 s:
+        # a pause lasts until another replica leads, so under load (ci17, load 12) the
+        # first pause ran to 6.5 s, the late kill then hit the woken leader 48 ms after
+        # its wake-up, before it served a stale call, and the second pause ended past a
+        # 13 s run's end: nothing stale was served and the broken build went uncaught.
+        duration_s=20 if broken else 13,
         expect_exit=1 if broken else 0,
     )
     assert report["leader_ignores_lease"] is broken
