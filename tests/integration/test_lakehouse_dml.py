@@ -9,7 +9,6 @@ files when the second one commits.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from spark_integration import ConcurrentModificationError, DmlResult, Lakehouse
 from spark_integration.engine import lakehouse_failpoints as fp
 from spark_integration.engine.locations import join
 from spark_integration.spark import filesystem
-from txn import TransactionConfig, TransactionManager
+from txn import TransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -36,24 +35,6 @@ SCHEMA = StructType(
 )
 #: id, amount, day: three days, one file each, a negative amount in d1 and d2.
 ROWS = [(1, 10, "d1"), (2, -5, "d1"), (3, 7, "d1"), (4, -1, "d2"), (5, 3, "d2"), (6, 8, "d3")]
-
-
-@pytest.fixture(params=["embedded", "remote"])
-def lh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lakehouse]:
-    """A lakehouse on SQLite: embedded, or through a real gateway's lakehouse service."""
-    if request.param == "remote":
-        from tests.servers import ServerProcess
-
-        server = ServerProcess("all", ["--store", f"sqlite:///{tmp_path}/gw.db"], tmp_path).start()
-        remote = TransactionManager.remote(server.address)
-        yield Lakehouse(remote, str(tmp_path / "warehouse"))
-        remote.close()
-        server.stop()
-        return
-    config = TransactionConfig(resolve_wait_ms=300, lock_wait_ms=2000, settle_backoff_ms=1)
-    manager = TransactionManager.embedded(f"sqlite:///{tmp_path}/store.db", config=config)
-    yield Lakehouse(manager, str(tmp_path / "warehouse"))
-    manager.close()
 
 
 def make_table(lh: Lakehouse, spark: SparkSession, name: str = "events") -> None:
@@ -215,7 +196,7 @@ def test_merges_on_disjoint_partitions_both_commit_and_one_loses_to_a_change_of_
     """Two clients of one gateway, each with its own connection (as two processes have):
     the first MERGE has read and written its files when the second commits."""
     make_table(lh, spark)
-    other = Lakehouse(TransactionManager.remote(lh._tm.address), lh.warehouse)  # type: ignore[attr-defined]
+    other = Lakehouse(TransactionManager.remote(lh._tm.address), lh.warehouse, catalog=lh.catalog)  # type: ignore[attr-defined]
     keyed = "target.id = source.id AND target.day = source.day"
     d1 = spark.createDataFrame([(1, 11, "d1")], SCHEMA)
     d2 = spark.createDataFrame([(4, 44, "d2"), (7, 77, "d2")], SCHEMA)

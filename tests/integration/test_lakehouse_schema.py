@@ -10,7 +10,6 @@ beside a schema change (both commit), and an append that loses to an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from spark_integration import (
     TableNotFoundError,
 )
 from spark_integration.engine import lakehouse_failpoints as fp
-from txn import TransactionConfig, TransactionManager
+from txn import TransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -38,24 +37,6 @@ SCHEMA = StructType(
         StructField("day", StringType()),
     ]
 )
-
-
-@pytest.fixture(params=["embedded", "remote"])
-def lh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lakehouse]:
-    """A lakehouse on SQLite: embedded, or through a real gateway's lakehouse service."""
-    if request.param == "remote":
-        from tests.servers import ServerProcess
-
-        server = ServerProcess("all", ["--store", f"sqlite:///{tmp_path}/gw.db"], tmp_path).start()
-        remote = TransactionManager.remote(server.address)
-        yield Lakehouse(remote, str(tmp_path / "warehouse"))
-        remote.close()
-        server.stop()
-        return
-    config = TransactionConfig(resolve_wait_ms=300, lock_wait_ms=2000, settle_backoff_ms=1)
-    manager = TransactionManager.embedded(f"sqlite:///{tmp_path}/store.db", config=config)
-    yield Lakehouse(manager, str(tmp_path / "warehouse"))
-    manager.close()
 
 
 def test_schema_evolves_by_commits_that_old_files_and_time_travel_read(
