@@ -202,6 +202,10 @@ class Registration:
         self._start_lock = threading.Lock()
         self._previous_latest = 0
         self.publications = 0
+        #: One publication at a time: a tick reads what is open, then writes it, and one
+        #: that read earlier must not write over a later one's entry (the loop's first
+        #: tick and a test's or close()'s publication could interleave that way).
+        self._publishing = threading.Lock()
 
     def start(self) -> None:
         with self._start_lock:
@@ -240,23 +244,25 @@ class Registration:
         raise StoreError("could not update the garbage-collection clients row: contention")
 
     def tick(self) -> None:
-        oldest, latest = self._oldest()
-        if oldest is not None and oldest > self._previous_latest:
-            oldest = None  # began since the last publication: the retention covers it
-        self._previous_latest = latest
-        if latest:
-            self.publish(oldest, latest)
+        with self._publishing:
+            oldest, latest = self._oldest()
+            if oldest is not None and oldest > self._previous_latest:
+                oldest = None  # began since the last publication: the retention covers it
+            self._previous_latest = latest
+            if latest:
+                self.publish(oldest, latest)
 
     def close(self) -> None:
         """Publish that nothing is open any more. The entry stays until its lease runs
         out (others prune it): its timestamp sample still serves the retention."""
         self._stop.set()
-        _, latest = self._oldest()
-        if latest:
-            try:
-                self.publish(None, latest)
-            except (StoreError, ValueError) as exc:
-                log.debug("could not update garbage-collection registration: %s", exc)
+        with self._publishing:
+            _, latest = self._oldest()
+            if latest:
+                try:
+                    self.publish(None, latest)
+                except (StoreError, ValueError) as exc:
+                    log.debug("could not update garbage-collection registration: %s", exc)
 
 
 def _publish_loop(ref: weakref.ref[Registration], stop: threading.Event, interval_s: float) -> None:
