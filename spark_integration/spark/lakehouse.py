@@ -10,7 +10,7 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -34,11 +34,10 @@ from spark_integration.engine.model import (
 )
 from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.service.client import RemoteCatalog
-from spark_integration.spark import dml, filesystem, merge, replace, schema_change
+from spark_integration.spark import dml, filesystem, merge, replace, schema_change, write_job
 from spark_integration.spark.hook import (
     STAGING_PREFIX,
     Job,
-    collect_files,
     job_started_ms,
     new_job,
     write_files,
@@ -47,6 +46,7 @@ from spark_integration.spark.merge import MergeBuilder
 from spark_integration.spark.reads import read_version
 from spark_integration.spark.schema import check_dataframe_schema, check_table_schema, parse_schema
 from spark_integration.spark.vacuum_sweep import vacuum
+from spark_integration.spark.write_job import remove_staging as _remove_staging
 from txn import Manager
 from txn.errors import TransactionAbortedError
 from txn.remote import RemoteTransactionManager
@@ -303,78 +303,14 @@ class Lakehouse:
         operation: str,
         name: str,
         source_schema: StructType,
-        write: Callable[[Job, StructType, tuple[str, ...]], list[FileEntry] | None],
+        write: write_job.Writer,
         app_id: str | None,
         batch_id: int | str | None,
         evolve: tuple[bool, bool] = (False, False),
     ) -> int:
-        """The commit hook: ``write`` fills a fresh job folder, whose files are committed.
-
-        ``write(job, table_schema, partition_by)`` is Spark's tasks for
-        ``append``/``overwrite`` (they report the files they wrote); tests pass other
-        writers (pyarrow) to run this very path without Spark, and when a writer
-        returns None the job folder is listed for its files.
-        """
-        prepared = self._catalog.prepare(name, app_id, batch_id)
-        if prepared.replayed_version is not None:
-            log.info("%s to %s: (%s, %r) committed before", operation, name, app_id, batch_id)
-            return prepared.replayed_version
-        meta = prepared.meta
-        schema, new_schema = schema_change.target(name, meta, source_schema, *evolve)
-        job = new_job(meta.location)
-        self.failpoints.hit(fp.BEFORE_WRITE, job.job_id)
-        try:
-            reported = write(job, schema, meta.partition_by)
-            self.failpoints.hit(fp.AFTER_WRITE, job.job_id)
-            files = (
-                collect_files(meta.location, job, meta.partition_by)
-                if reported is None
-                else reported
-            )
-            self.failpoints.hit(fp.BEFORE_COMMIT, job.job_id)
-        except Exception:
-            # The commit was never attempted, so nothing can name these files.
-            _remove_staging(job.staging)
-            raise
-        try:
-            committed = self._catalog.commit_files(
-                name,
-                operation,
-                files,
-                job_id=job.job_id,
-                job_started_ms=job.started_ms,
-                app_id=app_id,
-                batch_id=batch_id,
-                base_version=prepared.head.version if operation == OVERWRITE else None,
-                schema_version=prepared.head.schema_version,
-                new_schema_json=new_schema,
-            )
-        except TransactionAbortedError:
-            # Definitely not committed (a conflict at the head, a stale overwrite, a
-            # vacuum's fence): nothing names these files, so they can go right away.
-            _remove_staging(job.staging)
-            raise
-        # Any other failure propagates with the files left in place: CommitUnknownError
-        # may hide a committed version, and a store, oracle or gateway error may have
-        # come after the commit point for all we know. Deleting would leave a committed
-        # version naming missing files; keeping costs only disk until vacuum removes
-        # the files that no version names.
-        if committed.replayed:
-            _remove_staging(job.staging)
-            log.info(
-                "%s to %s lost to its own replay; version %d", operation, name, committed.version
-            )
-            return committed.version
-        self.failpoints.hit(fp.AFTER_COMMIT, job.job_id)
-        log.info(
-            "%s committed %s version %d (%d files, job %s)",
-            operation.lower(),
-            name,
-            committed.version,
-            len(files),
-            job.job_id,
-        )
-        return committed.version
+        """The commit hook (:func:`~spark_integration.spark.write_job.run_job`)."""
+        job_args = (operation, name, source_schema, write, app_id, batch_id, evolve)
+        return write_job.run_job(self._catalog, self.failpoints, *job_args)
 
     def append_files(
         self,
@@ -785,11 +721,6 @@ def _oldest_job_start_ms(location: str, entries: Sequence[FileEntry]) -> int:
                 continue
         oldest = started if oldest is None else min(oldest, started)
     return now_ms() if oldest is None else oldest
-
-
-def _remove_staging(staging: str) -> None:
-    # Best effort: a straggling task may still write here; vacuum removes what is left.
-    filesystem.delete_tree(staging)
 
 
 def _public_commit(meta: TableMeta, h: HistoryEntry) -> Commit:
