@@ -16,7 +16,10 @@ race at the head retries on a fresh snapshot (``table_access``), where it re-che
   depends on its read set: the files it rewrote or depends on must still be live
   and no file added since its snapshot may hold rows its predicate matches
   (``read_set.find_conflict``); it then commits a new generation, the live files
-  at the head minus those it rewrote plus its own.
+  at the head minus those it rewrote plus its own;
+* a compaction (``OPTIMIZE``) commits the same way, but changes no row: only a
+  commit that removed one of the files it rewrote conflicts with it, never an
+  append.
 
 Once committed, the follow-up work of the new versions (``follow_ups``) runs and
 never raises. The path of an append reads top-down: :class:`Commits` runs a
@@ -38,6 +41,7 @@ from spark_integration.engine.model import (
     APPEND,
     CREATE,
     DML_OPERATIONS,
+    OPTIMIZE,
     OVERWRITE,
     FileEntry,
     Generation,
@@ -165,7 +169,9 @@ class GroupAttempt:
                 continue
             live: list[FileEntry] | None = None
             if r.read_set is not None:
-                live, conflict = find_conflict(tx, self.tables, name, head, r.read_set)
+                live, conflict = find_conflict(
+                    tx, self.tables, name, head, r.read_set, judge_added=r.operation != OPTIMIZE
+                )
                 if conflict is not None:
                     out.append(
                         ConcurrentModificationError(

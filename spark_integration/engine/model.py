@@ -71,10 +71,14 @@ MERGE = "MERGE"
 #: An overwrite of the rows matching a predicate (``replaceWhere``) or of the
 #: partitions the new rows fall in (dynamic partition overwrite).
 REPLACE_WHERE = "REPLACE WHERE"
-#: Row-level statements: each commits a new generation, the live files at the head
-#: minus those it rewrote plus those it wrote, checked against its read set
-#: (``read_set``).
-DML_OPERATIONS = frozenset({DELETE, UPDATE, MERGE, REPLACE_WHERE})
+#: Compaction (``Lakehouse.optimize``): small files rewritten into fewer, no row
+#: changed. It commits as a row-level statement does, but only a concurrent commit
+#: that removed one of the files it rewrote conflicts with it (``read_set``).
+OPTIMIZE = "OPTIMIZE"
+#: Row-level statements, and compaction: each commits a new generation, the live
+#: files at the head minus those it rewrote plus those it wrote, checked against
+#: its read set (``read_set``). Of these, only compaction changes no data.
+DML_OPERATIONS = frozenset({DELETE, UPDATE, MERGE, REPLACE_WHERE, OPTIMIZE})
 #: A schema change without data (``Lakehouse.add_columns``). Appends with
 #: ``merge_schema`` and overwrites with ``overwrite_schema`` change the schema too,
 #: under their own names; every schema change carries its new schema

@@ -1,6 +1,6 @@
 """What a DML commit read, and the check that nothing it read changed before it commits.
 
-A row-level statement (``DELETE``, ``UPDATE``; ``MERGE`` later) reads a snapshot of
+A row-level statement (``DELETE``, ``UPDATE``, ``MERGE``) reads a snapshot of
 its table, rewrites the files holding matching rows and commits the result as a
 new generation: the live files at the head, minus those it rewrote, plus the files
 it wrote. Its :class:`ReadSet` says what that result depends on:
@@ -23,6 +23,9 @@ it wrote. Its :class:`ReadSet` says what that result depends on:
    concurrent commit that rewrote or dropped it changed rows this statement read);
 2. no file that became live after ``version`` may match ``conditions`` (a
    concurrent commit added rows the statement would have had to touch).
+
+A compaction (``OPTIMIZE``) changes no row, so only rule 1 applies to it: the
+files it rewrote must still be live, and files added since stay live beside its own.
 
 If both hold, committing here gives exactly the table that running the statement
 on the head would give: the files it left alone held no matching row in the
@@ -261,13 +264,24 @@ def check_read_set(read_set: ReadSet) -> None:
 
 
 def find_conflict(
-    tx: Transaction, tables: TableAccess, name: str, head: Head, read_set: ReadSet
+    tx: Transaction,
+    tables: TableAccess,
+    name: str,
+    head: Head,
+    read_set: ReadSet,
+    *,
+    judge_added: bool = True,
 ) -> tuple[list[FileEntry], str | None]:
     """The live files at ``head`` and, if the statement may not commit, why.
 
     Runs in the commit's transaction, which read ``head``: the answer holds at the
     commit point, since any commit after it changes the head and makes this
     transaction lose (and retry, checking again).
+
+    ``judge_added=False`` checks rule 1 only: for a compaction (``OPTIMIZE``), which
+    changes no row, so files added since its snapshot cannot change what it
+    writes; they stay live beside its files. Only a commit that removed a file
+    it rewrote (whose rows it would otherwise bring back) conflicts with it.
     """
     layout = tables.layout
     live = list_gen(tx, layout, name, head.gen, head.version, FileEntry)
@@ -284,7 +298,7 @@ def find_conflict(
             f"rewritten or removed by a concurrent commit of table {name!r} (now at "
             f"version {head.version})"
         )
-    if head.version == read_set.version:
+    if head.version == read_set.version or not judge_added:
         return live, None
     added = _added_since(tx, tables, name, head, read_set.version, live)
     if added is None:

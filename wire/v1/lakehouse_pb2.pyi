@@ -36,6 +36,11 @@ class _CommitOperationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Commi
     """An overwrite of the rows a predicate matches (replaceWhere, dynamic partitions)."""
     COMMIT_OPERATION_ADD_COLUMNS: _CommitOperation.ValueType  # 7
     """A schema change without files (Lakehouse.add_columns); carries new_schema_json."""
+    COMMIT_OPERATION_OPTIMIZE: _CommitOperation.ValueType  # 8
+    """Compaction (Lakehouse.optimize): small files rewritten into fewer, no row changed.
+    Carries a ReadSet (removes: the files rewritten) and commits alone; only rule 1 of
+    ReadSet applies (files added since `version` never conflict with it).
+    """
 
 class CommitOperation(_CommitOperation, metaclass=_CommitOperationEnumTypeWrapper): ...
 
@@ -50,6 +55,11 @@ COMMIT_OPERATION_REPLACE_WHERE: CommitOperation.ValueType  # 6
 """An overwrite of the rows a predicate matches (replaceWhere, dynamic partitions)."""
 COMMIT_OPERATION_ADD_COLUMNS: CommitOperation.ValueType  # 7
 """A schema change without files (Lakehouse.add_columns); carries new_schema_json."""
+COMMIT_OPERATION_OPTIMIZE: CommitOperation.ValueType  # 8
+"""Compaction (Lakehouse.optimize): small files rewritten into fewer, no row changed.
+Carries a ReadSet (removes: the files rewritten) and commits alone; only rule 1 of
+ReadSet applies (files added since `version` never conflict with it).
+"""
 Global___CommitOperation: _TypeAlias = CommitOperation  # noqa: Y015
 
 @_typing.final
