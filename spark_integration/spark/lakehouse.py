@@ -24,14 +24,18 @@ from spark_integration.engine.locations import join, normalize_location, relativ
 from spark_integration.engine.model import (
     APPEND,
     CATALOG_NAME,
+    DELETE,
+    OPTIMIZE,
     OVERWRITE,
     TABLE_NAME,
+    UPDATE,
     Commit,
     DataFile,
     FileEntry,
     FileStats,
     TableMeta,
 )
+from spark_integration.engine.read_set import ReadSet
 from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.service.client import RemoteCatalog
 from spark_integration.spark import dml, filesystem, merge, replace, schema_change, write_job
@@ -335,6 +339,29 @@ class Lakehouse:
         """
         key = _check_batch(app_id, batch_id)
         return _append_files(self._catalog, _check_name(name), files, key, written_since_ms)
+
+    def rewrite_files(
+        self,
+        name: str,
+        read_version: int,
+        removed: Sequence[str],
+        added: Sequence[DataFile],
+        *,
+        operation: str = DELETE,
+        predicate: str | None = None,
+    ) -> int:
+        """Commit a copy-on-write rewrite made without Spark, as ``delete`` commits its own.
+
+        ``removed``: paths (as :meth:`files` gives them) of ``read_version`` whose rows
+        the caller read; ``added``: the files it wrote from them, placed as for
+        :meth:`append_files`. ``operation``: ``DELETE``, ``UPDATE`` or ``OPTIMIZE`` (no
+        row changed). ``predicate`` (Spark SQL) covers every row the rewrite changed
+        (``None``: any row), for the conflict check. Returns the version committed;
+        on a conflict ``ConcurrentModificationError``, nothing committed. The files
+        stay the caller's until a version names them.
+        """
+        args = (read_version, removed, added, operation, predicate)
+        return _rewrite_files(self._catalog, _check_name(name), *args)
 
     # --- row-level changes (``dml``: copy-on-write, checked against what they read) ------
 
@@ -643,6 +670,53 @@ def _append_files(
         job_started_ms=written_since_ms,
         app_id=key[0],
         batch_id=key[1],
+    )
+    return committed.version
+
+
+#: The operations :meth:`Lakehouse.rewrite_files` commits.
+REWRITE_OPERATIONS = (DELETE, UPDATE, OPTIMIZE)
+
+
+def _rewrite_files(
+    catalog: Catalog | RemoteCatalog,
+    name: str,
+    read_version: int,
+    removed: Sequence[str],
+    added: Sequence[DataFile],
+    operation: str,
+    predicate: str | None,
+) -> int:
+    """``Lakehouse.rewrite_files`` after its name check: the read set that DML
+    commits with (``dml.commit_rewrite``), built from what the caller says it read."""
+    if operation not in REWRITE_OPERATIONS:
+        raise ValueError(f"operation must be one of {list(REWRITE_OPERATIONS)}, got {operation!r}")
+    if _check_version(read_version) is None:
+        raise ValueError("read_version is required: the version whose files were read")
+    if predicate is not None and not isinstance(predicate, str):
+        raise TypeError(f"predicate must be a str or None, got {type(predicate).__name__}")
+    if isinstance(removed, str) or not removed:
+        raise ValueError("removed must name at least one file (an append removes none)")
+    meta, _, live = catalog.files(name, read_version, FileEntry)
+    live_paths = {e.path for e in live}
+    removes: list[str] = []
+    for path in removed:
+        rel = relative_to(meta.location, path) if isinstance(path, str) else None
+        if rel is None or rel not in live_paths:
+            raise ValueError(f"{path!r} is not a file of version {read_version} of table {name!r}")
+        removes.append(rel)
+    if len(set(removes)) != len(removes):
+        raise ValueError("removed names a file more than once")
+    entries = [_relative_entry(meta, f) for f in added]
+    schema = StructType.fromJson(json.loads(meta.schema_json))
+    conditions, _ = dml.conditions_of(predicate, schema, meta.partition_by)
+    committed = catalog.commit_files(
+        name,
+        operation,
+        entries,
+        job_id=f"rewrite-{uuid.uuid4().hex[:16]}",
+        job_started_ms=_oldest_job_start_ms(meta.location, entries),
+        read_set=ReadSet(read_version, tuple(removes), conditions),
     )
     return committed.version
 
