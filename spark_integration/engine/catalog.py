@@ -217,11 +217,13 @@ class Catalog:
         read_set: ReadSet | None = None,
         schema_version: int | None = None,
         new_schema_json: str | None = None,
+        change_files: Sequence[FileEntry] = (),
     ) -> Committed:
         """Commit ``files`` as the next version, in one transaction.
 
         ``schema_version``: the head's schema version the files were written under;
-        ``new_schema_json``: the schema this commit sets (see ``commit._schema_conflict``).
+        ``new_schema_json``: the schema this commit sets (see ``commit._schema_conflict``);
+        ``change_files``: a DML statement's change files, recorded in its log record.
 
         ``APPEND`` adds them; ``OVERWRITE`` makes them the only live files and
         requires the head to still be at ``base_version``. A row-level statement
@@ -241,6 +243,7 @@ class Catalog:
             read_set,
             schema_version,
             new_schema_json,
+            tuple(change_files),
         )
         return self._commits.commit_files(name, request)
 

@@ -40,9 +40,12 @@ from spark_integration.engine.model import (
     ADD_COLUMNS,
     APPEND,
     CREATE,
+    DELETE,
     DML_OPERATIONS,
+    MERGE,
     OPTIMIZE,
     OVERWRITE,
+    UPDATE,
     FileEntry,
     Generation,
     Head,
@@ -81,10 +84,13 @@ class CommitRequest:
     schema_version: int | None = None
     #: A schema change: the table's schema from this version on (Spark JSON).
     new_schema_json: str | None = None
+    #: ``DELETE``, ``UPDATE``, ``MERGE``: their change files (the change data feed),
+    #: recorded in the version's log record, never among the table's files.
+    change_files: tuple[FileEntry, ...] = ()
 
     def size_bytes(self) -> int:
         """About what the request writes, to bound a group."""
-        return 256 + sum(64 + len(f.path) for f in self.files)
+        return 256 + sum(64 + len(f.path) for f in (*self.files, *self.change_files))
 
 
 #: What a request came to in a commit attempt (see :class:`GroupAttempt`).
@@ -238,6 +244,7 @@ class GroupAttempt:
             r.app_id,
             r.batch_id,
             tx.start_ts,
+            r.change_files,
         )
         tx.put(layout.log, Layout.log_row(name, version), Layout.COL_RECORD, record.encode())
         stamp = str(version).encode()
@@ -435,6 +442,8 @@ def _check_request(request: CommitRequest) -> None:
         raise ValueError(
             f"{request.operation}: row-level statements, and only they, carry a read set"
         )
+    if request.change_files and request.operation not in (DELETE, UPDATE, MERGE):
+        raise ValueError(f"{request.operation} has no change files; only DML statements do")
     if request.read_set is not None:
         check_read_set(request.read_set)
 

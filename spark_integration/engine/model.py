@@ -321,6 +321,9 @@ class LogRecord:
     ``timestamp_ms`` is the version's log time (see :class:`Commit`); it is taken
     when the commit attempt reads the head, before its commit point, and the head
     conflict orders it: an attempt whose head went stale retries with a new one.
+    ``changes``: the change files of a row-level statement (its changed rows with
+    their ``_change_type``, for the change data feed); kept in the record so that
+    they commit with the version and are never listed as the table's files.
     """
 
     version: int
@@ -332,21 +335,23 @@ class LogRecord:
     app_id: str | None
     batch_id: int | str | None
     txn_start_ts: int
+    changes: tuple[FileEntry, ...] = ()
 
     def encode(self) -> bytes:
-        return _dump(
-            {
-                "v": self.version,
-                "op": self.operation,
-                "ms": self.timestamp_ms,
-                "g": self.gen,
-                "n": self.added_count,
-                "job": self.job_id,
-                "app": self.app_id,
-                "batch": self.batch_id,
-                "tx": self.txn_start_ts,
-            }
-        )
+        d: dict[str, Any] = {
+            "v": self.version,
+            "op": self.operation,
+            "ms": self.timestamp_ms,
+            "g": self.gen,
+            "n": self.added_count,
+            "job": self.job_id,
+            "app": self.app_id,
+            "batch": self.batch_id,
+            "tx": self.txn_start_ts,
+        }
+        if self.changes:  # absent in the records of every other version
+            d["cd"] = [e.to_dict() for e in self.changes]
+        return _dump(d)
 
     @classmethod
     def decode(cls, raw: bytes) -> LogRecord:
@@ -362,6 +367,7 @@ class LogRecord:
             app_id=None if d["app"] is None else str(d["app"]),
             batch_id=batch if isinstance(batch, int | str) else None,
             txn_start_ts=int(d["tx"]),
+            changes=tuple(_entry_from_dict(item, FileEntry) for item in d.get("cd", ())),
         )
 
 
@@ -381,12 +387,15 @@ class FileEntry:
     stats: FileStats | None = None
 
     def encode(self) -> bytes:
+        return _dump(self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"p": self.path, "s": self.size_bytes, "n": self.record_count}
         if self.partition:
             d["pv"] = self.partition
         if self.stats:
             d["st"] = stats_to_json(self.stats)
-        return _dump(d)
+        return d
 
     @classmethod
     def decode(cls, raw: bytes) -> FileEntry:
@@ -474,7 +483,10 @@ def decode_chunk(raw: bytes, make: EntryFactory[E]) -> list[E]:
 
 def decode_file(raw: bytes, make: EntryFactory[E]) -> E:
     """A file row's value, built by ``make``."""
-    d = _load(raw)
+    return _entry_from_dict(_load(raw), make)
+
+
+def _entry_from_dict(d: dict[str, Any], make: EntryFactory[E]) -> E:
     return make(
         str(d["p"]),
         int(d["s"]),

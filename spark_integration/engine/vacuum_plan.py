@@ -15,7 +15,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from spark_integration.engine.checkpoints import list_gen
-from spark_integration.engine.model import FileEntry, Generation, Head, Layout, TableMeta
+from spark_integration.engine.model import (
+    FileEntry,
+    Generation,
+    Head,
+    Layout,
+    LogRecord,
+    TableMeta,
+)
 from txn import Transaction
 
 
@@ -58,7 +65,17 @@ def plan_vacuum(
         last = head.version if successor is None else successor.start_version - 1
         referenced.update(e.path for e in list_gen(tx, layout, name, g.gen, last, FileEntry))
     start_version = next((g.start_version for g in gens if g.gen == keep_from), 0)
+    referenced.update(_change_paths(tx, layout, name, start_version))
     return VacuumPlan(meta, head, keep_from, referenced, start_version)
+
+
+def _change_paths(tx: Transaction, layout: Layout, name: str, from_version: int) -> Iterator[str]:
+    """The change files (change data feed) of versions from ``from_version`` on: kept
+    as long as their version stays readable, like the data files it reads."""
+    start, end = Layout.log_row(name, from_version), Layout.prefix_end(name)
+    for _, column, value in tx.scan(layout.log, start, end):
+        if column == Layout.COL_RECORD:
+            yield from (e.path for e in LogRecord.decode(value).changes)
 
 
 def fence_vacuum(
@@ -78,6 +95,7 @@ def fence_vacuum(
         if head.gen > plan.head.gen:
             start, end = Layout.files_from_gen(name, plan.head.gen + 1)
             since.update(_paths(tx, layout, start, end))
+        since.update(_change_paths(tx, layout, name, plan.head.version + 1))
     fenced = dataclasses.replace(
         head,
         vacuum_cutoff_ms=max(head.vacuum_cutoff_ms, cutoff_ms),

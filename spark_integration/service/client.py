@@ -173,6 +173,7 @@ class RemoteCatalog:
                     app_id,
                     batch_id,
                     h.txn_start_ts,
+                    tuple(entry_from_pb(e) for e in h.change_files),
                 )
                 out.append(
                     HistoryEntry(
@@ -238,6 +239,7 @@ class RemoteCatalog:
         read_set: ReadSet | None = None,
         schema_version: int | None = None,
         new_schema_json: str | None = None,
+        change_files: Sequence[FileEntry] = (),
     ) -> Committed:
         """Commit ``files`` as the next version through the gateway (see the module doc)."""
         request = self._commit_pb(
@@ -253,6 +255,7 @@ class RemoteCatalog:
                 read_set,
                 schema_version,
                 new_schema_json,
+                tuple(change_files),
             ),
         )
         what = f"{operation.lower()} to table {name!r} (job {job_id})"
@@ -292,6 +295,7 @@ class RemoteCatalog:
             read_set=read_set_to_pb(r.read_set),
             schema_version=r.schema_version,
             new_schema_json=r.new_schema_json,
+            change_files=entries_to_pb(r.change_files),
         )
 
     def _send(self, method: Callable[..., R], request: object, what: str, job_id: str) -> R:

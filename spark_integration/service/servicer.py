@@ -243,6 +243,7 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
         app_id, batch_id = _check_mark(request.mark) if request.HasField("mark") else (None, None)
         meta = catalog.meta(name)
         files = tuple(_check_file(meta, f) for f in request.files)
+        change_files = tuple(_check_file(meta, f) for f in request.change_files)
         return CommitRequest(
             operation,
             files,
@@ -254,6 +255,7 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
             read_set,
             request.schema_version if request.HasField("schema_version") else None,
             request.new_schema_json if request.HasField("new_schema_json") else None,
+            change_files,
         )
 
     # --- reads -----------------------------------------------------------------------
@@ -295,6 +297,7 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
                     removed=[entry_to_pb(e) for e in h.removed],
                     gen=h.record.gen,
                     txn_start_ts=h.record.txn_start_ts,
+                    change_files=[entry_to_pb(e) for e in h.record.changes],
                 )
                 for h in catalog.history(name)
             ]

@@ -54,6 +54,13 @@ from spark_integration.engine import lakehouse_failpoints as fp
 from spark_integration.engine.model import DELETE, UPDATE, DmlResult, FileEntry, TableMeta
 from spark_integration.engine.read_set import IN, IS_NULL, NOT_NULL, Condition, ReadSet
 from spark_integration.spark import filesystem
+from spark_integration.spark.changes import (
+    DELETE_ROW,
+    UPDATE_POSTIMAGE,
+    UPDATE_PREIMAGE,
+    tagged,
+    write_change_files,
+)
 from spark_integration.spark.hook import new_job, write_files
 from spark_integration.spark.reads import read_version
 from spark_integration.spark.schema import quote
@@ -147,8 +154,11 @@ def _run(catalog: Catalog | RemoteCatalog, st: Statement, spark: SparkSession | 
     rows = None
     if rewrite:
         rows = _rewritten_rows(session, schema, meta, rewrite, predicate, updates)
+    changed = _changed_rows(session, schema, meta, touched, predicate, updates)
     read_set = ReadSet(version, tuple(e.path for e in touched), conditions)
-    new_version, written = commit_rewrite(catalog, st.operation, meta, schema, rows, read_set)
+    new_version, written = commit_rewrite(
+        catalog, st.operation, meta, schema, rows, read_set, changed
+    )
     return DmlResult(
         new_version,
         rows_updated=matched if st.operation == UPDATE else 0,
@@ -165,17 +175,21 @@ def commit_rewrite(
     schema: StructType,
     rows: DataFrame | None,
     read_set: ReadSet | Callable[[list[FileEntry]], ReadSet],
+    changes: DataFrame | None = None,
 ) -> tuple[int, list[FileEntry]]:
     """Write ``rows`` into a new job folder and commit them with ``read_set``: the
     commit step every row-level statement shares. Returns the version and the files.
     ``read_set`` may be a function of the files written (a dynamic partition
-    overwrite replaces the partitions it wrote).
+    overwrite replaces the partitions it wrote). ``changes``: the changed rows with
+    their ``_change_type``, written as change files into the same job folder and
+    committed with the version (the change data feed, ``spark.changes``).
 
     Nothing to remove and no row written: nothing is committed, and the version
     read is returned (as deltalake does for a statement that changes nothing).
     """
     job = new_job(meta.location)
     written: list[FileEntry] = []
+    change_files: list[FileEntry] = []
     try:
         if rows is not None:
             written = write_files(rows, schema, meta.partition_by, job)
@@ -184,6 +198,8 @@ def commit_rewrite(
         if not written and not read_set.removes:
             filesystem.delete_tree(job.staging)
             return read_set.version, []
+        if changes is not None:
+            change_files = write_change_files(changes, schema, meta.partition_by, job)
         catalog.failpoints.hit(fp.BEFORE_COMMIT, job.job_id)
     except Exception:
         filesystem.delete_tree(job.staging)  # no commit was attempted: nothing names them
@@ -196,6 +212,7 @@ def commit_rewrite(
             job_id=job.job_id,
             job_started_ms=job.started_ms,
             read_set=read_set,
+            change_files=change_files,
         )
     except TransactionAbortedError:
         # Definitely not committed (a conflict with its read set, a vacuum's fence).
@@ -540,3 +557,28 @@ def _rewritten_rows(
         else:
             columns.append(quote(name))
     return rows.selectExpr(*columns)
+
+
+def _changed_rows(
+    spark: SparkSession,
+    schema: StructType,
+    meta: TableMeta,
+    files: Sequence[FileEntry],
+    predicate: str | None,
+    updates: Mapping[str, str],
+) -> DataFrame:
+    """The statement's change feed rows: each deleted row, or each updated row's pre-
+    and post-image, with ``_change_type`` (never the rows a rewrite only copies)."""
+    matched = read_version(spark, schema, meta.partition_by, meta.location, files).filter(
+        matching(predicate)
+    )
+    if not updates:
+        return tagged(matched, schema, DELETE_ROW)
+    after = matched.selectExpr(
+        *[
+            cast_to_column(schema, name, updates[name]) if name in updates else quote(name)
+            for name in schema.fieldNames()
+        ]
+    )
+    before = tagged(matched, schema, UPDATE_PREIMAGE)
+    return before.unionByName(tagged(after, schema, UPDATE_POSTIMAGE))

@@ -106,11 +106,17 @@ _REPORT = "entry"
 
 
 def write_files(
-    df: DataFrame, schema: StructType, partition_by: tuple[str, ...], job: Job
+    df: DataFrame,
+    schema: StructType,
+    partition_by: tuple[str, ...],
+    job: Job,
+    *,
+    tag: str = "",
 ) -> list[FileEntry]:
     """The DataFrame's rows, columns in table order, written by its tasks as Parquet
     files into the job folder; returns the files written (paths relative to the
-    table location), empty ones left out.
+    table location), empty ones left out. ``tag`` starts the file names (a DML job
+    writes its change files, ``part-cdc-*``, beside its data files).
 
     One Spark job (``mapInArrow``, then ``collect`` of the tasks' reports): each task
     writes its own rows straight to their final paths, no rename anywhere.
@@ -133,7 +139,7 @@ def write_files(
             staging=staging,
             columns=columns,
             partition_by=partition_by,
-            tag=task_tag(),
+            tag=tag + task_tag(),
         )
         reports = [pickle.dumps(entry) for entry in written]
         yield pa.RecordBatch.from_arrays([pa.array(reports, pa.binary())], names=[_REPORT])

@@ -45,7 +45,7 @@ from pyspark.sql.types import StructType
 
 from spark_integration.engine.model import MERGE, DmlResult, FileEntry, TableMeta
 from spark_integration.engine.read_set import IN, Condition, ReadSet, widen
-from spark_integration.spark import dml
+from spark_integration.spark import changes, dml
 from spark_integration.spark.reads import read_version
 from spark_integration.spark.schema import quote
 
@@ -462,16 +462,33 @@ def _rewrite(
     dedupe: bool,
 ) -> DataFrame:
     """The rows that replace ``touched``: each changed by the first clause that acts."""
+    rows = _acted(plan, session, source, touched, dedupe)
+    kinds = {i: c.kind for i, c in enumerate(plan.clauses)}
+    dropped = [str(i) for i, kind in kinds.items() if kind in (DELETE, DELETE_BY_SOURCE)]
+    if dropped:
+        rows = rows.filter(f"{_ACTION} IS NULL OR {_ACTION} NOT IN ({', '.join(dropped)})")
+    return rows.selectExpr(*_updated_columns(plan))
+
+
+def _acted(
+    plan: _Plan,
+    session: SparkSession,
+    source: DataFrame,
+    touched: Sequence[FileEntry],
+    dedupe: bool,
+) -> DataFrame:
+    """The rows of ``touched`` joined with the source, each once, with its ``_ACTION``."""
     rows = _joined(plan, session, source, touched, "left")
     if dedupe:
         # Several source rows joined one target row; at most one of them is acted on
         # (or each deletes it): that copy, else any (they are the same row), is kept.
         first = f"row_number() OVER (PARTITION BY {_FILE}, {_ROW} ORDER BY {_ACTION} NULLS LAST)"
         rows = rows.withColumn("_lh_merge_rank", F.expr(first)).filter("_lh_merge_rank = 1")
-    kinds = {i: c.kind for i, c in enumerate(plan.clauses)}
-    dropped = [str(i) for i, kind in kinds.items() if kind in (DELETE, DELETE_BY_SOURCE)]
-    if dropped:
-        rows = rows.filter(f"{_ACTION} IS NULL OR {_ACTION} NOT IN ({', '.join(dropped)})")
+    return rows
+
+
+def _updated_columns(plan: _Plan) -> list[str]:
+    """SQL: each table column of an acted row as the update clause acting on it sets it."""
     columns = []
     for name in plan.schema.fieldNames():
         kind = plan.schema[name].dataType.simpleString()
@@ -483,7 +500,40 @@ def _rewrite(
         target = f"{plan.t}.{quote(name)}"
         value = f"CASE {_ACTION} {whens} ELSE {target} END" if whens else target
         columns.append(f"{value} AS {quote(name)}")
-    return rows.selectExpr(*columns)
+    return columns
+
+
+def _changed_rows(
+    plan: _Plan,
+    session: SparkSession,
+    source: DataFrame,
+    touched: Sequence[FileEntry],
+    dedupe: bool,
+    inserted: DataFrame | None,
+) -> DataFrame | None:
+    """The statement's change feed rows: the pre- and post-image of each updated row,
+    each deleted row, each inserted row (never a row the rewrite only copies)."""
+    parts: list[DataFrame] = []
+    if touched:
+        acted = _acted(plan, session, source, touched, dedupe).filter(f"{_ACTION} IS NOT NULL")
+        updating = ", ".join(str(i) for i, _ in plan.of(UPDATE)) or "NULL"
+        targets = [f"{plan.t}.{quote(name)} AS {quote(name)}" for name in plan.schema.fieldNames()]
+        kind = (
+            f"CASE WHEN {_ACTION} IN ({updating}) THEN '{changes.UPDATE_PREIMAGE}' "
+            f"ELSE '{changes.DELETE_ROW}' END AS {changes.CHANGE_TYPE}"
+        )
+        parts.append(acted.selectExpr(*targets, kind))
+        if plan.of(UPDATE):
+            after = acted.filter(f"{_ACTION} IN ({updating})").selectExpr(*_updated_columns(plan))
+            parts.append(changes.tagged(after, plan.schema, changes.UPDATE_POSTIMAGE))
+    if inserted is not None:
+        parts.append(changes.tagged(inserted, plan.schema, changes.INSERT))
+    if not parts:
+        return None
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out
 
 
 def _inserts(
@@ -545,16 +595,20 @@ def _execute(m: MergeBuilder) -> DmlResult:
     parts: list[DataFrame] = []
     if touched:
         parts.append(_rewrite(plan, session, m.source, touched, most > 1))
-    if plan.of(INSERT):
-        parts.append(_inserts(plan, session, m.source, [*touched, *kept]))
+    inserted = _inserts(plan, session, m.source, [*touched, *kept]) if plan.of(INSERT) else None
+    if inserted is not None:
+        parts.append(inserted)
     rows = parts[0].unionByName(parts[1]) if len(parts) == 2 else (parts[0] if parts else None)
+    changed_rows = _changed_rows(plan, session, m.source, touched, most > 1, inserted)
     read_set = ReadSet(
         plan.version,
         tuple(e.path for e in touched),
         widen(alternatives),
         tuple(e.path for e in kept),
     )
-    version, written = dml.commit_rewrite(m.catalog, MERGE, plan.meta, plan.schema, rows, read_set)
+    version, written = dml.commit_rewrite(
+        m.catalog, MERGE, plan.meta, plan.schema, rows, read_set, changed_rows
+    )
     deleted = changed[DELETE] + changed[DELETE_BY_SOURCE]
     carried = sum(e.record_count for e in touched) - deleted
     return DmlResult(

@@ -608,6 +608,7 @@ class CommitFilesRequest(_message.Message):
     READ_SET_FIELD_NUMBER: _builtins.int
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
     NEW_SCHEMA_JSON_FIELD_NUMBER: _builtins.int
+    CHANGE_FILES_FIELD_NUMBER: _builtins.int
     catalog: _builtins.str
     table: _builtins.str
     operation: Global___CommitOperation.ValueType
@@ -631,6 +632,13 @@ class CommitFilesRequest(_message.Message):
     def read_set(self) -> Global___ReadSet:
         """Row-level statements (DELETE, UPDATE) only: what they read."""
 
+    @_builtins.property
+    def change_files(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileEntry]:
+        """DELETE, UPDATE and MERGE only: their change files (the change data feed: the
+        changed rows with a _change_type column), recorded in the version's log record
+        and never listed among the table's files.
+        """
+
     def __init__(
         self,
         *,
@@ -645,10 +653,11 @@ class CommitFilesRequest(_message.Message):
         read_set: Global___ReadSet | None = ...,
         schema_version: _builtins.int | None = ...,
         new_schema_json: _builtins.str | None = ...,
+        change_files: _abc.Iterable[Global___FileEntry] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "_mark", b"_mark", "_new_schema_json", b"_new_schema_json", "_read_set", b"_read_set", "_schema_version", b"_schema_version", "base_version", b"base_version", "mark", b"mark", "new_schema_json", b"new_schema_json", "read_set", b"read_set", "schema_version", b"schema_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "_mark", b"_mark", "_new_schema_json", b"_new_schema_json", "_read_set", b"_read_set", "_schema_version", b"_schema_version", "base_version", b"base_version", "catalog", b"catalog", "files", b"files", "job_id", b"job_id", "job_started_ms", b"job_started_ms", "mark", b"mark", "new_schema_json", b"new_schema_json", "operation", b"operation", "read_set", b"read_set", "schema_version", b"schema_version", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "_mark", b"_mark", "_new_schema_json", b"_new_schema_json", "_read_set", b"_read_set", "_schema_version", b"_schema_version", "base_version", b"base_version", "catalog", b"catalog", "change_files", b"change_files", "files", b"files", "job_id", b"job_id", "job_started_ms", b"job_started_ms", "mark", b"mark", "new_schema_json", b"new_schema_json", "operation", b"operation", "read_set", b"read_set", "schema_version", b"schema_version", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__base_version: _TypeAlias = _typing.Literal["base_version"]  # noqa: Y015
     _WhichOneofArgType__base_version: _TypeAlias = _typing.Literal["_base_version", b"_base_version"]  # noqa: Y015
@@ -823,6 +832,7 @@ class HistoryEntry(_message.Message):
     REMOVED_FIELD_NUMBER: _builtins.int
     GEN_FIELD_NUMBER: _builtins.int
     TXN_START_TS_FIELD_NUMBER: _builtins.int
+    CHANGE_FILES_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     operation: _builtins.str
     timestamp_ms: _builtins.int
@@ -836,6 +846,10 @@ class HistoryEntry(_message.Message):
     def added(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileEntry]: ...
     @_builtins.property
     def removed(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileEntry]: ...
+    @_builtins.property
+    def change_files(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileEntry]:
+        """The version's change files, if it recorded any (see CommitFilesRequest)."""
+
     def __init__(
         self,
         *,
@@ -849,10 +863,11 @@ class HistoryEntry(_message.Message):
         removed: _abc.Iterable[Global___FileEntry] | None = ...,
         gen: _builtins.int = ...,
         txn_start_ts: _builtins.int = ...,
+        change_files: _abc.Iterable[Global___FileEntry] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_commit_ts", b"_commit_ts", "_job_id", b"_job_id", "_mark", b"_mark", "commit_ts", b"commit_ts", "job_id", b"job_id", "mark", b"mark"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit_ts", b"_commit_ts", "_job_id", b"_job_id", "_mark", b"_mark", "added", b"added", "commit_ts", b"commit_ts", "gen", b"gen", "job_id", b"job_id", "mark", b"mark", "operation", b"operation", "removed", b"removed", "timestamp_ms", b"timestamp_ms", "txn_start_ts", b"txn_start_ts", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit_ts", b"_commit_ts", "_job_id", b"_job_id", "_mark", b"_mark", "added", b"added", "change_files", b"change_files", "commit_ts", b"commit_ts", "gen", b"gen", "job_id", b"job_id", "mark", b"mark", "operation", b"operation", "removed", b"removed", "timestamp_ms", b"timestamp_ms", "txn_start_ts", b"txn_start_ts", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__commit_ts: _TypeAlias = _typing.Literal["commit_ts"]  # noqa: Y015
     _WhichOneofArgType__commit_ts: _TypeAlias = _typing.Literal["_commit_ts", b"_commit_ts"]  # noqa: Y015

@@ -1,0 +1,168 @@
+"""The change data feed (``lh.changes``), end to end, embedded and through a gateway.
+
+Each kind of version gives exactly the change rows Delta's feed gives: appends insert,
+overwrites (whole table, replaceWhere) delete the rows of the files they removed and
+insert those they wrote, DELETE, UPDATE and MERGE give only the rows they changed (from
+the change files they commit), a schema change gives nothing. The table is partitioned
+by ``day`` so that a statement's survivors (rows it copies unchanged) exist and must not
+appear.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from spark_integration import Lakehouse, Retention, TableNotFoundError, VersionNotFoundError
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+SCHEMA = StructType(
+    [
+        StructField("id", LongType()),
+        StructField("amount", LongType()),
+        StructField("day", StringType()),
+    ]
+)
+ROWS = [(1, 10, "d1"), (2, -5, "d1"), (3, 7, "d1"), (4, -1, "d2"), (5, 3, "d2"), (6, 8, "d3")]
+
+Change = tuple[int, int, str, str, int]
+
+
+def changes(lh: Lakehouse, spark: SparkSession, start: int, end: int | None = None) -> list[Change]:
+    got = lh.changes(spark, "events", start, end).collect()
+    return sorted(
+        (r["id"], r["amount"], r["day"], r["_change_type"], r["_commit_version"]) for r in got
+    )
+
+
+def rows(values: list[tuple[int, int, str]], kind: str, version: int) -> list[Change]:
+    return sorted((i, a, d, kind, version) for i, a, d in values)
+
+
+def make_table(lh: Lakehouse, spark: SparkSession) -> None:
+    lh.create_table("events", SCHEMA, partition_by="day")
+    assert lh.append("events", spark.createDataFrame(ROWS, SCHEMA).coalesce(1)) == 1
+
+
+def test_each_kind_of_version_gives_exactly_its_changed_rows(
+    lh: Lakehouse, spark: SparkSession
+) -> None:
+    make_table(lh, spark)
+    assert changes(lh, spark, 0, 0) == []  # creation changes no row
+    assert changes(lh, spark, 1, 1) == rows(ROWS, "insert", 1)
+
+    # DELETE: the deleted row only, not d1's survivors (1 and 3) that the rewrite copied.
+    assert lh.delete("events", "day = 'd1' AND amount < 0", spark=spark).version == 2
+    assert changes(lh, spark, 2, 2) == rows([(2, -5, "d1")], "delete", 2)
+
+    # UPDATE: pre- and post-image of the matching rows; d2's other rows are not there.
+    assert lh.update("events", {"amount": "amount * 2"}, "id = 4", spark=spark).version == 3
+    assert changes(lh, spark, 3, 3) == sorted(
+        rows([(4, -1, "d2")], "update_preimage", 3) + rows([(4, -2, "d2")], "update_postimage", 3)
+    )
+
+    # MERGE: an update, a delete and an insert; row 5 shares d2's file and is copied only.
+    source = spark.createDataFrame([(1, 100, "d1"), (3, -1, "d1"), (9, 9, "d3")], SCHEMA)
+    result = (
+        lh.merge("events", source, "target.id = source.id")
+        .when_matched_delete("source.amount < 0")
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute()
+    )
+    assert (result.version, result.rows_updated, result.rows_deleted) == (4, 1, 1)
+    assert result.rows_inserted == 1
+    assert changes(lh, spark, 4, 4) == sorted(
+        rows([(1, 10, "d1")], "update_preimage", 4)
+        + rows([(1, 100, "d1")], "update_postimage", 4)
+        + rows([(3, 7, "d1")], "delete", 4)
+        + rows([(9, 9, "d3")], "insert", 4)
+    )
+
+    # replaceWhere: the rows of the files it removed (all of d3), the rows it wrote.
+    new_d3 = spark.createDataFrame([(7, 1, "d3")], SCHEMA)
+    assert lh.overwrite("events", new_d3, replace_where="day = 'd3'") == 5
+    assert changes(lh, spark, 5, 5) == sorted(
+        rows([(6, 8, "d3"), (9, 9, "d3")], "delete", 5) + rows([(7, 1, "d3")], "insert", 5)
+    )
+
+    # Whole-table overwrite: every row deleted, the new ones inserted.
+    before = sorted((r["id"], r["amount"], r["day"]) for r in lh.read(spark, "events").collect())
+    assert lh.overwrite("events", spark.createDataFrame([(10, 1, "d1")], SCHEMA)) == 6
+    assert changes(lh, spark, 6, 6) == sorted(
+        rows(before, "delete", 6) + rows([(10, 1, "d1")], "insert", 6)
+    )
+
+    # A statement that changes nothing commits nothing: the feed has no version for it.
+    assert lh.delete("events", "id = 12345", spark=spark).version == 6
+    assert lh.version("events") == 6
+
+    # Plain reads and listings never see the change files the statements committed.
+    assert all("part-cdc-" not in f.path for f in lh.files("events"))
+    for commit in lh.history("events"):
+        assert all("part-cdc-" not in p for p in (*commit.added_files, *commit.removed_files))
+    assert sorted(r["id"] for r in lh.read(spark, "events", version=4).collect()) == [1, 4, 5, 6, 9]
+
+
+def test_a_range_of_versions_with_their_numbers_and_commit_times(
+    lh: Lakehouse, spark: SparkSession
+) -> None:
+    make_table(lh, spark)
+    lh.delete("events", "id = 2", spark=spark)  # version 2
+    lh.add_columns("events", "note STRING")  # version 3: a schema change, no rows
+    lh.update("events", {"amount": "0"}, "id = 6", spark=spark)  # version 4
+
+    df = lh.changes(spark, "events", 2)
+    feed = ["_change_type", "_commit_version", "_commit_timestamp"]
+    assert df.columns == ["id", "amount", "day", "note", *feed]
+    expected = [
+        (2, -5, "d1", "delete", 2),
+        (6, 0, "d3", "update_postimage", 4),
+        (6, 8, "d3", "update_preimage", 4),
+    ]
+    assert changes(lh, spark, 2) == expected
+    assert changes(lh, spark, 2, 3) == expected[:1]
+    assert changes(lh, spark, 3, 3) == []
+    assert changes(lh, spark, 1, 99) == sorted(rows(ROWS, "insert", 1) + expected)  # capped
+
+    times = {c.version: c.timestamp_ms for c in lh.history("events")}
+    for r in df.collect():
+        assert r["note"] is None
+        stamp = r["_commit_timestamp"].replace(tzinfo=None)
+        expected_time = datetime.datetime.fromtimestamp(
+            times[r["_commit_version"]] / 1000, datetime.UTC
+        ).replace(tzinfo=None)
+        assert abs(stamp - expected_time) < datetime.timedelta(hours=24)  # session zone
+        assert stamp.microsecond // 1000 == expected_time.microsecond // 1000
+
+
+def test_bad_ranges_missing_tables_and_expired_versions_are_named(
+    lh: Lakehouse, spark: SparkSession
+) -> None:
+    with pytest.raises(TableNotFoundError, match="nope"):
+        lh.changes(spark, "nope", 0)
+    make_table(lh, spark)
+    with pytest.raises(VersionNotFoundError, match="starting version 5 is after the latest"):
+        lh.changes(spark, "events", 5)
+    with pytest.raises(ValueError, match="ending_version 0 is before starting_version 1"):
+        lh.changes(spark, "events", 1, 0)
+    with pytest.raises(ValueError, match="must not be negative"):
+        lh.changes(spark, "events", -1)
+    with pytest.raises(TypeError, match="starting_version must be an int"):
+        lh.changes(spark, "events", "1")  # type: ignore[arg-type]
+
+    lh.delete("events", "id = 2", spark=spark)  # version 2, with its change files
+    lh.set_retention("events", Retention(0, 0))
+    lh.expire("events")
+    with pytest.raises(VersionNotFoundError, match="version 1 is no longer readable"):
+        lh.changes(spark, "events", 1)
+    # Vacuum keeps the change files of the versions still readable.
+    lh.vacuum("events", 0)
+    assert changes(lh, spark, 2) == [(2, -5, "d1", "delete", 2)]
