@@ -38,6 +38,7 @@ from spark_integration.engine.model import (
 from spark_integration.engine.read_set import ReadSet
 from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.service.client import RemoteCatalog
+from spark_integration.spark import changes as change_feed
 from spark_integration.spark import dml, filesystem, merge, replace, schema_change, write_job
 from spark_integration.spark.hook import (
     STAGING_PREFIX,
@@ -453,6 +454,21 @@ class Lakehouse:
         """Every version, oldest first."""
         meta = self._catalog.meta(_check_name(name))
         return [_public_commit(meta, h) for h in self._catalog.history(name)]
+
+    def changes(
+        self,
+        spark: SparkSession | ConnectSession,
+        name: str,
+        starting_version: int,
+        ending_version: int | None = None,
+    ) -> DataFrame:
+        """The change data feed of versions ``starting_version`` to ``ending_version``
+        (``None``: the latest): the rows each inserted, deleted or updated, with Delta's
+        ``_change_type``, ``_commit_version`` and ``_commit_timestamp`` (``changes``)."""
+        if not _is_spark_session(spark):
+            raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
+        args = (starting_version, ending_version)
+        return change_feed.changes(self._catalog, spark, _check_name(name), *args)
 
     # --- maintenance -----------------------------------------------------------------
 
