@@ -26,8 +26,18 @@ users get), where appends that meet at a gateway are group-committed and a commi
 whose reply was lost is sent again with the same job id; they move to the next
 gateway when one fails. Every fourth client slot (2, 6, ...) instead runs the catalog
 itself over a manager that fails over between the gateways' transaction services
-(``gateway_catalog=False``). ``Lakehouse`` has no metadata-only overwrite, so the
-workload appends only.
+(``gateway_catalog=False``). ``Lakehouse`` has no metadata-only overwrite.
+
+Rows and rewrites (``_lakehouse_rewrites``): every row has an id unique in the run,
+an appended file's following from its name, and about one operation in ten rewrites
+whole jobs of the latest version without Spark: a ``delete`` of one to three rows
+of one job (a ``DELETE``) or a ``compact`` of two or three jobs into one file (an
+``OPTIMIZE``), committed through ``Lakehouse.rewrite_files``. The checks above hold
+with the files a rewrite removed taken out of its version (jobs stay whole, reads
+compare with the files each version holds); the rewrites' own checks (a rewrite's
+version removed exactly what it read, a lost one left nothing, every version's rows
+equal the model's, no committed append's row is lost unless a delete took it) are
+the ``lakehouse rewrites`` check.
 
 With ``--lakehouse-log-retention-s S`` the table keeps its log for ``S`` seconds (marks
 for the default 7 days, so a replay is never committed twice during a run) and clients
@@ -52,7 +62,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import io
 import os
 import random
 import time
@@ -61,13 +70,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from percolake.tools.chaos import _lakehouse_rewrites as rewrites
+from percolake.tools.chaos._lakehouse_rewrites import JOB_PREFIX as _JOB_PREFIX
+from percolake.tools.chaos._lakehouse_rewrites import job_of as _job_of
 from percolake.tools.chaos._ops import FINAL_PROCESS, Completion, describe
 from percolake.tools.chaos._workload import CheckResult, ClientContext, Workload
 from txn import Manager, TransactionManager
 from txn.errors import TransactionAbortedError
 
 TABLE = "events"
-_JOB_PREFIX = "_lh_job="
 #: With a log retention set, this share of operations runs ``Lakehouse.expire`` (drawn
 #: out of the reads' share, so runs without it keep their operations): about one a
 #: second over six clients, enough to expire versions between the checkpoints' passes.
@@ -93,6 +104,11 @@ def digest(paths: Iterable[str], start: int = 0) -> int:
     return (start + sum(_path_hash(p) for p in paths)) % _DIGEST_MOD
 
 
+def undigest(paths: Iterable[str], start: int) -> int:
+    """The fingerprint after ``paths`` left the set ``start`` is the fingerprint of."""
+    return (start - sum(_path_hash(p) for p in paths)) % _DIGEST_MOD
+
+
 def partial_jobs(paths: Iterable[str]) -> list[str]:
     """Jobs of which ``paths`` holds some files but not all."""
     parts: dict[str, set[int]] = {}
@@ -104,14 +120,6 @@ def partial_jobs(paths: Iterable[str]) -> list[str]:
     return sorted(job for job, got in parts.items() if got != set(range(counts[job])))
 
 
-def _job_of(path: str) -> tuple[str, int, int]:
-    """``(job, part, parts)`` of ``.../_lh_job=<job>/part-<i>-of-<k>.parquet``."""
-    folder, name = path.rsplit("/", 2)[-2:]
-    job = folder.removeprefix(_JOB_PREFIX)
-    _, part, _, parts = name.removesuffix(".parquet").split("-")
-    return job, int(part), int(parts)
-
-
 class LakehouseAppends(Workload):
     name = "lakehouse"
     history_name = "lakehouse.jsonl"
@@ -119,7 +127,15 @@ class LakehouseAppends(Workload):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._replay: dict[str, Any] | None = None
-        self._parquet: bytes | None = None
+        if (
+            self.config.files_per_commit > rewrites.MAX_FILES_PER_COMMIT
+            or self.config.rows_per_file > rewrites.MAX_ROWS_PER_FILE
+        ):
+            raise ValueError(
+                f"the lakehouse workload's row ids allow at most "
+                f"{rewrites.MAX_FILES_PER_COMMIT} files per commit and "
+                f"{rewrites.MAX_ROWS_PER_FILE} rows per file"
+            )
 
     @staticmethod
     def open_lakehouse(
@@ -159,6 +175,10 @@ class LakehouseAppends(Workload):
                     # Time travel to a version near the expiry bound, or past it.
                     return "read", {"back": rng.randint(1, MAX_READ_BACK)}
             return "read", None
+        if draw < 0.3 + rewrites.DELETE_SHARE + rewrites.COMPACT_SHARE:
+            f = "delete" if draw < 0.3 + rewrites.DELETE_SHARE else "compact"
+            job = rewrites.rewrite_job(f, process, counter)
+            return f, {"job": job, "seed": rng.randrange(1 << 32)}
         return "append", {
             "app_id": f"chaos-{process}",
             "batch_id": counter,
@@ -170,6 +190,8 @@ class LakehouseAppends(Workload):
         lh = ctx.lakehouse
         if f == "expire":
             return self._expire(ctx)
+        if f in rewrites.REWRITE_OPERATIONS:
+            return rewrites.rewrite(lh, TABLE, f, value, ctx.phase)
         if f == "read":
             back = 0 if value is None else value["back"]
             try:
@@ -194,23 +216,32 @@ class LakehouseAppends(Workload):
             os.path.join(location, f"{_JOB_PREFIX}{value['job']}", f"part-{i}-of-{k}.parquet")
             for i in range(k)
         ]
+        # Each file's ids follow from its name; their range is its statistics, which
+        # keep a delete of other rows from conflicting with this append.
+        ids = [rewrites.row_ids(path, self.config.rows_per_file) for path in paths]
         if self.config.warehouse == "s3":
             # Each file's object is put before the commit names it, as a task would; a
             # replay puts them again (same keys, same bytes). A store that refuses a
             # put fails this attempt before anything is committed: a definite failure
             # of this attempt, though an earlier one of a replay may have committed.
             try:
-                payload = self._payload()
-                for path in paths:
+                sizes = []
+                for path, file_ids in zip(paths, ids, strict=True):
+                    payload = rewrites.parquet_of(file_ids)
                     _filesystem().write_bytes(path, payload)
+                    sizes.append(len(payload))
             except Exception as exc:
                 return Completion("fail", value, error=describe(exc))
-            sizes = [len(payload)] * k
         else:
             sizes = [1000 + i for i in range(k)]  # metadata only: no file is written
         data = [
-            data_file(path, size_bytes=size, record_count=self.config.rows_per_file)
-            for path, size in zip(paths, sizes, strict=True)
+            data_file(
+                path,
+                size_bytes=size,
+                record_count=self.config.rows_per_file,
+                stats=rewrites.id_stats(file_ids),
+            )
+            for path, size, file_ids in zip(paths, sizes, ids, strict=True)
         ]
         if ctx.phase is not None:
             ctx.phase.set(ctx.phase.COMMITTING)
@@ -229,17 +260,6 @@ class LakehouseAppends(Workload):
                 ctx.phase.set(ctx.phase.IDLE)
         self._replay = None
         return Completion("ok", {**value, "version": version})
-
-    def _payload(self) -> bytes:
-        """A Parquet file of ``rows_per_file`` ids, the bytes of every object written."""
-        if self._parquet is None:
-            pa = importlib.import_module("pyarrow")
-            pq = importlib.import_module("pyarrow.parquet")
-            sink = io.BytesIO()
-            ids = pa.array(range(self.config.rows_per_file), pa.int64())
-            pq.write_table(pa.table({"id": ids}), sink)
-            self._parquet = sink.getvalue()
-        return self._parquet
 
     def _expire(self, ctx: ClientContext) -> Completion:
         """One ``Lakehouse.expire``: idempotent (bounds only rise), so its outcome only
@@ -307,6 +327,7 @@ class LakehouseAppends(Workload):
                 "batch_id": h.record.batch_id,
                 "added": sorted(e.path for e in h.added),
                 "removed": len(h.removed),
+                "removed_files": sorted(e.path for e in h.removed),
                 "timestamp_ms": h.record.timestamp_ms,
             }
             for h in catalog.history(TABLE)
@@ -327,11 +348,13 @@ class LakehouseAppends(Workload):
             "read_ms": read_ms,
             "log_retention_s": lh.retention(TABLE).log_retention_s,
         }
+        # One listing of the table's objects (through the layer; on S3 with the run's
+        # MinIO in this process's AWS variables): far fewer requests than a HEAD per
+        # named file. Rewrites' files are read back for the row checks.
+        stored, value["stored_rewrites"] = rewrites.stored_rewrites(location)
+        named_anywhere = set(base).union(*(c["added"] for c in commits))
+        value["rewrite_rows"] = rewrites.rewrite_rows(location, named_anywhere)
         if self.config.warehouse == "s3":
-            # One listing of the table's objects (through the layer, with the run's
-            # MinIO in this process's AWS variables): far fewer requests than a HEAD
-            # per named file. Every version's files are in the latest's (appends only).
-            stored = {f.path for f in _filesystem().list_files(location)}
             named = sorted(set(latest) | set(base))
             value["objects"] = {
                 "named": len(named),
@@ -348,6 +371,7 @@ class LakehouseAppends(Workload):
         acked = CheckResult("lakehouse acknowledged commits")
         reads = CheckResult("lakehouse reads")
         expiry = CheckResult("lakehouse expiry")
+        rows = CheckResult("lakehouse rewrites")
         if final is None:
             shape.anomalies.append({"check": shape.name, "type": "no-final-read"})
             return [shape]
@@ -358,9 +382,10 @@ class LakehouseAppends(Workload):
         self._check_acknowledged(acked, ops, commits, retained)
         self._check_reads(reads, ops, retained)
         self._check_expiry(expiry, ops, value, retained)
+        rewrites.check_rewrites(rows, ops, value, self.config.rows_per_file)
         if "objects" not in value:
-            return [shape, acked, reads, expiry]
-        return [shape, acked, reads, expiry, self._check_objects(value["objects"])]
+            return [shape, acked, reads, expiry, rows]
+        return [shape, acked, reads, expiry, rows, self._check_objects(value["objects"])]
 
     @staticmethod
     def _check_objects(objects: dict[str, Any]) -> CheckResult:
@@ -442,8 +467,25 @@ class LakehouseAppends(Workload):
                             f"it ({'the same' if same else 'another'} transaction)",
                         )
                 previous = (c["commit_ts"], txn)
-            if c["removed"]:
+            # Only a rewrite removes files, whole jobs of them, each live before it.
+            removed: list[str] = c.get("removed_files", [])
+            if c["removed"] and (
+                c.get("operation") not in rewrites.REWRITE_OPERATIONS.values()
+                or len(removed) != c["removed"]
+            ):
                 flag("unexpected-removal", f"version {c['version']} removed files")
+            for job in partial_jobs(removed):
+                flag("partial-rewrite", f"version {c['version']} removed part of job {job}")
+            if c["version"] > oldest:  # the base is the oldest version's files: after it
+                gone = [p for p in removed if p in files]
+                if len(gone) != len(removed):
+                    flag(
+                        "removed-file-not-live",
+                        f"version {c['version']} removed {sorted(set(removed) - files)[:3]}, "
+                        "which the version before it did not hold",
+                    )
+                files.difference_update(gone)
+                fingerprint = undigest(gone, fingerprint)
             jobs: dict[str, set[int]] = {}
             parts: dict[str, int] = {}
             for path in c["added"]:
@@ -490,7 +532,8 @@ class LakehouseAppends(Workload):
             flag(
                 "files-mismatch",
                 f"the latest files are not the base (version {oldest}) plus every later "
-                f"version's: {extra} not added by any, {lacking} added but missing",
+                f"version's adds, less its removals: {extra} not added by any, {lacking} "
+                "added, not removed, but missing",
             )
         grouped = Counter(c.get("txn_start_ts") for c in commits)
         result.stats.update(
@@ -517,9 +560,25 @@ class LakehouseAppends(Workload):
         outcomes: dict[tuple[str, Any], set[str]] = {}
         job_of_batch: dict[tuple[str, Any], str] = {}
         acked_at: dict[tuple[str, Any], int] = {}
-        #: Expired version -> the job acknowledged at it.
-        expired_jobs: dict[int, str] = {}
+        #: Expired version -> the job acknowledged at it, the files it added and removed.
+        expired: dict[int, tuple[str, list[str], list[str]]] = {}
+        removable = _removable_jobs(ops, commits)
+
+        def acknowledged_expired(told: int, job: str, added: list[str], removed: list[str]) -> None:
+            if expired.setdefault(told, (job, added, removed))[0] != job:
+                flag(
+                    "version-acknowledged-twice",
+                    f"version {told} acknowledged to jobs {expired[told][0]} and {job}",
+                )
+
         for op in ops:
+            if op["f"] in rewrites.REWRITE_OPERATIONS and op["type"] == "ok":
+                # Retained rewrites are the rewrites check's; expired ones rebuild files.
+                if op["value"]["version"] < oldest:
+                    job = op["value"]["job"]
+                    out = [rewrites.output_of(job)]
+                    acknowledged_expired(op["value"]["version"], job, out, op["value"]["removed"])
+                continue
             if op["f"] != "append" or op["type"] == "invoke":
                 continue
             batch = (op["value"]["app_id"], op["value"]["batch_id"])
@@ -535,18 +594,19 @@ class LakehouseAppends(Workload):
                     f"batch {batch} acknowledged at versions {acked_at[batch]} and {told}",
                 )
             if told < oldest and commit is None:
-                # Its version expired: its files must be in the oldest retained version's.
-                job = op["value"]["job"]
-                if expired_jobs.setdefault(told, job) != job:
-                    flag(
-                        "version-acknowledged-twice",
-                        f"version {told} acknowledged to jobs {expired_jobs[told]} and {job}",
-                    )
-                if job not in base_jobs:
+                # Its version expired: its files must be in the oldest retained version's,
+                # unless a rewrite that did not fail removed them.
+                job, k = op["value"]["job"], op["value"]["files"]
+                paths = retained.base_by_job.get(job) or [
+                    f"{_JOB_PREFIX}{job}/part-{i}-of-{k}.parquet" for i in range(k)
+                ]
+                acknowledged_expired(told, job, paths, [])
+                if job not in base_jobs and removable is not None and job not in removable:
                     flag(
                         "lost-acknowledged-commit",
                         f"batch {batch} acknowledged at version {told}, which expired, and "
-                        f"its job {job} is not in version {oldest}'s files",
+                        f"its job {job} is not in version {oldest}'s files, nor did a "
+                        "rewrite remove it",
                     )
             elif commit is None:
                 flag("lost-acknowledged-commit", f"batch {batch} acknowledged, not in history")
@@ -558,11 +618,11 @@ class LakehouseAppends(Workload):
         for batch, kinds in outcomes.items():
             if kinds == {"fail"} and (batch in by_batch or job_of_batch[batch] in base_jobs):
                 flag("failed-commit-visible", f"batch {batch} only failed, yet it is committed")
-        reconstructed = self._reconstruct_expired(flag, commits, retained, expired_jobs)
+        reconstructed = self._reconstruct_expired(flag, commits, retained, expired)
         result.stats.update(
             batches=len(outcomes),
             acknowledged=sum(1 for k in outcomes.values() if "ok" in k),
-            acknowledged_expired=len(expired_jobs),
+            acknowledged_expired=len(expired),
             reconstructed_versions=reconstructed,
             unknown=sum(1 for k in outcomes.values() if k == {"info"}),
         )
@@ -572,13 +632,14 @@ class LakehouseAppends(Workload):
         flag: Callable[[str, str], None],
         commits: list[dict[str, Any]],
         retained: Retained,
-        expired_jobs: dict[int, str],
+        expired: dict[int, tuple[str, list[str], list[str]]],
     ) -> int:
         """The files of expired versions, from the acknowledgements: each version adds
-        one job, whose files the base holds. Version 0 is the workload's empty create.
-        Fills ``retained.cumulative`` up to the first expired version no client was
-        told; returns how many it filled. When every one was told, those jobs and what
-        the oldest retained version added must be the base exactly."""
+        one job, and a rewrite's removes the files it read. Version 0 is the workload's
+        empty create. Fills ``retained.cumulative`` up to the first expired version no
+        client was told; returns how many it filled. When every one was told, their
+        files, changed as the oldest retained version changed them, must be the base
+        exactly."""
         oldest = retained.oldest
         if oldest == 0 or not commits:
             return 0
@@ -586,15 +647,23 @@ class LakehouseAppends(Workload):
         fingerprint = 0
         retained.cumulative[0] = (0, 0)
         for version in range(1, oldest):
-            job = expired_jobs.get(version)
-            paths = retained.base_by_job.get(job, []) if job is not None else []
-            if not paths:
-                return version  # unknown (or lost, flagged above): the chain stops here
+            if version not in expired:
+                return version  # unknown: the chain stops here
+            job, paths, removed = expired[version]
+            if any(p not in files for p in removed):
+                flag(
+                    "base-mismatch",
+                    f"version {version} was acknowledged to rewrite {job} of files that "
+                    f"versions 1..{version - 1}, as acknowledged, do not hold",
+                )
+                return version
+            files.difference_update(removed)
+            fingerprint = undigest(removed, fingerprint)
             new = [p for p in paths if p not in files]
             files.update(new)
             fingerprint = digest(new, fingerprint)
             retained.cumulative[version] = (len(files), fingerprint)
-        expected = files | set(commits[0]["added"])
+        expected = (files - set(commits[0].get("removed_files", []))) | set(commits[0]["added"])
         base = {p for paths in retained.base_by_job.values() for p in paths}
         if expected != base:
             flag(
@@ -621,7 +690,9 @@ class LakehouseAppends(Workload):
                 pending[op["process"]] = (newest_acked, expired_below)
                 continue
             floor, expired_floor = pending.pop(op["process"], (-1, 0))
-            if op["f"] == "append" and op["type"] == "ok":
+            if op["type"] == "ok" and (
+                op["f"] == "append" or op["f"] in rewrites.REWRITE_OPERATIONS
+            ):
                 newest_acked = max(newest_acked, op["value"]["version"])
             if op["f"] == "expire" and op["type"] == "ok":
                 expired_below = max(expired_below, op["value"]["readable_from"])
@@ -780,6 +851,39 @@ class ServiceLakehouses:
 
     def expire(self, name: str) -> Any:
         return self._on_current("expire", name)
+
+    def rewrite_files(self, name: str, *args: Any, **kwargs: Any) -> int:
+        version: int = self._on_current("rewrite_files", name, *args, **kwargs)
+        return version
+
+
+def _removable_jobs(ops: list[dict[str, Any]], commits: list[dict[str, Any]]) -> set[str] | None:
+    """Jobs whose files a rewrite that did not fail may have removed: those it said it
+    read, and those the retained history removed; ``None`` (any job) when a rewrite
+    that left no record of what it read (its client was killed in it) is not in the
+    retained history, so it may have removed any job in an expired version."""
+    outcome: dict[str, str] = {}
+    read: dict[str, list[str]] = {}
+    for op in ops:
+        if op["f"] not in rewrites.REWRITE_OPERATIONS:
+            continue
+        job = op["value"]["job"]
+        if op["type"] == "invoke":
+            outcome.setdefault(job, "info")
+            continue
+        outcome[job] = op["type"]
+        if "removed" in op["value"]:
+            read[job] = op["value"]["removed"]
+    in_history = {_job_of(p)[0] for c in commits for p in c["added"]}
+    jobs = {_job_of(p)[0] for c in commits for p in c.get("removed_files", [])}
+    for job, kind in outcome.items():
+        if kind == "fail":
+            continue
+        if job in read:
+            jobs.update(_job_of(p)[0] for p in read[job])
+        elif job not in in_history:
+            return None
+    return jobs
 
 
 def _filesystem() -> Any:
