@@ -40,6 +40,7 @@ from spark_integration.engine.retention import ExpireResult, Retention
 from spark_integration.service.client import RemoteCatalog
 from spark_integration.spark import changes as change_feed
 from spark_integration.spark import dml, filesystem, merge, replace, schema_change, write_job
+from spark_integration.spark import optimize as compaction
 from spark_integration.spark.hook import (
     STAGING_PREFIX,
     Job,
@@ -396,6 +397,20 @@ class Lakehouse:
         """``MERGE INTO name USING source_df ON predicate``: ``when_*`` clauses, ``execute()``."""
         args = (source_df, predicate, source_alias, target_alias, spark)
         return merge.merge(self._catalog, _check_name(name), *args)
+
+    def optimize(
+        self,
+        name: str,
+        predicate: str | None = None,
+        target_file_mb: float = 128,
+        *,
+        spark: SparkSession | None = None,
+    ) -> DmlResult:
+        """Compact small files, per partition, into files of up to ``target_file_mb``:
+        a commit that changes no row (``optimize``). ``predicate``: partition columns
+        only. Nothing to compact: no commit, the current version and 0 files."""
+        args = (predicate, target_file_mb, spark)
+        return compaction.optimize(self._catalog, _check_name(name), *args)
 
     def transaction(self) -> LakehouseTransaction:
         """Appends and overwrites of several tables, committed together or not at all.

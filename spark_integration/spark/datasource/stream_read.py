@@ -22,7 +22,7 @@ from spark_integration.engine.errors import (
     VersionNotFoundError,
     VersionVacuumedError,
 )
-from spark_integration.engine.model import FileEntry, Head
+from spark_integration.engine.model import OPTIMIZE, FileEntry, Head
 from spark_integration.engine.retention import describe_s
 from spark_integration.spark import filesystem
 from spark_integration.spark.datasource.batch_read import (
@@ -205,7 +205,11 @@ class PercolakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 record = entry.record
                 if record.version in self._changes or record.version > head.version:
                     continue
-                if entry.removed:
+                if record.operation == OPTIMIZE:
+                    # A compaction changes no row: its files repeat rows already read,
+                    # so the stream skips it whatever skipChangeCommits says.
+                    self._changes[record.version] = []
+                elif entry.removed:
                     # A skipped change commit reads nothing: its added files repeat
                     # rows the stream has already seen.
                     self._change_commits[record.version] = record.operation
