@@ -199,7 +199,14 @@ def plan_changes(
             if h.added:
                 pieces.append(ChangePiece(version, ms, INSERT, tuple(h.added)))
     log.debug("change feed of %s, versions %d..%d: %d pieces", name, start, last, len(pieces))
-    return ChangePlan(prepared.meta, start, last, tuple(pieces))
+    plan = ChangePlan(prepared.meta, start, last, tuple(pieces))
+    clashes = [c for c in plan.schema.fieldNames() if c.lower() in FEED_COLUMNS]
+    if clashes:
+        raise ValueError(
+            f"change feed of table {name!r}: its column {clashes[0]!r} clashes with the "
+            "change feed's own column of that name"
+        )
+    return plan
 
 
 def changes(
@@ -214,12 +221,6 @@ def changes(
     start, end = check_versions(starting_version, ending_version)
     plan = plan_changes(catalog, name, start, end)
     schema = plan.schema
-    clashes = [c for c in schema.fieldNames() if c.lower() in FEED_COLUMNS]
-    if clashes:
-        raise ValueError(
-            f"change feed of table {name!r}: its column {clashes[0]!r} clashes with the "
-            "change feed's own column of that name"
-        )
     parts = [_piece_rows(spark, plan.meta, schema, piece) for piece in plan.pieces]
     if not parts:
         return spark.createDataFrame([], feed_schema(schema))

@@ -36,6 +36,8 @@ _BATCH_WRITE = {
 #: Spark passes a streaming query's checkpoint to its sink; it also names the query.
 _STREAM_WRITE = {*_WRITE, "checkpointlocation", "queryname"}
 _STREAM_READ = {"startingversion", "maxfilespertrigger", "skipchangecommits"}
+#: A change data feed read's (``startingVersion`` also starts a streaming read).
+_CHANGE_FEED = {"readchangefeed", "startingversion", "endingversion"}
 #: Keys (lower-case) that only a streaming read takes.
 STREAM_READ_OPTIONS = frozenset(_STREAM_READ)
 
@@ -59,6 +61,8 @@ _SPELLING = {
     "startingversion": "startingVersion",
     "maxfilespertrigger": "maxFilesPerTrigger",
     "skipchangecommits": "skipChangeCommits",
+    "readchangefeed": "readChangeFeed",
+    "endingversion": "endingVersion",
 }
 
 _ADDRESS = re.compile(r"[^\s,:]+:\d{1,5}")
@@ -70,6 +74,17 @@ class ReadOptions:
     gateway: str
     version: int | None
     timestamp_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeFeedOptions:
+    """``readChangeFeed``: the changes of versions ``starting_version`` to
+    ``ending_version`` (``None``: the latest), as ``Lakehouse.changes`` gives them."""
+
+    table: str
+    gateway: str
+    starting_version: int
+    ending_version: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +152,8 @@ def _check_known(options: Mapping[str, str], allowed: set[str], what: str) -> No
         "overwriteschema": "batch writes",
         **dict.fromkeys(_WRITE - {"txnversion"}, "writes"),
         **dict.fromkeys(_STREAM_READ, "streaming reads"),
+        "readchangefeed": "change feed reads",
+        "endingversion": "change feed reads",
     }
     hints = [f"{_SPELLING.get(k, k)} is for {elsewhere[k]}" for k in unknown if k in elsewhere]
     known = ", ".join(sorted(_SPELLING[k] for k in allowed if k != "path"))
@@ -251,6 +268,8 @@ def parse_timestamp_ms(raw: str) -> int:
 
 def read_options(options: Mapping[str, str]) -> ReadOptions:
     opts = _lower(options)
+    if opts.get("readchangefeed", "").strip().lower() == "false":
+        del opts["readchangefeed"]  # Delta's spelling of a plain read
     _check_known(opts, _COMMON | _READ, "read")
     table, gateway = _table(opts), _gateway(opts)
     version = _non_negative_int(opts, "versionasof")
@@ -259,6 +278,26 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
         raise ValueError("percolake: give versionAsOf or timestampAsOf, not both")
     timestamp_ms = None if raw_ts is None else parse_timestamp_ms(raw_ts)
     return ReadOptions(table, gateway, version, timestamp_ms)
+
+
+def change_feed_options(options: Mapping[str, str]) -> ChangeFeedOptions | None:
+    """The options of a ``readChangeFeed`` read; ``None`` when that option is absent
+    or ``false`` (a plain read)."""
+    opts = _lower(options)
+    if not _bool(opts, "readchangefeed"):
+        return None
+    _check_known(opts, _COMMON | _CHANGE_FEED, "change feed read")
+    table, gateway = _table(opts), _gateway(opts)
+    start = _non_negative_int(opts, "startingversion")
+    if start is None:
+        raise ValueError(
+            "percolake: readChangeFeed needs option startingVersion, the first version "
+            "whose changes to read"
+        )
+    end = _non_negative_int(opts, "endingversion")
+    if end is not None and end < start:
+        raise ValueError(f"percolake: option endingVersion {end} is before startingVersion {start}")
+    return ChangeFeedOptions(table, gateway, start, end)
 
 
 #: The Spark setting (and, without the prefix, the write option) that asks an overwrite
