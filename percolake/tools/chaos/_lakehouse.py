@@ -1,4 +1,4 @@
-"""The lakehouse workload: concurrent metadata-only appends to one table, and readers.
+"""The lakehouse workload: concurrent appends, row deletes and compactions, and readers.
 
 Clients commit through ``spark_integration.Lakehouse.append_files`` (no Spark: on a
 local warehouse the file lists are made up, which is all the metadata layer sees; on an
@@ -29,8 +29,8 @@ itself over a manager that fails over between the gateways' transaction services
 (``gateway_catalog=False``). ``Lakehouse`` has no metadata-only overwrite.
 
 Rows and rewrites (``_lakehouse_rewrites``): every row has an id unique in the run,
-an appended file's following from its name, and about one operation in ten rewrites
-whole jobs of the latest version without Spark: a ``delete`` of one to three rows
+an appended file's following from its name, and one operation in 25 of each kind
+rewrites whole jobs of the latest version without Spark: a ``delete`` of one to three rows
 of one job (a ``DELETE``) or a ``compact`` of two or three jobs into one file (an
 ``OPTIMIZE``), committed through ``Lakehouse.rewrite_files``. The checks above hold
 with the files a rewrite removed taken out of its version (jobs stay whole, reads
@@ -48,9 +48,10 @@ readable version ``R``; the final read also lists the files of ``R`` (the base),
 checks above hold from there: versions ``R..latest`` are dense and whole, the latest
 files are the base plus what later versions added, a job in the base is in no later
 version, an acknowledged append below ``R`` has its files in the base, and no expired
-version was acknowledged to two jobs. Each version adds one job, so the acknowledgements
-rebuild the files of expired versions up to the first one no client was told (and when
-every one was told, they and ``R``'s own adds must make the base exactly): reads of
+version was acknowledged to two jobs. Each version adds one job (a rewrite's also
+removes the jobs it read), so the acknowledgements rebuild the files of expired
+versions up to the first one no client was told (and when every one was told, they
+and ``R``'s own changes must make the base exactly): reads of
 those versions and of ``R`` on are compared, the others counted as unchecked; a read
 refused with ``VersionNotFoundError`` (its version expired) is a clean failure. Expiry
 itself: ``R - 1`` was replaced (version ``R`` committed) at least ``S`` before the final

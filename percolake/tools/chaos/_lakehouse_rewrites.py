@@ -44,8 +44,8 @@ from txn.errors import TransactionAbortedError
 
 JOB_PREFIX = "_lh_job="
 #: Shares of the operations that rewrite files (taken from the appends' share).
-DELETE_SHARE = 0.03
-COMPACT_SHARE = 0.03
+DELETE_SHARE = 0.02
+COMPACT_SHARE = 0.02
 #: Rewrites pick among the table's oldest jobs, this many: clients race for files.
 REWRITE_POOL = 6
 #: Op name -> the operation its version records, and its jobs' name prefix.
