@@ -360,7 +360,8 @@ class Lakehouse:
         row changed). ``predicate`` (Spark SQL) covers every row the rewrite changed
         (``None``: any row), for the conflict check. Returns the version committed;
         on a conflict ``ConcurrentModificationError``, nothing committed. The files
-        stay the caller's until a version names them.
+        stay the caller's until a version names them. With no change files, the change
+        feed gives its removed files' rows as deleted and its added ones' as inserted.
         """
         args = (read_version, removed, added, operation, predicate)
         return _rewrite_files(self._catalog, _check_name(name), *args)
