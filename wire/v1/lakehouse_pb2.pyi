@@ -343,8 +343,14 @@ class CreateTableRequest(_message.Message):
     META_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
     RETENTION_FIELD_NUMBER: _builtins.int
+    OVER_DROPPED_FIELD_NUMBER: _builtins.int
     catalog: _builtins.str
     job_id: _builtins.str
+    over_dropped: _builtins.bool
+    """The location holds files: create the table only over a dropped table's record
+    there (deleted in the same transaction, the head fenced at the drop time), else
+    ALREADY_EXISTS. A record there is deleted and fences the head either way.
+    """
     @_builtins.property
     def meta(self) -> Global___TableMeta: ...
     @_builtins.property
@@ -360,10 +366,11 @@ class CreateTableRequest(_message.Message):
         meta: Global___TableMeta | None = ...,
         job_id: _builtins.str = ...,
         retention: Global___Retention | None = ...,
+        over_dropped: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_retention", b"_retention", "meta", b"meta", "retention", b"retention"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_retention", b"_retention", "catalog", b"catalog", "job_id", b"job_id", "meta", b"meta", "retention", b"retention"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_retention", b"_retention", "catalog", b"catalog", "job_id", b"job_id", "meta", b"meta", "over_dropped", b"over_dropped", "retention", b"retention"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__retention: _TypeAlias = _typing.Literal["retention"]  # noqa: Y015
     _WhichOneofArgType__retention: _TypeAlias = _typing.Literal["_retention", b"_retention"]  # noqa: Y015
@@ -1050,3 +1057,84 @@ class FenceVacuumResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FenceVacuumResponse: _TypeAlias = FenceVacuumResponse  # noqa: Y015
+
+@_typing.final
+class DroppedTable(_message.Message):
+    """A dropped table whose files are still at its location, awaiting vacuum."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    LOCATION_FIELD_NUMBER: _builtins.int
+    DROPPED_MS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    location: _builtins.str
+    dropped_ms: _builtins.int
+    """by the gateway's clock"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        location: _builtins.str = ...,
+        dropped_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped_ms", b"dropped_ms", "location", b"location", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DroppedTable: _TypeAlias = DroppedTable  # noqa: Y015
+
+@_typing.final
+class ClaimDroppedRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CATALOG_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    CUTOFF_MS_FIELD_NUMBER: _builtins.int
+    catalog: _builtins.str
+    table: _builtins.str
+    cutoff_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        catalog: _builtins.str = ...,
+        table: _builtins.str = ...,
+        cutoff_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog", b"catalog", "cutoff_ms", b"cutoff_ms", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClaimDroppedRequest: _TypeAlias = ClaimDroppedRequest  # noqa: Y015
+
+@_typing.final
+class ClaimDroppedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLAIMED_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def claimed(self) -> _containers.RepeatedCompositeFieldContainer[Global___DroppedTable]:
+        """records deleted: their files may go"""
+
+    @_builtins.property
+    def pending(self) -> _containers.RepeatedCompositeFieldContainer[Global___DroppedTable]:
+        """dropped after cutoff_ms: kept"""
+
+    def __init__(
+        self,
+        *,
+        claimed: _abc.Iterable[Global___DroppedTable] | None = ...,
+        pending: _abc.Iterable[Global___DroppedTable] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed", b"claimed", "pending", b"pending"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClaimDroppedResponse: _TypeAlias = ClaimDroppedResponse  # noqa: Y015

@@ -107,6 +107,11 @@ class LakehouseServiceStub:
                 request_serializer=wire_dot_v1_dot_lakehouse__pb2.FenceVacuumRequest.SerializeToString,
                 response_deserializer=wire_dot_v1_dot_lakehouse__pb2.FenceVacuumResponse.FromString,
                 _registered_method=True)
+        self.ClaimDropped = channel.unary_unary(
+                '/percolake.v1.LakehouseService/ClaimDropped',
+                request_serializer=wire_dot_v1_dot_lakehouse__pb2.ClaimDroppedRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_lakehouse__pb2.ClaimDroppedResponse.FromString,
+                _registered_method=True)
 
 
 class LakehouseServiceServicer:
@@ -150,8 +155,9 @@ class LakehouseServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DropTable(self, request, context):
-        """Delete a table's metadata in one transaction (NOT_FOUND: no such table); the
-        caller removes its files. The name is free again.
+        """Delete a table's metadata in one transaction (NOT_FOUND: no such table) and record
+        its location for vacuum; no file is removed (readers that listed them still read
+        them). The name is free again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -204,6 +210,15 @@ class LakehouseServiceServicer:
 
     def FenceVacuum(self, request, context):
         """Vacuum, step 2: publish the cutoff in the head; returns files committed since the plan.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClaimDropped(self, request, context):
+        """Vacuum of a dropped table: in one transaction, delete the records of tables of
+        that name dropped at or before cutoff_ms (the caller then removes their files).
+        ALREADY_EXISTS: a table of that name exists; NOT_FOUND: no table and no record.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -266,6 +281,11 @@ def add_LakehouseServiceServicer_to_server(servicer, server):
                     servicer.FenceVacuum,
                     request_deserializer=wire_dot_v1_dot_lakehouse__pb2.FenceVacuumRequest.FromString,
                     response_serializer=wire_dot_v1_dot_lakehouse__pb2.FenceVacuumResponse.SerializeToString,
+            ),
+            'ClaimDropped': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimDropped,
+                    request_deserializer=wire_dot_v1_dot_lakehouse__pb2.ClaimDroppedRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_lakehouse__pb2.ClaimDroppedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -583,6 +603,33 @@ class LakehouseService:
             '/percolake.v1.LakehouseService/FenceVacuum',
             wire_dot_v1_dot_lakehouse__pb2.FenceVacuumRequest.SerializeToString,
             wire_dot_v1_dot_lakehouse__pb2.FenceVacuumResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimDropped(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/percolake.v1.LakehouseService/ClaimDropped',
+            wire_dot_v1_dot_lakehouse__pb2.ClaimDroppedRequest.SerializeToString,
+            wire_dot_v1_dot_lakehouse__pb2.ClaimDroppedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,8 +56,9 @@ class LakehouseServiceStub:
     """A table's metadata and head; with app_id and batch_id, the version they committed."""
     ListTables: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.ListTablesRequest, _lakehouse_pb2.ListTablesResponse]
     DropTable: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.DropTableRequest, _lakehouse_pb2.DropTableResponse]
-    """Delete a table's metadata in one transaction (NOT_FOUND: no such table); the
-    caller removes its files. The name is free again.
+    """Delete a table's metadata in one transaction (NOT_FOUND: no such table) and record
+    its location for vacuum; no file is removed (readers that listed them still read
+    them). The name is free again.
     """
     RenameTable: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.RenameTableRequest, _lakehouse_pb2.RenameTableResponse]
     """Move a table's metadata to a new name in one transaction; its files stay where
@@ -79,6 +80,11 @@ class LakehouseServiceStub:
     """Vacuum, step 1: the files that versions inside the retention can read."""
     FenceVacuum: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.FenceVacuumRequest, _lakehouse_pb2.FenceVacuumResponse]
     """Vacuum, step 2: publish the cutoff in the head; returns files committed since the plan."""
+    ClaimDropped: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.ClaimDroppedRequest, _lakehouse_pb2.ClaimDroppedResponse]
+    """Vacuum of a dropped table: in one transaction, delete the records of tables of
+    that name dropped at or before cutoff_ms (the caller then removes their files).
+    ALREADY_EXISTS: a table of that name exists; NOT_FOUND: no table and no record.
+    """
 
 @_typing.type_check_only
 class LakehouseServiceAsyncStub(LakehouseServiceStub):
@@ -108,8 +114,9 @@ class LakehouseServiceAsyncStub(LakehouseServiceStub):
     """A table's metadata and head; with app_id and batch_id, the version they committed."""
     ListTables: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.ListTablesRequest, _lakehouse_pb2.ListTablesResponse]  # type: ignore[assignment]
     DropTable: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.DropTableRequest, _lakehouse_pb2.DropTableResponse]  # type: ignore[assignment]
-    """Delete a table's metadata in one transaction (NOT_FOUND: no such table); the
-    caller removes its files. The name is free again.
+    """Delete a table's metadata in one transaction (NOT_FOUND: no such table) and record
+    its location for vacuum; no file is removed (readers that listed them still read
+    them). The name is free again.
     """
     RenameTable: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.RenameTableRequest, _lakehouse_pb2.RenameTableResponse]  # type: ignore[assignment]
     """Move a table's metadata to a new name in one transaction; its files stay where
@@ -131,6 +138,11 @@ class LakehouseServiceAsyncStub(LakehouseServiceStub):
     """Vacuum, step 1: the files that versions inside the retention can read."""
     FenceVacuum: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.FenceVacuumRequest, _lakehouse_pb2.FenceVacuumResponse]  # type: ignore[assignment]
     """Vacuum, step 2: publish the cutoff in the head; returns files committed since the plan."""
+    ClaimDropped: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.ClaimDroppedRequest, _lakehouse_pb2.ClaimDroppedResponse]  # type: ignore[assignment]
+    """Vacuum of a dropped table: in one transaction, delete the records of tables of
+    that name dropped at or before cutoff_ms (the caller then removes their files).
+    ALREADY_EXISTS: a table of that name exists; NOT_FOUND: no table and no record.
+    """
 
 class LakehouseServiceServicer(metaclass=_abc_1.ABCMeta):
     """Lakehouse tables inside the gateway: the catalog's read-modify-write of a table's
@@ -181,8 +193,9 @@ class LakehouseServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _lakehouse_pb2.DropTableRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_lakehouse_pb2.DropTableResponse, _abc.Awaitable[_lakehouse_pb2.DropTableResponse]]:
-        """Delete a table's metadata in one transaction (NOT_FOUND: no such table); the
-        caller removes its files. The name is free again.
+        """Delete a table's metadata in one transaction (NOT_FOUND: no such table) and record
+        its location for vacuum; no file is removed (readers that listed them still read
+        them). The name is free again.
         """
 
     @_abc_1.abstractmethod
@@ -246,5 +259,16 @@ class LakehouseServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_lakehouse_pb2.FenceVacuumResponse, _abc.Awaitable[_lakehouse_pb2.FenceVacuumResponse]]:
         """Vacuum, step 2: publish the cutoff in the head; returns files committed since the plan."""
+
+    @_abc_1.abstractmethod
+    def ClaimDropped(
+        self,
+        request: _lakehouse_pb2.ClaimDroppedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lakehouse_pb2.ClaimDroppedResponse, _abc.Awaitable[_lakehouse_pb2.ClaimDroppedResponse]]:
+        """Vacuum of a dropped table: in one transaction, delete the records of tables of
+        that name dropped at or before cutoff_ms (the caller then removes their files).
+        ALREADY_EXISTS: a table of that name exists; NOT_FOUND: no table and no record.
+        """
 
 def add_LakehouseServiceServicer_to_server(servicer: LakehouseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
