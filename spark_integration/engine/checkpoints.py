@@ -1,10 +1,10 @@
 """Checkpoints: when a version gets one, writing it, and listing files from the newest one.
 
-A checkpoint packs a generation's files as of one version into a few chunk cells
-(see ``model`` for the layout), so listing reads a handful of cells plus the rows
-added after it. Checkpoints are derived data, written after the commit as its
-follow-up work (see ``follow_ups``); a missing one only makes listing
-scan more rows.
+A checkpoint packs a generation's live files as of one version (removal rows
+applied) into a few chunk cells (see ``model`` for the layout), so listing reads a
+handful of cells plus the rows written after it. Checkpoints are derived data,
+written after the commit as its follow-up work (see ``follow_ups``); a missing one
+only makes listing scan more rows.
 """
 
 from __future__ import annotations
@@ -78,13 +78,29 @@ def _collector_paused() -> Iterator[None]:
 def list_gen(
     tx: Transaction, layout: Layout, name: str, gen: int, version: int, make: EntryFactory[E]
 ) -> list[E]:
-    """Files of generation ``gen`` as of ``version``: newest checkpoint, then rows after it."""
+    """Live files of generation ``gen`` as of ``version``: the newest checkpoint, then
+    the rows after it, less the files that removal rows after it removed.
+
+    A file added at version ``a`` is live at ``version`` unless a removal row of its
+    path lies in ``(a, version]`` (a checkpoint's files count as added at its version).
+    Tables written before removal rows existed have none: the rows are all adds.
+    """
     start, end = Layout.file_range(name, gen, below_version=version + 1)
     latest: Checkpoint | None = None
     for _, _, value in tx.scan(layout.checkpoints, start, end):
         latest = Checkpoint.decode(value)
+    after = 0 if latest is None else latest.version + 1
+    start, end = Layout.file_range(name, gen, from_version=after, below_version=version + 1)
+    added: list[tuple[int, bytes]] = []
+    removed_at: dict[str, int] = {}  # path -> the last version that removed it
+    for row, column, value in tx.scan(layout.files, start, end):
+        at = Layout.parse_file_row(name, row)[1]
+        if column == Layout.COL_REMOVE:
+            path = decode_file(value, _path_of)
+            removed_at[path] = max(at, removed_at.get(path, at))
+        else:
+            added.append((at, value))
     entries: list[E] = []
-    after = 0
     if latest is not None:
         row = Layout.checkpoint_row(name, gen, latest.version)
         cells = [(row, Layout.chunk_column(i)) for i in range(latest.chunks)]
@@ -95,15 +111,23 @@ def list_gen(
             )
         with _collector_paused():
             for cell in cells:
-                entries.extend(decode_chunk(found[cell], make))
-        after = latest.version + 1
-    start, end = Layout.file_range(name, gen, from_version=after, below_version=version + 1)
-    entries.extend(decode_file(value, make) for _, _, value in tx.scan(layout.files, start, end))
+                entries.extend(decode_chunk(found[cell], make, removed_at.keys()))
+    if not removed_at:
+        entries.extend(decode_file(value, make) for _, value in added)
+        return entries
+    for at, value in added:
+        if removed_at.get(decode_file(value, _path_of), -1) <= at:
+            entries.append(decode_file(value, make))
     return entries
 
 
+def _path_of(path: str, *_: object) -> str:
+    """An ``EntryFactory`` of just the path (removal rows)."""
+    return path
+
+
 def write_checkpoint(tm: Manager, layout: Layout, name: str, gen: int, version: int) -> None:
-    """Pack generation ``gen``'s files as of ``version`` into chunk cells.
+    """Pack generation ``gen``'s live files as of ``version`` into chunk cells.
 
     Follow-up work (see ``FollowUps.run``): any other failure propagates to it.
     """

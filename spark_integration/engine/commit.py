@@ -15,8 +15,10 @@ race at the head retries on a fresh snapshot (``table_access``), where it re-che
 * a row-level statement (``DELETE``, ``UPDATE``, ``MERGE``, ``REPLACE WHERE``)
   depends on its read set: the files it rewrote or depends on must still be live
   and no file added since its snapshot may hold rows its predicate matches
-  (``read_set.find_conflict``); it then commits a new generation, the live files
-  at the head minus those it rewrote plus its own;
+  (``read_set.find_conflict``); it then commits a removal row per file it
+  rewrote and a file row per file it wrote, or, once the generation's removals
+  would outnumber its live files, a new generation of the live files at the head
+  minus those it rewrote plus its own (``_row_level``);
 * a compaction (``OPTIMIZE``) commits the same way, but changes no row: only a
   commit that removed one of the files it rewrote conflicts with it, never an
   append.
@@ -31,6 +33,7 @@ expires (``expiry``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -214,10 +217,11 @@ class GroupAttempt:
         # above the time it answered for (see ``History.version_at``).
         ms = max(self.tables.clock_ms(), head.last_ms)
         files: Sequence[FileEntry] = r.files
+        removals: list[FileEntry] = []
+        new_gen = r.operation == OVERWRITE
         if r.read_set is not None and live is not None:
-            removed = set(r.read_set.removes)
-            files = [e for e in live if e.path not in removed] + list(r.files)
-        if r.operation == OVERWRITE or r.read_set is not None:
+            files, removals, new_gen = self._row_level(head, r, live)
+        if new_gen:
             gen, gen_start = head.gen + 1, version
             tx.put(
                 layout.gens,
@@ -232,6 +236,13 @@ class GroupAttempt:
                 layout.files,
                 Layout.file_row(name, gen, version, index),
                 Layout.COL_FILE,
+                entry.encode(),
+            )
+        for index, entry in enumerate(removals):
+            tx.put(
+                layout.files,
+                Layout.removal_row(name, gen, version, index),
+                Layout.COL_REMOVE,
                 entry.encode(),
             )
         record = LogRecord(
@@ -271,6 +282,35 @@ class GroupAttempt:
             schema_break,
             head.created_ms,
         )
+
+    def _row_level(
+        self, head: Head, r: CommitRequest, live: list[FileEntry]
+    ) -> tuple[Sequence[FileEntry], list[FileEntry], bool]:
+        """A row-level statement's ``(file rows, removal rows, new generation?)``.
+
+        It writes what it changed: a removal row per file it rewrote and a file row
+        per file it wrote, in the current generation, whose removal count it
+        updates. Once the generation's removal rows would outnumber its live files,
+        it starts a new generation of the files it kept and its own instead, so
+        listing stays about three rows per live file at most; that copy writes
+        fewer rows than the removals before it did, so a statement writes O(files
+        it changed) rows amortised.
+        """
+        gone = set(r.read_set.removes) if r.read_set is not None else set()
+        kept = [e for e in live if e.path not in gone]
+        removals = [e for e in live if e.path in gone]
+        current = self.tables.read_generation(self.tx, self.name, head.gen)
+        removed = current.removed + len(removals)
+        if removed > len(kept) + len(r.files):
+            return [*kept, *r.files], [], True
+        if removals:
+            self.tx.put(
+                self.layout.gens,
+                Layout.gen_row(self.name, head.gen),
+                Layout.COL_GEN,
+                dataclasses.replace(current, removed=removed).encode(),
+            )
+        return r.files, removals, False
 
 
 class Commits:

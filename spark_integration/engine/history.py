@@ -156,18 +156,26 @@ class History:
                 elif column == Layout.COL_COMMIT_TS:
                     commit_tss[version] = int(value)
             by_version: dict[int, list[FileEntry]] = {}
+            removed: dict[int, list[FileEntry]] = {}  # from removal rows, then as below
             start, end = Layout.prefix(name), Layout.prefix_end(name)
-            for (_, version, _), entry in tables.scan_files(tx, name, start, end):
-                by_version.setdefault(version, []).append(entry)
-            # An overwrite removed the files of the generation it ended, as of the
-            # version before it: from that generation's checkpoint, which expiry keeps.
-            removed = {
-                version: list_gen(tx, layout, name, record.gen - 1, version - 1, FileEntry)
+            for (_, version, _), removal, entry in tables.scan_rows(tx, name, start, end):
+                (removed if removal else by_version).setdefault(version, []).append(entry)
+            starts = {g.gen: g.start_version for g in tables.generations(tx, name)}
+            # A version that started a generation (an overwrite, or a row-level
+            # statement whose removals would have outnumbered the live files) removed
+            # the files of the one it ended, as of the version before it: from that
+            # generation's checkpoint and rows after it, which expiry keeps.
+            rolled = {
+                version
                 for version, record in records.items()
-                if record.operation == OVERWRITE or record.operation in DML_OPERATIONS
+                if (record.operation == OVERWRITE or record.operation in DML_OPERATIONS)
+                and starts.get(record.gen, version) == version
             }
+            for version in rolled:
+                gen = records[version].gen
+                removed[version] = list_gen(tx, layout, name, gen - 1, version - 1, FileEntry)
         for version, record in records.items():
-            if record.operation in DML_OPERATIONS:
+            if version in rolled and record.operation in DML_OPERATIONS:
                 # A row-level statement's generation starts with the files it kept:
                 # it added only the others, and removed only those it did not keep.
                 before = {e.path for e in removed[version]}

@@ -13,7 +13,10 @@ kind       row                                      value (JSON)
 ``log``    ``name NUL version``                     :class:`LogRecord`, column ``c``;
                                                     its commit timestamp, column ``ts``
 ``files``  ``name NUL gen version index``           :class:`FileEntry` (and its
-                                                    :class:`ColumnStats`, if any)
+                                                    :class:`ColumnStats`, if any),
+                                                    column ``f``: a file added; column
+                                                    ``r`` (index from ``REMOVE_INDEX``):
+                                                    a file that version removed
 ``gens``   ``name NUL gen``                         :class:`Generation`
 ``marks``  ``name NUL {a: app_id, b: batch_id}``   the version that batch committed;
            ``name NUL {j: job_id}``                 the version that job committed
@@ -30,12 +33,20 @@ Why this layout:
 * The live files are the rows of the current *generation*. An overwrite starts a
   new generation instead of deleting rows, so it writes no tombstones, and
   listing the live files is one range scan whose length is the number of live
-  files, however many commits came before. A row-level statement (``DELETE``,
-  ``UPDATE``) starts one too, holding the files it kept and those it wrote: it
-  writes a row per live file, never a tombstone (``read_set``).
-* Within a generation files are only ever added, and their rows sort by the
-  version that added them: the files of version ``N`` are exactly the rows of
-  ``N``'s generation below ``N + 1``, one range scan again (time travel).
+  files, however many commits came before.
+* A row-level statement (``DELETE``, ``UPDATE``, ``MERGE``, ``REPLACE WHERE``,
+  ``OPTIMIZE``) writes only what it changed, as Delta's remove actions do: a
+  *removal row* (column ``r``) per file it rewrote and a file row per file it
+  wrote, in the current generation. Removal rows are bounded: when a generation's
+  removal rows would outnumber its live files (``Generation.removed``), the
+  statement starts a new generation instead, holding the files it kept and those
+  it wrote (a row per live file, paid for by the removals before it), so listing
+  reads at most about three rows per live file. Tables written before removal
+  rows existed have none: absent removal rows mean nothing was removed.
+* Within a generation rows sort by the version that wrote them: the live files of
+  version ``N`` are the rows of ``N``'s generation below ``N + 1`` added (column
+  ``f``) and not removed by a later removal row below ``N + 1``, one range scan
+  again (time travel).
 * Every ``CHECKPOINT_INTERVAL`` versions (every ``EARLY_CHECKPOINT_INTERVAL`` in a
   generation's first ``EARLY_VERSIONS``) a checkpoint packs the generation's
   files so far into a few large cells (Delta's checkpoint, in cells). Listing
@@ -51,6 +62,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -75,9 +87,10 @@ REPLACE_WHERE = "REPLACE WHERE"
 #: changed. It commits as a row-level statement does, but only a concurrent commit
 #: that removed one of the files it rewrote conflicts with it (``read_set``).
 OPTIMIZE = "OPTIMIZE"
-#: Row-level statements, and compaction: each commits a new generation, the live
-#: files at the head minus those it rewrote plus those it wrote, checked against
-#: its read set (``read_set``). Of these, only compaction changes no data.
+#: Row-level statements, and compaction: each commits the live files at the head
+#: minus those it rewrote plus those it wrote (removal rows and file rows, or a new
+#: generation once removals would outnumber live files), checked against its read
+#: set (``read_set``). Of these, only compaction changes no data.
 DML_OPERATIONS = frozenset({DELETE, UPDATE, MERGE, REPLACE_WHERE, OPTIMIZE})
 #: A schema change without data (``Lakehouse.add_columns``). Appends with
 #: ``merge_schema`` and overwrites with ``overwrite_schema`` change the schema too,
@@ -463,10 +476,15 @@ def encode_chunk(entries: Sequence[FileEntry]) -> bytes:
 EntryFactory = Callable[[str, int, int, dict[str, str | None], FileStats | None], E]
 
 
-def decode_chunk(raw: bytes, make: EntryFactory[E]) -> list[E]:
+def decode_chunk(
+    raw: bytes, make: EntryFactory[E], skip: AbstractSet[str] = frozenset()
+) -> list[E]:
+    """The chunk's files, but those whose path is in ``skip`` (removed since)."""
     items = json.loads(raw)
     if not isinstance(items, list):
         raise ValueError(f"corrupt lakehouse checkpoint chunk: {raw[:80]!r}")
+    if skip:
+        items = [item for item in items if item[0] not in skip]
     # Hot path of listing (one call per live file): values are trusted, as written.
     # Chunks written before statistics existed have four elements per file.
     return [
@@ -516,19 +534,29 @@ class Checkpoint:
 
 @dataclass(frozen=True, slots=True)
 class Generation:
-    """A run of versions that only added files; an overwrite or DML starts the next one."""
+    """A run of versions listed from one range of file rows; an overwrite starts the
+    next one, and so does a row-level statement once ``removed`` would outnumber the
+    live files.
+
+    ``removed``: the removal rows written in this generation so far (absent in
+    generations written before removal rows existed, which have none).
+    """
 
     gen: int
     start_version: int
     started_ms: int
+    removed: int = 0
 
     def encode(self) -> bytes:
-        return _dump({"g": self.gen, "v": self.start_version, "ms": self.started_ms})
+        d = {"g": self.gen, "v": self.start_version, "ms": self.started_ms}
+        if self.removed:
+            d["rm"] = self.removed
+        return _dump(d)
 
     @classmethod
     def decode(cls, raw: bytes) -> Generation:
         d = _load(raw)
-        return cls(int(d["g"]), int(d["v"]), int(d["ms"]))
+        return cls(int(d["g"]), int(d["v"]), int(d["ms"]), int(d.get("rm", 0)))
 
 
 def _dump(d: dict[str, Any]) -> bytes:
@@ -556,6 +584,10 @@ class Layout:
     COL_RECORD = b"c"
     COL_COMMIT_TS = b"ts"
     COL_FILE = b"f"
+    #: A removal row: the file (its whole entry) that the row's version removed.
+    COL_REMOVE = b"r"
+    #: Removal rows' indexes start here, after any version's added files.
+    REMOVE_INDEX = 1 << 31
     COL_GEN = b"g"
     COL_MARK = b"v"
     COL_CHECKPOINT = b"m"
@@ -629,6 +661,11 @@ class Layout:
             + version.to_bytes(_U64, "big")
             + index.to_bytes(_U32, "big")
         )
+
+    @classmethod
+    def removal_row(cls, name: str, gen: int, version: int, index: int) -> bytes:
+        """The ``index``-th removal row of ``version`` (column ``COL_REMOVE``)."""
+        return cls.file_row(name, gen, version, cls.REMOVE_INDEX + index)
 
     @classmethod
     def file_range(

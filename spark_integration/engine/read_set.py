@@ -1,9 +1,9 @@
 """What a DML commit read, and the check that nothing it read changed before it commits.
 
 A row-level statement (``DELETE``, ``UPDATE``, ``MERGE``) reads a snapshot of
-its table, rewrites the files holding matching rows and commits the result as a
-new generation: the live files at the head, minus those it rewrote, plus the files
-it wrote. Its :class:`ReadSet` says what that result depends on:
+its table, rewrites the files holding matching rows and commits the result: the
+live files at the head, minus those it rewrote (removal rows), plus the files it
+wrote (``commit``). Its :class:`ReadSet` says what that result depends on:
 
 * ``version``: the snapshot it read;
 * ``removes``: the files it rewrote or dropped (relative paths);
@@ -327,11 +327,13 @@ def _added_since(
 ) -> list[FileEntry] | None:
     """The live files at ``head`` that were not live at ``version``; ``None`` if unknown."""
     if version >= head.gen_start:
-        # One generation since the read: files were only added, keyed by version.
+        # One generation since the read: the files added after it, keyed by version,
+        # that no later removal row took away again.
         start, end = Layout.file_range(
             name, head.gen, from_version=version + 1, below_version=head.version + 1
         )
-        return [entry for _, entry in tables.scan_files(tx, name, start, end)]
+        live_paths = {e.path for e in live}
+        return [e for _, e in tables.scan_files(tx, name, start, end) if e.path in live_paths]
     if version < head.min_readable_version:
         return None
     gen = tables.gen_of(tx, name, version)

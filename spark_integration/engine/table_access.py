@@ -20,6 +20,7 @@ from typing import TypeVar
 from spark_integration.engine import lakehouse_failpoints as fp
 from spark_integration.engine.errors import (
     ConcurrentModificationError,
+    LakehouseError,
     TableNotFoundError,
     VersionNotFoundError,
 )
@@ -191,11 +192,32 @@ class TableAccess:
             gen = g.gen
         return gen
 
+    def read_generation(self, tx: Transaction, name: str, gen: int) -> Generation:
+        """Generation ``gen`` of the table; ``LakehouseError`` if its row is missing."""
+        raw = tx.get(self.layout.gens, Layout.gen_row(name, gen), Layout.COL_GEN)
+        if raw is None:
+            raise LakehouseError(f"table {name!r} has no record of its generation {gen}")
+        return Generation.decode(raw)
+
     def scan_files(
         self, tx: Transaction, name: str, start: bytes, end: bytes
     ) -> Iterator[tuple[tuple[int, int, int], FileEntry]]:
-        for row, _, value in tx.scan(self.layout.files, start, end):
-            yield Layout.parse_file_row(name, row), FileEntry.decode(value)
+        """The files added by the file rows in ``[start, end)`` (removal rows left out)."""
+        for key, removal, entry in self.scan_rows(tx, name, start, end):
+            if not removal:
+                yield key, entry
+
+    def scan_rows(
+        self, tx: Transaction, name: str, start: bytes, end: bytes
+    ) -> Iterator[tuple[tuple[int, int, int], bool, FileEntry]]:
+        """Every file row in ``[start, end)``: ``((gen, version, index), is a removal
+        row, the file it added or removed)``."""
+        for row, column, value in tx.scan(self.layout.files, start, end):
+            yield (
+                Layout.parse_file_row(name, row),
+                column == Layout.COL_REMOVE,
+                FileEntry.decode(value),
+            )
 
     def check_readable(self, tx: Transaction, name: str, head: Head, version: int) -> None:
         if version > head.version:

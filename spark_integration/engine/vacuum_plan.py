@@ -49,9 +49,13 @@ def plan_vacuum(
 
     ``meta``, ``head`` and ``gens`` are the table's, read in ``tx``. A version is
     inside the retention while it is the latest or was replaced at or after
-    ``cutoff_ms``. Files leave the live set only when an overwrite or a row-level
+    ``cutoff_ms``. Files leave the live set when an overwrite or a row-level
     statement ends their generation, so the files of a generation are needed until
-    the commit that ended it is older than the cutoff.
+    the commit that ended it is older than the cutoff; and when a row-level
+    statement's removal row removes them within one, so a file removed at version
+    ``r`` is needed while version ``r - 1`` is, until ``r``'s log time is older than
+    the cutoff. Removals older than it make the versions before them unreadable:
+    the oldest readable version rises to the newest such removal.
     """
     keep_from = head.gen
     for older, newer in itertools.pairwise(gens):
@@ -59,14 +63,42 @@ def plan_vacuum(
             keep_from = older.gen
             break
     referenced: set[str] = set()
+    start_version = next((g.start_version for g in gens if g.gen == keep_from), 0)
+    readable_from = start_version
     for g, successor in itertools.zip_longest(gens, gens[1:]):
         if g.gen < keep_from:
             continue
         last = head.version if successor is None else successor.start_version - 1
         referenced.update(e.path for e in list_gen(tx, layout, name, g.gen, last, FileEntry))
-    start_version = next((g.start_version for g in gens if g.gen == keep_from), 0)
+        if g.removed:  # generations written before removal rows existed have none
+            for version, paths in _removals(tx, layout, name, g.gen, last, cutoff_ms):
+                if paths is None:
+                    readable_from = max(readable_from, version)
+                else:
+                    referenced.update(paths)
     referenced.update(_change_paths(tx, layout, name, start_version))
-    return VacuumPlan(meta, head, keep_from, referenced, start_version)
+    return VacuumPlan(meta, head, keep_from, referenced, readable_from)
+
+
+def _removals(
+    tx: Transaction, layout: Layout, name: str, gen: int, last: int, cutoff_ms: int
+) -> Iterator[tuple[int, list[str] | None]]:
+    """``(version, paths)`` of each version of ``gen`` up to ``last`` with removal rows:
+    the paths it removed if the version before it is inside the retention (its log
+    time is at or after ``cutoff_ms``), else ``None`` (they may go)."""
+    by_version: dict[int, list[str]] = {}
+    start, end = Layout.file_range(name, gen, below_version=last + 1)
+    for row, column, value in tx.scan(layout.files, start, end):
+        if column == Layout.COL_REMOVE:
+            version = Layout.parse_file_row(name, row)[1]
+            by_version.setdefault(version, []).append(FileEntry.decode(value).path)
+    cells = [(Layout.log_row(name, v), Layout.COL_RECORD) for v in by_version]
+    found = tx.get_many(layout.log, cells)
+    for (row, _), paths in zip(cells, by_version.values(), strict=True):
+        raw = found.get((row, Layout.COL_RECORD))
+        # No record: the version expired, so the one before it is unreadable anyway.
+        inside = raw is not None and LogRecord.decode(raw).timestamp_ms >= cutoff_ms
+        yield Layout.version_of_log_row(name, row), paths if inside else None
 
 
 def _change_paths(tx: Transaction, layout: Layout, name: str, from_version: int) -> Iterator[str]:
@@ -106,6 +138,8 @@ def fence_vacuum(
 
 
 def _paths(tx: Transaction, layout: Layout, start: bytes, end: bytes) -> Iterator[str]:
-    """Relative paths of the file rows in ``[start, end)``."""
-    for _, _, value in tx.scan(layout.files, start, end):
-        yield FileEntry.decode(value).path
+    """Relative paths of the files the file rows in ``[start, end)`` added (a removal
+    row names a file added before, which the plan already saw)."""
+    for _, column, value in tx.scan(layout.files, start, end):
+        if column == Layout.COL_FILE:
+            yield FileEntry.decode(value).path
