@@ -22,6 +22,7 @@ from storage_adapters._base import (
 )
 from storage_adapters._cassandra_session import (
     _IN_CONCURRENCY,
+    _IN_SPREAD,
     CassandraConnection,
     _bytes,
     _Request,
@@ -50,7 +51,12 @@ class CassandraReads(CassandraConnection):
         self._check_open()
         keys = {cell_key(c.row, c.column): c for c in wanted}
         queries = self._per_cell(
-            self._stmts.latest_one, self._stmts.latest, table, list(keys), (below_ts,)
+            self._stmts.latest_one,
+            self._stmts.latest,
+            table,
+            list(keys),
+            (below_ts,),
+            spread=_IN_SPREAD,
         )
         out: dict[Cell, Version] = {}
         for rows in self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY):
@@ -143,6 +149,7 @@ class CassandraReads(CassandraConnection):
             table,
             list(keys),
             (above, last, per_cell),
+            spread=_IN_SPREAD,
         )
         out: dict[Cell, list[int]] = {}
         for rows in self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY):
@@ -168,7 +175,12 @@ class CassandraReads(CassandraConnection):
         keys = {cell_key(c.row, c.column): c for c in wanted}
         per_cell = MAX_PAGE_SIZE if limit is None else min(limit, MAX_PAGE_SIZE)
         queries = self._per_cell(
-            self._stmts.versions_one, self._stmts.versions, table, list(keys), (below_ts, per_cell)
+            self._stmts.versions_one,
+            self._stmts.versions,
+            table,
+            list(keys),
+            (below_ts, per_cell),
+            spread=_IN_SPREAD,
         )
         out: dict[Cell, list[Version]] = {}
         for rows in self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Hashable, Sequence
@@ -18,7 +19,6 @@ from typing import Any, Self
 from cassandra import ConsistencyLevel
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
-from cassandra.concurrent import execute_concurrent
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import tuple_factory
 
@@ -29,7 +29,7 @@ from storage_adapters._cassandra_errors import (
     translate_error,
 )
 from storage_adapters._cassandra_url import DEFAULT_SHARDS, parse_cassandra_url, redact_url
-from wire.errors import StoreUnavailableError
+from wire.errors import StoreTimeoutError, StoreUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,11 @@ CONCURRENCY = 64
 
 # Reads of many cells in one partition go as one query with an IN list of this size at most.
 _IN_LIMIT = 100
+# A point read of few cells is spread over about this many requests, of at least
+# _IN_MIN cells each (CassandraConnection._per_cell): a coordinator reads an IN list's
+# partitions one after another, separate requests in parallel.
+_IN_SPREAD = 8
+_IN_MIN = 8
 # Requests that each touch many partitions (reads of up to _IN_LIMIT cells, batches of
 # up to _CROSS_PARTITION_ROWS versions or deletes) in flight at once: 16 keep about
 # 1,600 partition reads or 160 writes outstanding. CONCURRENCY of them timed out on a
@@ -389,26 +394,60 @@ class CassandraConnection(KVStore):
         """The first replica of a cell's partition (``None`` when the driver has no
         token map): writes to partitions of one replica may share a batch, which the
         driver sends to that replica (it routes a batch by its first statement)."""
+        return self._first_replica(_component(table.encode()) + _component(key))
+
+    def _shard_replica(self, table: str, shard: int) -> Hashable:
+        """The first replica of a shard's partition of the ``cells`` index."""
+        return self._first_replica(
+            _component(table.encode()) + _component(shard.to_bytes(4, "big", signed=True))
+        )
+
+    def _first_replica(self, routing_key: bytes) -> Hashable:
         token_map = None if self._cluster is None else self._cluster.metadata.token_map
         if token_map is None:
             return None
-        routing_key = _component(table.encode()) + _component(key)
         token = token_map.token_class.from_key(routing_key)
         replicas = token_map.get_replicas(self.settings.keyspace, token)
         return replicas[0] if replicas else None
 
     def _per_cell(
-        self, one: Any, many: Any, table: str, keys: list[bytes], rest: tuple[Any, ...]
+        self,
+        one: Any,
+        many: Any,
+        table: str,
+        keys: list[bytes],
+        rest: tuple[Any, ...],
+        *,
+        spread: int = 1,
     ) -> list[tuple[Any, tuple[Any, ...] | None]]:
         """Reads of cell partitions: ``_IN_LIMIT`` cells a request (``cell IN ?``), and a
-        lone cell by ``cell = ?``, which the driver routes to a replica (token aware)."""
+        lone cell by ``cell = ?``, which the driver routes to a replica (token aware).
+
+        ``spread`` > 1 (point reads: a commit's conflict check, a transaction's reads)
+        spreads a call of few cells over about that many requests of at least
+        ``_IN_MIN`` cells, cells of one first replica together. One ``IN`` of 100 cells
+        is read by one coordinator thread, partition after partition; the same cells as
+        8 requests of 13 are read by 8 threads at once (a commit's conflict check:
+        12-14 ms against 8-10 ms on one node, docs/design/storage.md, "Round trips per
+        commit"), and grouping by replica lets each coordinator read its cells locally.
+        Scans keep ``spread`` 1: their pages already overlap, many shards at once.
+        """
+        groups: list[list[bytes]] = [keys]
+        size = _IN_LIMIT
+        if spread > 1:
+            by_replica: dict[Hashable, list[bytes]] = {}
+            for key in keys:
+                by_replica.setdefault(self._replica(table, key), []).append(key)
+            groups = list(by_replica.values())
+            size = min(_IN_LIMIT, max(_IN_MIN, -(-len(keys) // spread)))
         queries: list[tuple[Any, tuple[Any, ...] | None]] = []
-        for i in range(0, len(keys), _IN_LIMIT):
-            chunk = keys[i : i + _IN_LIMIT]
-            if len(chunk) == 1:
-                queries.append((one, (table, chunk[0], *rest)))
-            else:
-                queries.append((many, (table, chunk, *rest)))
+        for group in groups:
+            for i in range(0, len(group), size):
+                chunk = group[i : i + size]
+                if len(chunk) == 1:
+                    queries.append((one, (table, chunk[0], *rest)))
+                else:
+                    queries.append((many, (table, chunk, *rest)))
         return queries
 
     # --- lifecycle ------------------------------------------------------------------
@@ -448,8 +487,11 @@ class CassandraConnection(KVStore):
         """Run ``(statement, params)`` pairs, ``concurrency`` at a time; rows of each.
 
         Reads, and writes of versions (idempotent by the store contract), so a run
-        that failed because the driver could not send a request (:func:`never_sent`)
-        is run again after a short pause, ``_BUSY_RETRIES`` times at most.
+        that failed only because the driver could not send requests (:func:`never_sent`)
+        is run again after a short pause, ``_BUSY_RETRIES`` times at most. The requests
+        go through :func:`_send_window`: after a failure nothing more is sent, the ones
+        in flight are awaited, and the error raised is the one that says least about
+        what was applied (:func:`_worst_error`).
         """
         if not queries:
             return []
@@ -460,20 +502,22 @@ class CassandraConnection(KVStore):
                     statement, params = queries[0]
                     rows = self._session.execute(statement, params, execution_profile=profile)
                     return [list(rows or ())]
-                results = execute_concurrent(
-                    self._session,
-                    queries,
-                    concurrency=concurrency,
-                    raise_on_first_error=True,
-                    execution_profile=profile,
-                )
-                return [list(result or ()) for _, result in results]
+                futures, errors = _send_window(self._session, queries, profile, concurrency)
+                if not errors:
+                    # A ResultSet fetches any further page as it is listed.
+                    return [list(future.result() or ()) for future in futures]
             except Exception as exc:
                 if never_sent(exc) and attempt < _BUSY_RETRIES:
                     log.debug("Cassandra connection busy; sending again: %s", exc)
                     time.sleep(_BUSY_PAUSE_S * 2**attempt)
                     continue
                 raise translate_error(exc, conditional_write=False, write=write) from exc
+            if all(never_sent(e) for e in errors) and attempt < _BUSY_RETRIES:
+                log.debug("Cassandra connection busy; sending again: %s", errors[0])
+                time.sleep(_BUSY_PAUSE_S * 2**attempt)
+                continue
+            cause, error = _worst_error(errors, write=write)
+            raise error from cause
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _execute_lwt(self, statement: Any, params: tuple[Any, ...]) -> tuple[bool, Any]:
@@ -528,6 +572,88 @@ class _Request:
 
 
 # --- helpers --------------------------------------------------------------------------
+
+
+def _send_window(
+    session: Any,
+    queries: Sequence[tuple[Any, tuple[Any, ...] | None]],
+    profile: object,
+    limit: int,
+) -> tuple[list[Any], list[BaseException]]:
+    """Send ``queries`` with ``execute_async``, at most ``limit`` in flight; wait for all.
+
+    Returns the futures of the requests sent, in order, and the errors, in the order
+    they arrived. Only this thread sends: the driver's event loop only counts
+    completions (``add_callbacks``), so no callback recurses into sending and a
+    request finished before its callback was added is counted all the same. After the
+    first error nothing more is sent, and this returns only once every request sent
+    has finished, so no request of a failed call is still in flight when its caller
+    moves on (to clean-up, say). It replaces the driver's ``execute_concurrent``, whose
+    per-request bookkeeping cost a 100-cell commit's write several milliseconds of
+    client CPU (measured in docs/design/storage.md, "Round trips per commit").
+    """
+    ready = threading.Condition()
+    in_flight = 0
+    errors: list[BaseException] = []
+    futures: list[Any] = []
+
+    def finished(_result: Any = None) -> None:
+        nonlocal in_flight
+        with ready:
+            in_flight -= 1
+            ready.notify()
+
+    def failed(exc: BaseException) -> None:
+        nonlocal in_flight
+        with ready:
+            in_flight -= 1
+            errors.append(exc)
+            ready.notify()
+
+    for statement, params in queries:
+        with ready:
+            while in_flight >= limit and not errors:
+                ready.wait()
+            if errors:
+                break
+            in_flight += 1
+        try:
+            future = session.execute_async(statement, params, execution_profile=profile)
+        except Exception as exc:  # refused before sending: count it as a finished request
+            failed(exc)
+            break
+        futures.append(future)
+        future.add_callbacks(finished, failed)
+    with ready:
+        while in_flight:
+            ready.wait()
+    return futures, errors
+
+
+def _worst_error(
+    errors: Sequence[BaseException], *, write: bool
+) -> tuple[BaseException, Exception]:
+    """The store error of a call whose concurrent requests failed with ``errors``, and
+    the driver error it stands for.
+
+    For a write, an unknown outcome (:class:`StoreTimeoutError`) wins over every other
+    error: another request's refusal (``Unavailable``: not applied) says nothing about
+    the request that timed out, which may have been applied, so the call as a whole
+    stays "unknown" (rule S6), as that request failing alone would have reported.
+    Otherwise the first error to arrive, as ``execute_concurrent`` raised it, passing
+    over requests the driver never sent (refused before any I/O).
+    """
+    translated = [
+        (exc, translate_error(exc, conditional_write=False, write=write)) for exc in errors
+    ]
+    if write:
+        for exc, error in translated:
+            if isinstance(error, StoreTimeoutError):
+                return exc, error
+    for exc, error in translated:
+        if not never_sent(exc):
+            return exc, error
+    return translated[0]
 
 
 def _component(part: bytes) -> bytes:

@@ -227,29 +227,41 @@ def batched(
     So no request is bigger than the largest single write, which the value and key
     limits keep under Cassandra's 16 MiB message limit.
     """
-    by_partition: dict[Hashable, list[tuple[tuple[Any, ...], int]]] = {}
-    for partition, params, size in items:
-        by_partition.setdefault(partition, []).append((params, size))
+    return batched_writes(
+        [(group, statement, params, size) for group, params, size in items], max_rows
+    )
+
+
+def batched_writes(
+    items: Sequence[tuple[Hashable, Any, tuple[Any, ...], int]],
+    max_rows: int = _BATCH_ROWS,
+) -> list[tuple[Any, tuple[Any, ...] | None]]:
+    """``(group, statement, params, approximate bytes)`` writes as unlogged batches of
+    one group each, ``max_rows`` and ``_BATCH_BYTES`` at most, as :func:`batched`;
+    writes of different statements (tables) may share a batch."""
+    by_group: dict[Hashable, list[tuple[Any, tuple[Any, ...], int]]] = {}
+    for group, statement, params, size in items:
+        by_group.setdefault(group, []).append((statement, params, size))
     out: list[tuple[Any, tuple[Any, ...] | None]] = []
 
-    def flush(chunk: list[tuple[Any, ...]]) -> None:
+    def flush(chunk: list[tuple[Any, tuple[Any, ...]]]) -> None:
         if len(chunk) == 1:
-            out.append((statement, chunk[0]))
+            out.append(chunk[0])
             return
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
         batch.is_idempotent = True
-        for params in chunk:
+        for statement, params in chunk:
             batch.add(statement, params)
         out.append((batch, None))
 
-    for entries in by_partition.values():
-        chunk: list[tuple[Any, ...]] = []
+    for entries in by_group.values():
+        chunk: list[tuple[Any, tuple[Any, ...]]] = []
         chunk_bytes = 0
-        for params, size in entries:
+        for statement, params, size in entries:
             if chunk and (chunk_bytes + size > _BATCH_BYTES or len(chunk) >= max_rows):
                 flush(chunk)
                 chunk, chunk_bytes = [], 0
-            chunk.append(params)
+            chunk.append((statement, params))
             chunk_bytes += size
         if chunk:
             flush(chunk)

@@ -32,16 +32,19 @@ only that row's shard. The shard count and the format are fixed when the keyspac
 created and stored in ``store_meta``: every client must agree on them.
 
 Writes. :meth:`CassandraStore.put_versions` writes each version into its cell's
-partition and upserts the cell's index row. Index rows go as unlogged batches of one
-index partition; versions (and deletes) as unlogged batches of at most 10 cell
-partitions with the same first replica, which the driver sends to that replica (ten
-writes a request: the Python driver's per-request cost, not the server, bounds a
-client's write rate, and Cassandra warns about unlogged batches over 10 partitions);
-it returns only when both landed, and the committer never reaches its commit point
-after a failed ``put_versions`` (a store error in the write step aborts), so a
-committed version always has its index row. The index row is written ``USING
-TIMESTAMP`` the cell's version timestamp (the newest in the call), not the client's
-clock: that is what makes pruning it safe.
+partition and upserts the cell's index row. Versions (and deletes) go as unlogged
+batches of at most 10 partitions with the same first replica, which the driver sends
+to that replica (ten writes a request: the Python driver's per-request cost, not the
+server, bounds a client's write rate, and Cassandra warns about unlogged batches over
+10 partitions); an index row shares those batches (by its shard partition's first
+replica) unless its shard has 10 or more index rows in the call, which go as batches
+of that one partition (issue 27: a commit of 100 cells sent ~42 requests, now ~20).
+A call's requests are in flight together, 16 at most
+(``CassandraConnection._execute_all``); it returns only when both landed, and the
+committer never reaches its commit point after a failed ``put_versions`` (a store
+error in the write step aborts), so a committed version always has its index row.
+The index row is written ``USING TIMESTAMP`` the cell's version timestamp (the newest
+in the call), not the client's clock: that is what makes pruning it safe.
 
 Tombstones (issue 18 item 1). Clean-up deletes versions of aborted writers, and
 Cassandra keeps each delete as a tombstone until ``gc_grace_seconds`` passed *and* a
@@ -190,6 +193,7 @@ from storage_adapters._cassandra_sweep import (
     _MAX_WRITE_TIME,
     CassandraSweeps,
     batched,
+    batched_writes,
 )
 from storage_adapters._cassandra_url import (
     DEFAULT_PORT,
@@ -252,14 +256,30 @@ class CassandraStore(CassandraSweeps):
             )
             newest[row, column] = max(ts, newest.get((row, column), ts))
         # Each index row at its cell's newest timestamp here (see prune_cells).
-        index_items: list[tuple[Hashable, tuple[Any, ...], int]] = []
+        by_shard: dict[int, list[tuple[Any, ...]]] = {}
         for (row, column), ts in newest.items():
             shard = shard_of(row, self.shards)
-            index_items.append(
-                (shard, (table, shard, row, column, ts), len(row) + len(column) + 32)
-            )
-        queries = batched(self._stmts.insert_version, version_items, _CROSS_PARTITION_ROWS)
-        queries += batched(self._stmts.index_cell, index_items)
+            by_shard.setdefault(shard, []).append((table, shard, row, column, ts))
+        # A shard with many index rows here gets batches of its own partition; the few
+        # index rows of the other shards (a commit's usual case: one or two a shard) go
+        # with the versions, batched by first replica: one request per replica and ten
+        # rows instead of one request per shard (docs/design/storage.md, "Round trips
+        # per commit").
+        shard_items: list[tuple[Hashable, tuple[Any, ...], int]] = []
+        mixed: list[tuple[Hashable, Any, tuple[Any, ...], int]] = [
+            (replica, self._stmts.insert_version, params, size)
+            for replica, params, size in version_items
+        ]
+        for shard, rows in by_shard.items():
+            if len(rows) >= _CROSS_PARTITION_ROWS:
+                shard_items += [(shard, p, len(p[2]) + len(p[3]) + 32) for p in rows]
+                continue
+            replica = self._shard_replica(table, shard)
+            mixed += [
+                (replica, self._stmts.index_cell, p, len(p[2]) + len(p[3]) + 32) for p in rows
+            ]
+        queries = batched_writes(mixed, _CROSS_PARTITION_ROWS)
+        queries += batched(self._stmts.index_cell, shard_items)
         self._execute_all(queries, write=True, concurrency=_IN_CONCURRENCY)
 
     def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
