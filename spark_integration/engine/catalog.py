@@ -172,7 +172,8 @@ class Catalog:
     # --- table lifecycle (``lifecycle``) ---------------------------------------------
 
     def drop_table(self, name: str) -> TableMeta:
-        """Delete the table's metadata in one transaction; returns it (for its files)."""
+        """Delete the table's metadata and record its location for vacuum, in one
+        transaction; returns the metadata. No file is removed."""
         meta, _ = self.tables.transact(
             lambda tx: lifecycle.drop(tx, self.tables, name),
             what=f"drop table {name!r}",
@@ -180,6 +181,18 @@ class Catalog:
         )
         self.tables.forget_meta(name)
         return meta
+
+    def claim_dropped(
+        self, name: str, cutoff_ms: int
+    ) -> tuple[list[lifecycle.DroppedTable], list[lifecycle.DroppedTable]]:
+        """Delete the records of tables named ``name`` dropped by ``cutoff_ms``, in one
+        transaction; returns them and the younger ones. See :func:`lifecycle.claim_dropped`."""
+        claimed, _ = self.tables.transact(
+            lambda tx: lifecycle.claim_dropped(tx, self.layout, name, cutoff_ms),
+            what=f"vacuum of dropped table {name!r}",
+            settle_unknown=True,
+        )
+        return claimed
 
     def rename_table(self, old: str, new: str) -> None:
         """Move the table to the name ``new`` (free) in one transaction; files stay."""
@@ -194,14 +207,20 @@ class Catalog:
     # --- commits (``commit``) ---------------------------------------------------------
 
     def create(
-        self, meta: TableMeta, job_id: str, retention: Retention | None = None
+        self,
+        meta: TableMeta,
+        job_id: str,
+        retention: Retention | None = None,
+        *,
+        over_dropped: bool = False,
     ) -> int | None:
         """Create the table at version 0; returns the commit timestamp.
 
         ``retention``: the table's retention properties (``None``: the defaults),
-        written in the same transaction.
+        written in the same transaction. ``over_dropped``: the location holds files,
+        allowed only over a dropped table's record there (see ``Commits.create``).
         """
-        return self._commits.create(meta, job_id, retention)
+        return self._commits.create(meta, job_id, retention, over_dropped=over_dropped)
 
     def commit_files(
         self,

@@ -37,6 +37,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from spark_integration.engine import lifecycle
 from spark_integration.engine.errors import ConcurrentModificationError, TableExistsError
 from spark_integration.engine.follow_ups import FollowUps, NewVersion
 from spark_integration.engine.model import (
@@ -321,12 +322,19 @@ class Commits:
         self._follow_ups = follow_ups
 
     def create(
-        self, meta: TableMeta, job_id: str, retention: Retention | None = None
+        self,
+        meta: TableMeta,
+        job_id: str,
+        retention: Retention | None = None,
+        *,
+        over_dropped: bool = False,
     ) -> int | None:
         """Create the table at version 0; returns the commit timestamp.
 
         ``retention``: the table's retention properties (``None``: the defaults),
-        written in the same transaction.
+        written in the same transaction. A dropped table's record at the location
+        is deleted in it too, and the head fenced at the drop time
+        (``lifecycle.replace_dropped``; ``over_dropped``: the location holds files).
         """
         name, layout = meta.name, self._tables.layout
 
@@ -334,9 +342,10 @@ class Commits:
             row = Layout.name_row(name)
             if tx.get(layout.tables, row, Layout.COL_META) is not None:
                 raise TableExistsError(f"table {name!r} already exists")
+            fence = lifecycle.replace_dropped(tx, layout, meta, over_dropped)
             ms = self._tables.clock_ms()
             tx.put(layout.tables, row, Layout.COL_META, meta.encode())
-            head = Head(0, 0, 0, ms, created_ms=meta.created_ms)
+            head = Head(0, 0, 0, ms, vacuum_cutoff_ms=fence, created_ms=meta.created_ms)
             tx.put(layout.head, row, Layout.COL_HEAD, head.encode())
             tx.put(layout.gens, Layout.gen_row(name, 0), Layout.COL_GEN, _gen0(ms))
             record = LogRecord(0, CREATE, ms, 0, 0, job_id, None, None, tx.start_ts)

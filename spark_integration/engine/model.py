@@ -23,6 +23,8 @@ kind       row                                      value (JSON)
 ``checkpoints`` ``name NUL gen version``            :class:`Checkpoint` marker
 ``chunks`` ``name NUL gen version``, column ``i``   files ``i*K .. i*K+K-1`` of that
                                                     checkpoint, as one JSON array
+``dropped`` ``location``                            a dropped table whose files vacuum
+                                                    has yet to remove (``lifecycle``)
 ========== ======================================== ===============================
 
 Why this layout:
@@ -591,6 +593,7 @@ class Layout:
     COL_GEN = b"g"
     COL_MARK = b"v"
     COL_CHECKPOINT = b"m"
+    COL_DROPPED = b"d"
 
     @staticmethod
     def chunk_column(index: int) -> bytes:
@@ -627,6 +630,15 @@ class Layout:
     @property
     def chunks(self) -> str:
         return f"{self.catalog}.chunks"
+
+    @property
+    def dropped(self) -> str:
+        """Dropped tables' files awaiting vacuum, keyed by location (``lifecycle``)."""
+        return f"{self.catalog}.dropped"
+
+    @staticmethod
+    def dropped_row(location: str) -> bytes:
+        return location.encode()
 
     @staticmethod
     def name_row(name: str) -> bytes:

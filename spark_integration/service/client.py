@@ -22,6 +22,7 @@ from typing import TypeVar
 from spark_integration.engine import Catalog, CommitRequest, Committed, HistoryEntry
 from spark_integration.engine import lakehouse_failpoints as fp
 from spark_integration.engine.catalog import Prepared
+from spark_integration.engine.lifecycle import DroppedTable
 from spark_integration.engine.model import (
     OVERWRITE,
     EntryFactory,
@@ -37,6 +38,7 @@ from spark_integration.engine.table_access import RETRY_BASE_S
 from spark_integration.engine.vacuum_plan import VacuumPlan
 from spark_integration.service.convert import (
     OPERATIONS,
+    dropped_from_pb,
     entries_to_pb,
     entry_from_pb,
     head_from_pb,
@@ -194,6 +196,17 @@ class RemoteCatalog:
         self._meta.pop(name, None)
         return meta_from_pb(got.meta)
 
+    def claim_dropped(
+        self, name: str, cutoff_ms: int
+    ) -> tuple[list[DroppedTable], list[DroppedTable]]:
+        """``Catalog.claim_dropped`` in the gateway."""
+        request = pb.ClaimDroppedRequest(catalog=self._catalog, table=name, cutoff_ms=cutoff_ms)
+        got = call(self._stub.ClaimDropped, request, self._conn, self._commit_timeout_s)
+        return (
+            [dropped_from_pb(d) for d in got.claimed],
+            [dropped_from_pb(d) for d in got.pending],
+        )
+
     def rename_table(self, old: str, new: str) -> None:
         """Move the table to the name ``new`` in the gateway; its files stay."""
         request = pb.RenameTableRequest(catalog=self._catalog, table=old, new_name=new)
@@ -202,15 +215,21 @@ class RemoteCatalog:
         self._meta.pop(new, None)
 
     def create(
-        self, meta: TableMeta, job_id: str, retention: Retention | None = None
+        self,
+        meta: TableMeta,
+        job_id: str,
+        retention: Retention | None = None,
+        *,
+        over_dropped: bool = False,
     ) -> int | None:
         """Create the table, with its ``retention`` (``None``: the defaults) written in
-        the same transaction by the service."""
+        the same transaction by the service; ``over_dropped`` as ``Catalog.create``."""
         request = pb.CreateTableRequest(
             catalog=self._catalog,
             meta=meta_to_pb(meta),
             job_id=job_id,
             retention=retention_to_pb(retention),
+            over_dropped=over_dropped,
         )
         got = call(self._stub.CreateTable, request, self._conn, self._commit_timeout_s)
         if retention is not None and self._cells.retention(meta.name) != retention:

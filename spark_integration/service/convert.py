@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from spark_integration.engine.lifecycle import DroppedTable
 from spark_integration.engine.model import (
     ADD_COLUMNS,
     APPEND,
@@ -66,6 +67,14 @@ def meta_from_pb(msg: pb.TableMeta) -> TableMeta:
         msg.schema_since,
         tuple((e.since_version, e.schema_json) for e in msg.earlier_schemas),
     )
+
+
+def dropped_to_pb(d: DroppedTable) -> pb.DroppedTable:
+    return pb.DroppedTable(name=d.name, location=d.location, dropped_ms=d.dropped_ms)
+
+
+def dropped_from_pb(msg: pb.DroppedTable) -> DroppedTable:
+    return DroppedTable(msg.name, msg.location, msg.dropped_ms)
 
 
 def retention_to_pb(retention: Retention | None) -> pb.Retention | None:

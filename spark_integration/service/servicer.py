@@ -40,6 +40,7 @@ from spark_integration.engine.read_set import check_read_set
 from spark_integration.engine.vacuum_plan import VacuumPlan
 from spark_integration.service.convert import (
     OPERATION_NAMES,
+    dropped_to_pb,
     entry_from_pb,
     entry_to_pb,
     file_to_pb,
@@ -119,7 +120,9 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
             retention = (
                 _check_retention(meta, request.retention) if request.HasField("retention") else None
             )
-            commit_ts = catalog.create(meta, job_id=job_id, retention=retention)
+            commit_ts = catalog.create(
+                meta, job_id=job_id, retention=retention, over_dropped=request.over_dropped
+            )
             return pb.CreateTableResponse(commit_ts=commit_ts)
         except Exception as exc:
             abort_with(context, exc)
@@ -346,6 +349,20 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
             )
             since = catalog.vacuum_fence(name, plan, request.cutoff_ms)
             return pb.FenceVacuumResponse(committed_since=sorted(since))
+        except Exception as exc:
+            abort_with(context, exc)
+
+    def ClaimDropped(
+        self, request: pb.ClaimDroppedRequest, context: grpc.ServicerContext
+    ) -> pb.ClaimDroppedResponse:
+        try:
+            catalog = self._catalog(request.catalog)
+            name = _check_table(request.table)
+            claimed, pending = catalog.claim_dropped(name, request.cutoff_ms)
+            return pb.ClaimDroppedResponse(
+                claimed=[dropped_to_pb(d) for d in claimed],
+                pending=[dropped_to_pb(d) for d in pending],
+            )
         except Exception as exc:
             abort_with(context, exc)
 

@@ -51,7 +51,7 @@ from spark_integration.spark.hook import (
 from spark_integration.spark.merge import MergeBuilder
 from spark_integration.spark.reads import read_version
 from spark_integration.spark.schema import check_dataframe_schema, check_table_schema, parse_schema
-from spark_integration.spark.vacuum_sweep import vacuum
+from spark_integration.spark.vacuum_sweep import vacuum_table
 from spark_integration.spark.write_job import remove_staging as _remove_staging
 from txn import Manager
 from txn.errors import TransactionAbortedError
@@ -212,13 +212,14 @@ class Lakehouse:
 
         ``schema`` is a ``StructType`` or a DDL string (``"id BIGINT, day DATE"``,
         parsed by the active Spark session). Raises :class:`TableExistsError` when
-        the name is taken or its location already holds files. ``retention``: see
+        the name is taken or its location holds files other than a dropped table's
+        (which this table's vacuum then removes). ``retention``: see
         :meth:`expire` (``None``: 30 days of log, 7 days of batch marks).
         """
         _create_table(self._catalog, self._warehouse, name, schema, partition_by, retention)
 
     def drop_table(self, name: str) -> None:
-        """Drop the table and its files; the name is free again (``schema_change``)."""
+        """Drop the table; the name is free again; its files go with :meth:`vacuum` of the name."""
         schema_change.drop_table(self._catalog, _check_name(name))
 
     def rename_table(self, old: str, new: str) -> None:
@@ -514,10 +515,11 @@ class Lakehouse:
         less than ``retain_seconds`` ago. Files of failed jobs go once older than
         that. Versions whose files were removed can no longer be read
         (:class:`VersionNotFoundError`). A job that started before the cutoff and
-        commits after this vacuum fails with ``ConcurrentModificationError``.
+        commits after this vacuum fails with ``ConcurrentModificationError``. A dropped
+        table's files go once ``retain_seconds`` have passed since the drop.
         """
         cutoff_ms = now_ms() - int(_check_retain_seconds(retain_seconds) * 1000)
-        return vacuum(self._catalog, _check_name(name), cutoff_ms)
+        return vacuum_table(self._catalog, _check_name(name), cutoff_ms)
 
 
 class LakehouseTransaction:
@@ -671,13 +673,11 @@ def _create_table(
     if name in catalog.list_tables():
         raise TableExistsError(f"table {name!r} already exists")
     location = join(warehouse, name)
-    if filesystem.holds_files(location):
-        raise TableExistsError(
-            f"location {location} of table {name!r} already holds files; "
-            "a table never adopts files it did not write"
-        )
+    # Files there are allowed only as a dropped table's (the catalog checks its record).
+    over_dropped = filesystem.holds_files(location)
     meta = TableMeta(name, struct.json(), columns, location, now_ms())
-    catalog.create(meta, job_id=f"create-{uuid.uuid4().hex[:16]}", retention=retention)
+    job_id = f"create-{uuid.uuid4().hex[:16]}"
+    catalog.create(meta, job_id=job_id, retention=retention, over_dropped=over_dropped)
     filesystem.make_dirs(location)
     log.info("created table %s at %s", name, location)
 

@@ -31,7 +31,6 @@ from pyspark.sql.types import (
 from spark_integration.engine import Catalog, now_ms
 from spark_integration.engine.model import ADD_COLUMNS, TableMeta
 from spark_integration.service.client import RemoteCatalog
-from spark_integration.spark import filesystem
 from spark_integration.spark.schema import (
     check_dataframe_schema,
     check_table_schema,
@@ -199,15 +198,15 @@ def whole_table(mode: str, overwrite_schema: bool) -> bool:
 
 
 def drop_table(catalog: Catalog | RemoteCatalog, name: str) -> None:
-    """``Lakehouse.drop_table``: the metadata in one transaction, then the files.
+    """``Lakehouse.drop_table``: the metadata in one transaction; the files stay.
 
-    After the drop commits no version names the files, so they go at once, as
-    vacuum would remove them; a removal that fails leaves them to be removed by
-    hand, and a new table of that name is refused while its folder holds files.
+    A reader that listed the table's files before the drop still reads them; a
+    vacuum of the name removes them once its retention has passed since the drop
+    (``vacuum_sweep.vacuum_dropped``), and a table created at the location meanwhile
+    removes them with its own vacuum.
     """
     meta = catalog.drop_table(name)
-    filesystem.delete_tree(meta.location)
-    log.info("dropped table %s; removed %s", name, meta.location)
+    log.info("dropped table %s; its files at %s stay until a vacuum", name, meta.location)
 
 
 def rename_table(catalog: Catalog | RemoteCatalog, old: str, new: str) -> None:

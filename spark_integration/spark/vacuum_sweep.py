@@ -11,6 +11,11 @@ machines cannot open a gap. Folders whose name carries no start time (written
 by other tools, see ``Lakehouse.append_files``) fall back to the files' own
 mtimes (an object's time on S3); no folder mtime is ever read, since object stores
 have no folders.
+
+A dropped table's files stay until a vacuum of its name (:func:`vacuum_dropped`):
+the drop recorded the location, and once the retention has passed since the drop
+the record is claimed and the location swept with nothing kept and the drop time as
+the cutoff (``engine.lifecycle`` says why that never removes a newer table's file).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 import posixpath
 
 from spark_integration.engine import Catalog
+from spark_integration.engine.errors import TableExistsError, TableNotFoundError
 from spark_integration.engine.locations import is_object_store, relative_to
 from spark_integration.service import RemoteCatalog
 from spark_integration.spark import filesystem
@@ -45,6 +51,51 @@ def vacuum(catalog: Catalog | RemoteCatalog, name: str, cutoff_ms: int) -> list[
         len(deleted),
         plan.min_readable_version,
     )
+    return deleted
+
+
+def vacuum_table(catalog: Catalog | RemoteCatalog, name: str, cutoff_ms: int) -> list[str]:
+    """``Lakehouse.vacuum``: of the table ``name``, or else of dropped tables of that name."""
+    try:
+        return vacuum(catalog, name, cutoff_ms)
+    except TableNotFoundError:
+        pass
+    try:
+        return vacuum_dropped(catalog, name, cutoff_ms)
+    except TableExistsError:
+        # A table of that name was created meanwhile: vacuum it (it may hold the
+        # dropped table's files, which its own vacuum removes, see lifecycle).
+        return vacuum(catalog, name, cutoff_ms)
+
+
+def vacuum_dropped(catalog: Catalog | RemoteCatalog, name: str, cutoff_ms: int) -> list[str]:
+    """Remove the files of tables named ``name`` dropped at or before ``cutoff_ms``.
+
+    One transaction claims their records (``Catalog.claim_dropped``: no table of that
+    name may exist, else :class:`TableExistsError`); then each location is swept with
+    nothing kept and the drop time as the cutoff. Tables dropped later are left, and
+    logged: an empty list then means the retention has not passed yet.
+    """
+    claimed, pending = catalog.claim_dropped(name, cutoff_ms)
+    for d in pending:
+        log.info(
+            "vacuum of dropped table %s removed nothing at %s: dropped at %d ms, after the "
+            "cutoff %d ms; its files stay until the retention has passed since the drop",
+            name,
+            d.location,
+            d.dropped_ms,
+            cutoff_ms,
+        )
+    deleted: list[str] = []
+    for d in claimed:
+        try:
+            swept = sweep(d.location, set(), d.dropped_ms)
+        except Exception:
+            # The record is gone: what the sweep left must be removed by hand.
+            log.error("vacuum of dropped table %s failed to sweep %s", name, d.location)
+            raise
+        log.info("vacuum of dropped table %s removed %d paths at %s", name, len(swept), d.location)
+        deleted += swept
     return deleted
 
 

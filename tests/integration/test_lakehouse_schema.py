@@ -10,8 +10,10 @@ beside a schema change (both commit), and an append that loses to an
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("pyspark")
@@ -121,12 +123,45 @@ def test_rename_is_atomic_and_keeps_files_and_drop_frees_the_name(
     assert lh.list_tables() == ["other"]
     with pytest.raises(TableNotFoundError, match="'renamed'"):
         lh.read(spark, "renamed", version=1)
+    # The files go with vacuum, not with the drop: a reader that listed them a moment
+    # before still reads them, and a vacuum inside the retention removes nothing.
+    assert pq.read_table(before.path).num_rows == 1
+    assert lh.vacuum("renamed", 3600) == []
+    assert Path(before.path).exists()
+    time.sleep(0.01)  # the drop time lies in the past: a retention of 0 has passed
+    assert lh.vacuum("renamed", 0)
     assert not Path(before.path).exists()
+    assert list(Path(lh.warehouse, "events").iterdir()) == []  # job folders and all
+    with pytest.raises(TableNotFoundError, match="no dropped table of that name"):
+        lh.vacuum("renamed", 0)  # the record went with the sweep
     # Both names are free again, and the new tables start from version 0.
     lh.create_table("events", SCHEMA, partition_by="day")
     lh.create_table("renamed", SCHEMA)
     assert lh.version("events") == 0 and lh.version("renamed") == 0
     assert lh.files("events") == []
+
+
+def test_a_table_created_over_a_dropped_one_reads_only_its_rows_and_vacuums_the_old(
+    lh: Lakehouse, spark: SparkSession
+) -> None:
+    lh.create_table("t", SCHEMA, partition_by="day")
+    lh.append("t", spark.createDataFrame([(1, 10, "d1"), (2, 20, "d2")], SCHEMA))
+    old = lh.files("t")
+    lh.drop_table("t")
+    assert all(Path(f.path).exists() for f in old)
+    # The name and its location are free, though the dropped table's files are there.
+    lh.create_table("t", SCHEMA, partition_by="day")
+    assert lh.version("t") == 0 and lh.files("t") == []
+    assert lh.append("t", spark.createDataFrame([(3, 30, "d1")], SCHEMA)) == 1
+    assert [tuple(r) for r in lh.read(spark, "t").collect()] == [(3, 30, "d1")]
+    (new,) = lh.files("t")
+    # The new table's vacuum removes the old files (no version of it names them, and
+    # they are older than its cutoff), never its own.
+    removed = lh.vacuum("t", 0)
+    assert {Path(f.path).name for f in old} <= {Path(p).name for p in removed}
+    assert not any(Path(f.path).exists() for f in old)
+    assert Path(new.path).exists()
+    assert [tuple(r) for r in lh.read(spark, "t").collect()] == [(3, 30, "d1")]
 
 
 def test_data_source_merges_and_overwrites_the_schema_and_reads_old_files_with_it(
