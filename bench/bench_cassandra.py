@@ -32,6 +32,12 @@ Sweeping (issue 27), in keyspaces of their own on the same node:
   (one row tombstone a version, the way passes deleted before) against
   ``delete_version_ranges`` (one range tombstone).
 
+Commits on Cassandra against their floor (issue 27): ``lakehouse.appends.cassandraN.
+group_commit.vs_floor.ratio``, from :mod:`bench.bench_cassandra_floor`, on the same
+cluster (``--only-commit`` runs the write figures and this one only; with ``--url`` of a
+three-node cluster the names say ``cassandra3``, and the write figures are named
+``cassandra3.txn_vs_raw...`` instead of ``cassandra.txn_vs_raw...``).
+
 Reads after a million cleaned versions and on a cell of 100,000 versions:
 :mod:`bench.bench_cassandra_history` (``cassandra.tombstones.*``,
 ``cassandra.long_history.*``), run on the same node.
@@ -203,8 +209,13 @@ def write_figures(
     seconds = 0.75 if quick else 5.0
     runs = 2 if quick else 3
     results: list[Result] = []
+    from bench.bench_cassandra_floor import node_count
+
     store = open_store(url)
     assert isinstance(store, CassandraStore)
+    nodes = node_count(store)
+    # One node keeps the names the results have always had; a cluster says its size.
+    name = "cassandra" if nodes == 1 else f"cassandra{nodes}"
     raw = RawWriter(store)
     tm = TransactionManager.embedded(url)
 
@@ -234,7 +245,7 @@ def write_figures(
             note = f"one client thread; {runs} paired runs of {seconds:g} s per system"
             for system in SYSTEMS:
                 figure = summarize(
-                    f"cassandra.{system}.cells{size}.cells_per_s",
+                    f"{name}.{system}.cells{size}.cells_per_s",
                     "cells/s",
                     anchors[system],
                     rates[system],
@@ -245,7 +256,7 @@ def write_figures(
             for label, anchor in (("raw", RATIO_ANCHOR), ("raw_batched", BATCHED_ANCHOR)):
                 results.append(
                     summarize(
-                        f"cassandra.txn_vs_{label}.cells{size}.ratio",
+                        f"{name}.txn_vs_{label}.cells{size}.ratio",
                         "ratio",
                         anchor,
                         [t / b for t, b in zip(rates["txn"], rates[label], strict=True)],
@@ -263,22 +274,22 @@ def write_figures(
         store.close()
     results.append(
         Growth(
-            "cassandra.write.by_cells_per_txn",
+            f"{name}.write.by_cells_per_txn",
             "Cassandra: write throughput by cells per transaction",
             "cells per transaction (or per raw request group)",
             "cells/s",
             growth,
             log_y=True,
-            note="one node, one client thread; medians of paired runs",
+            note=f"{nodes} node(s), one client thread; medians of paired runs",
         )
     )
     results.append(
         Latency.of(
-            "cassandra.write.latency",
+            f"{name}.write.latency",
             "Cassandra: latency of one transaction / one raw write group",
             "ms",
             latency,
-            note="every write of the timed runs, one client thread, one node",
+            note=f"every write of the timed runs, one client thread, {nodes} node(s)",
         )
     )
     return results
@@ -542,6 +553,16 @@ def gc_cell_figures(url: str, quick: bool, progress: Callable[[str], None]) -> l
         store.close()
 
 
+def commit_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Result]:
+    """The commit figures (``--only-commit`` runs just these): transactions against raw
+    writes, and a lakehouse group commit against its floor
+    (:mod:`bench.bench_cassandra_floor`), on the same cluster."""
+    from bench.bench_cassandra_floor import group_commit_figures
+
+    results = write_figures(url, quick, progress, itertools.count())
+    return results + group_commit_figures(url, quick, progress)
+
+
 def sweep_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Figure]:
     """The figures of issue 27's store side (``--only-sweep`` runs just these)."""
     return dead_cells_figures(url, quick, progress) + gc_cell_figures(url, quick, progress)
@@ -553,9 +574,8 @@ def run(
     """The suite entry point of ``python -m bench``: starts its own node without ``url``."""
     from bench import bench_cassandra_history
 
-    batches = itertools.count()
     with cassandra_url(url) as store_url:
-        results = write_figures(store_url, quick, progress, batches)
+        results = commit_figures(store_url, quick, progress)
         results += scan_figures(store_url, quick, progress)
         results += sweep_figures(store_url, quick, progress)
         # Reads after clean-up and on long histories (issue 18), on the same node.
@@ -571,6 +591,11 @@ def main(argv: list[str] | None = None) -> int:
         "--only-sweep", action="store_true", help="only the sweeping figures (issue 27)"
     )
     parser.add_argument(
+        "--only-commit",
+        action="store_true",
+        help="only the commit figures: txn vs raw writes, group commit vs floor (issue 27)",
+    )
+    parser.add_argument(
         "--write", action="store_true", help="merge the figures into bench/results/latest.json"
     )
     args = parser.parse_args(argv)
@@ -580,9 +605,13 @@ def main(argv: list[str] | None = None) -> int:
     def progress(step: str) -> None:
         print(f"   {step} ...", flush=True)
 
-    if args.only_sweep:
+    if args.only_sweep or args.only_commit:
         with cassandra_url(args.url) as store_url:
-            results: list[Result] = list(sweep_figures(store_url, args.quick, progress))
+            results: list[Result] = []
+            if args.only_commit:
+                results += commit_figures(store_url, args.quick, progress)
+            if args.only_sweep:
+                results += sweep_figures(store_url, args.quick, progress)
     else:
         results = run(args.quick, progress=progress, url=args.url)
     for result in results:
