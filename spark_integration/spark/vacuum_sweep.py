@@ -75,7 +75,15 @@ def vacuum_dropped(catalog: Catalog | RemoteCatalog, name: str, cutoff_ms: int) 
     name may exist, else :class:`TableExistsError`); then each location is swept with
     nothing kept and the drop time as the cutoff. Tables dropped later are left, and
     logged: an empty list then means the retention has not passed yet.
+
+    Only job folders listed *before* the claim are swept. A table created at the
+    location deletes the record in its own transaction: one created before the claim
+    leaves nothing to claim, and one created after it had no folder yet when the
+    listing ran. So no clock has to agree for the sweep to spare a new table's files.
     """
+    # A cutoff below every drop time claims nothing: a read of the records.
+    _, records = catalog.claim_dropped(name, -1)
+    listed = {d.location: filesystem.list_dirs(d.location) for d in records}
     claimed, pending = catalog.claim_dropped(name, cutoff_ms)
     for d in pending:
         log.info(
@@ -89,7 +97,7 @@ def vacuum_dropped(catalog: Catalog | RemoteCatalog, name: str, cutoff_ms: int) 
     deleted: list[str] = []
     for d in claimed:
         try:
-            swept = sweep(d.location, set(), d.dropped_ms)
+            swept = sweep(d.location, set(), d.dropped_ms, listed.get(d.location, []))
         except Exception:
             # The record is gone: what the sweep left must be removed by hand.
             log.error("vacuum of dropped table %s failed to sweep %s", name, d.location)
@@ -99,15 +107,18 @@ def vacuum_dropped(catalog: Catalog | RemoteCatalog, name: str, cutoff_ms: int) 
     return deleted
 
 
-def sweep(location: str, keep: set[str], cutoff_ms: int) -> list[str]:
+def sweep(
+    location: str, keep: set[str], cutoff_ms: int, folders: list[str] | None = None
+) -> list[str]:
     """Delete unreferenced files of jobs older than ``cutoff_ms``; return the paths removed.
 
     ``keep`` holds paths relative to ``location``. One listing of the location's job
-    folders, then one listing per job folder old enough to sweep: on an object store
-    that is what a sweep costs in requests, besides the deletes.
+    folders (or ``folders``, listed earlier), then one listing per job folder old
+    enough to sweep: on an object store that is what a sweep costs in requests,
+    besides the deletes.
     """
     deleted: list[str] = []
-    for job_dir in filesystem.list_dirs(location):
+    for job_dir in filesystem.list_dirs(location) if folders is None else folders:
         name = job_dir.rsplit("/", 1)[-1]
         # A local symlink is never followed; an S3 key is never a local path
         # (os.path would read "s3://b/k" as a relative folder "s3:").
