@@ -15,9 +15,9 @@ still reads them. The drop's transaction records the location instead
 name claims the record once its retention has passed (:func:`claim_dropped`) and
 only then sweeps the files. A table created at that location later deletes the
 record in its own transaction (:func:`replace_dropped`), so the claim and the
-create conflict on that one cell and one of them wins, and the new table is fenced
-at the drop time: no job that started before the drop commits to it, and a sweep
-never deletes a job folder that started after the drop.
+create conflict on that one cell and one of them wins (the sweep lists the folders
+before its claim, so it never meets a newer table's), and the new table is fenced at
+the drop time: no job that started before the drop commits to it.
 """
 
 from __future__ import annotations

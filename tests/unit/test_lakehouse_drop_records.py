@@ -24,6 +24,8 @@ from spark_integration.engine.model import APPEND, FileEntry, Layout, TableMeta
 from txn import TransactionConfig, TransactionManager
 from wire.errors import TransactionConflictError
 
+pytestmark = pytest.mark.unit
+
 LOCATION = "/warehouse/events"
 
 
