@@ -11,15 +11,19 @@ appear.
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pyspark")
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_integration import Lakehouse, Retention, TableNotFoundError, VersionNotFoundError
+from spark_integration.spark.datasource import register
+from tests.servers import ServerProcess
+from txn import TransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -54,21 +58,12 @@ def make_table(lh: Lakehouse, spark: SparkSession) -> None:
 def test_each_kind_of_version_gives_exactly_its_changed_rows(
     lh: Lakehouse, spark: SparkSession
 ) -> None:
-    make_table(lh, spark)
-    assert changes(lh, spark, 0, 0) == []  # creation changes no row
-    assert changes(lh, spark, 1, 1) == rows(ROWS, "insert", 1)
-
-    # DELETE: the deleted row only, not d1's survivors (1 and 3) that the rewrite copied.
+    make_table(lh, spark)  # versions 0 (creation: no row) and 1 (an append)
+    # DELETE (2): the deleted row only, not d1's survivors 1 and 3 that it copied.
     assert lh.delete("events", "day = 'd1' AND amount < 0", spark=spark).version == 2
-    assert changes(lh, spark, 2, 2) == rows([(2, -5, "d1")], "delete", 2)
-
-    # UPDATE: pre- and post-image of the matching rows; d2's other rows are not there.
+    # UPDATE (3): pre- and post-image of row 4; row 5 shares its file and is copied only.
     assert lh.update("events", {"amount": "amount * 2"}, "id = 4", spark=spark).version == 3
-    assert changes(lh, spark, 3, 3) == sorted(
-        rows([(4, -1, "d2")], "update_preimage", 3) + rows([(4, -2, "d2")], "update_postimage", 3)
-    )
-
-    # MERGE: an update, a delete and an insert; row 5 shares d2's file and is copied only.
+    # MERGE (4): an update, a delete and an insert; nothing for the rows it copied.
     source = spark.createDataFrame([(1, 100, "d1"), (3, -1, "d1"), (9, 9, "d3")], SCHEMA)
     result = (
         lh.merge("events", source, "target.id = source.id")
@@ -79,30 +74,39 @@ def test_each_kind_of_version_gives_exactly_its_changed_rows(
     )
     assert (result.version, result.rows_updated, result.rows_deleted) == (4, 1, 1)
     assert result.rows_inserted == 1
-    assert changes(lh, spark, 4, 4) == sorted(
-        rows([(1, 10, "d1")], "update_preimage", 4)
-        + rows([(1, 100, "d1")], "update_postimage", 4)
-        + rows([(3, 7, "d1")], "delete", 4)
-        + rows([(9, 9, "d3")], "insert", 4)
-    )
-
-    # replaceWhere: the rows of the files it removed (all of d3), the rows it wrote.
+    # replaceWhere (5): the rows of the files it removed (all of d3), the rows it wrote.
     new_d3 = spark.createDataFrame([(7, 1, "d3")], SCHEMA)
     assert lh.overwrite("events", new_d3, replace_where="day = 'd3'") == 5
-    assert changes(lh, spark, 5, 5) == sorted(
-        rows([(6, 8, "d3"), (9, 9, "d3")], "delete", 5) + rows([(7, 1, "d3")], "insert", 5)
-    )
-
-    # Whole-table overwrite: every row deleted, the new ones inserted.
-    before = sorted((r["id"], r["amount"], r["day"]) for r in lh.read(spark, "events").collect())
+    # Whole-table overwrite (6): every row deleted, the new ones inserted.
     assert lh.overwrite("events", spark.createDataFrame([(10, 1, "d1")], SCHEMA)) == 6
-    assert changes(lh, spark, 6, 6) == sorted(
-        rows(before, "delete", 6) + rows([(10, 1, "d1")], "insert", 6)
-    )
-
-    # A statement that changes nothing commits nothing: the feed has no version for it.
+    # A statement that changes nothing commits nothing: no version, no change.
     assert lh.delete("events", "id = 12345", spark=spark).version == 6
-    assert lh.version("events") == 6
+
+    by_version: dict[int, list[Change]] = {}
+    for change in changes(lh, spark, 0):  # one read of the whole feed
+        by_version.setdefault(change[4], []).append(change)
+    assert by_version == {
+        1: rows(ROWS, "insert", 1),
+        2: rows([(2, -5, "d1")], "delete", 2),
+        3: sorted(
+            rows([(4, -1, "d2")], "update_preimage", 3)
+            + rows([(4, -2, "d2")], "update_postimage", 3)
+        ),
+        4: sorted(
+            rows([(1, 10, "d1")], "update_preimage", 4)
+            + rows([(1, 100, "d1")], "update_postimage", 4)
+            + rows([(3, 7, "d1")], "delete", 4)
+            + rows([(9, 9, "d3")], "insert", 4)
+        ),
+        5: sorted(
+            rows([(6, 8, "d3"), (9, 9, "d3")], "delete", 5) + rows([(7, 1, "d3")], "insert", 5)
+        ),
+        6: sorted(
+            rows([(1, 100, "d1"), (4, -2, "d2"), (5, 3, "d2"), (7, 1, "d3")], "delete", 6)
+            + rows([(10, 1, "d1")], "insert", 6)
+        ),
+    }
+    assert changes(lh, spark, 3, 3) == by_version[3]  # one version alone
 
     # Plain reads and listings never see the change files the statements committed.
     assert all("part-cdc-" not in f.path for f in lh.files("events"))
@@ -127,13 +131,13 @@ def test_a_range_of_versions_with_their_numbers_and_commit_times(
         (6, 0, "d3", "update_postimage", 4),
         (6, 8, "d3", "update_preimage", 4),
     ]
-    assert changes(lh, spark, 2) == expected
-    assert changes(lh, spark, 2, 3) == expected[:1]
-    assert changes(lh, spark, 3, 3) == []
+    got = df.collect()
+    assert sorted((r[0], r[1], r[2], r[4], r[5]) for r in got) == expected
+    assert changes(lh, spark, 2, 3) == expected[:1]  # version 3 changed no row
     assert changes(lh, spark, 1, 99) == sorted(rows(ROWS, "insert", 1) + expected)  # capped
 
     times = {c.version: c.timestamp_ms for c in lh.history("events")}
-    for r in df.collect():
+    for r in got:
         assert r["note"] is None
         stamp = r["_commit_timestamp"].replace(tzinfo=None)
         expected_time = datetime.datetime.fromtimestamp(
@@ -166,3 +170,75 @@ def test_bad_ranges_missing_tables_and_expired_versions_are_named(
     # Vacuum keeps the change files of the versions still readable.
     lh.vacuum("events", 0)
     assert changes(lh, spark, 2) == [(2, -5, "d1", "delete", 2)]
+
+
+def test_the_data_source_reads_the_feed_with_option_read_change_feed(
+    spark: SparkSession, sqlite_gateway: ServerProcess, tmp_path: Path
+) -> None:
+    """``spark.read.format("percolake").option("readChangeFeed", "true")`` gives what
+    ``lh.changes`` gives, pinned when the DataFrame is defined; ``readStream`` with the
+    option follows the feed version by version."""
+    register(spark)
+    address = sqlite_gateway.address
+    tm = TransactionManager.remote(address)
+    try:
+        lh = Lakehouse(tm, str(tmp_path / "warehouse"))  # the source's catalog
+        make_table(lh, spark)
+        lh.update("events", {"amount": "amount + 1"}, "id = 4", spark=spark)  # version 2
+        lh.delete("events", "day = 'd3'", spark=spark)  # version 3
+
+        def feed(**options: int) -> DataFrame:
+            reader = spark.read.format("percolake").option("gateway", address)
+            reader = reader.option("readChangeFeed", "true")
+            for key, value in options.items():
+                reader = reader.option(key, value)
+            return reader.load("events")
+
+        every = feed(startingVersion=1)
+        kinds = [(f.name, f.dataType) for f in lh.changes(spark, "events", 1).schema]
+        assert [(f.name, f.dataType) for f in every.schema] == kinds
+        expected = sorted(map(tuple, lh.changes(spark, "events", 1).collect()))
+        lh.delete("events", "id = 1", spark=spark)  # version 4: after the read was defined
+        assert sorted(map(tuple, every.collect())) == expected
+        two = sorted(map(tuple, feed(startingVersion=2, endingVersion=2).collect()))
+        assert [r[1:5] for r in two] == [
+            (-1, "d2", "update_preimage", 2),
+            (0, "d2", "update_postimage", 2),
+        ]
+        latest = feed(startingVersion=4).collect()
+        assert [(r["id"], r["_change_type"]) for r in latest] == [(1, "delete")]
+
+        plain = spark.read.format("percolake").option("gateway", address)
+        assert plain.option("readChangeFeed", "false").load("events").count() == 4
+        with pytest.raises(Exception, match="needs option startingVersion"):
+            feed()
+        with pytest.raises(Exception, match="starting version 9 is after the latest"):
+            feed(startingVersion=9)
+        with pytest.raises(Exception, match="endingVersion 1 is before startingVersion 2"):
+            feed(startingVersion=2, endingVersion=1)
+
+        # A stream of the feed: every version from startingVersion on, then each new one.
+        sdf = spark.readStream.format("percolake").option("gateway", address)
+        sdf = sdf.option("readChangeFeed", "true").option("startingVersion", 3).load("events")
+        query = (
+            sdf.writeStream.format("memory")
+            .queryName("feed_stream")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .start()
+        )
+        try:
+            query.processAllAvailable()
+            lh.update("events", {"amount": "0"}, "id = 5", spark=spark)  # version 5
+            query.processAllAvailable()
+            assert query.exception() is None
+            got = spark.sql("select id, _change_type, _commit_version from feed_stream")
+            assert sorted(map(tuple, got.collect())) == [
+                (1, "delete", 4),
+                (5, "update_postimage", 5),
+                (5, "update_preimage", 5),
+                (6, "delete", 3),
+            ]
+        finally:
+            query.stop()
+    finally:
+        tm.close()

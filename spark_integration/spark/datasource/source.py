@@ -43,6 +43,10 @@ plain values; each driver-side step opens its own connection to the gateway.
   removed files (an overwrite) fails the query unless ``skipChangeCommits``; a
   version vacuum removed files of fails it naming the version.
 
+- **Change data feed.** ``readChangeFeed`` with ``startingVersion`` (and for a batch
+  read ``endingVersion``) reads the rows each version inserted, deleted or updated, as
+  ``Lakehouse.changes`` gives them (``change_read``).
+
 - **Tables on S3.** A table's location may be ``s3://bucket/prefix`` (option
   ``warehouse`` with ``createIfMissing`` takes ``s3://`` or ``s3a://``). Every file the
   source touches goes through ``spark.filesystem`` (pyarrow): tasks upload each Parquet
@@ -71,6 +75,7 @@ plain values; each driver-side step opens its own connection to the gateway.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING
 
@@ -80,6 +85,7 @@ from pyspark.sql.types import StructType
 from spark_integration.engine.model import APPEND, OVERWRITE, FileEntry, TableMeta
 from spark_integration.engine.read_set import Condition
 from spark_integration.spark import filesystem
+from spark_integration.spark.changes import feed_schema
 from spark_integration.spark.datasource.batch_read import (
     PercolakePushdownReader,
     PercolakeReader,
@@ -93,9 +99,14 @@ from spark_integration.spark.datasource.batch_write import (
     replace_mode,
     replace_where_conditions,
 )
+from spark_integration.spark.datasource.change_read import (
+    PercolakeChangeStreamReader,
+    change_reader,
+)
 from spark_integration.spark.datasource.gateway import open_gateway, table_schema
 from spark_integration.spark.datasource.options import (
     STREAM_READ_OPTIONS,
+    change_feed_options,
     query_id_of_checkpoint,
     read_options,
     stream_read_options,
@@ -131,6 +142,11 @@ class PercolakeDataSource(DataSource):
         return "percolake"
 
     def schema(self) -> StructType:
+        feed = change_feed_options(self.options)
+        if feed is not None:
+            end, reader = change_reader(feed, feed.ending_version)
+            self.pinned_version = end  # the last version the feed reads
+            return feed_schema(StructType.fromJson(json.loads(reader.schema_json)))
         if any(k.lower() in STREAM_READ_OPTIONS for k in self.options):
             # A streaming read (Spark asks for the schema before it knows which reader):
             # its options are checked here, a batch reader refuses them by name.
@@ -145,6 +161,13 @@ class PercolakeDataSource(DataSource):
         return table_schema(meta, version)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        feed = change_feed_options(self.options)
+        if feed is not None:
+            pinned = feed.ending_version if self.pinned_version is None else self.pinned_version
+            _, changes = change_reader(feed, pinned)
+            table = StructType.fromJson(json.loads(changes.schema_json))
+            check_dataframe_schema(feed.table, feed_schema(table), schema)
+            return changes
         opts = read_options(self.options)
         with open_gateway(opts.gateway) as catalog:
             version = self.pinned_version
@@ -159,7 +182,12 @@ class PercolakeDataSource(DataSource):
         kind = PercolakePushdownReader if planning_with_pushdown() else PercolakeReader
         return kind(opts.table, schema.json(), meta.partition_by, files)
 
-    def streamReader(self, schema: StructType) -> PercolakeStreamReader:
+    def streamReader(
+        self, schema: StructType
+    ) -> PercolakeStreamReader | PercolakeChangeStreamReader:
+        feed = change_feed_options(self.options)
+        if feed is not None:
+            return PercolakeChangeStreamReader(feed, schema)
         return PercolakeStreamReader(stream_read_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> PercolakeBatchWriter:

@@ -1,0 +1,181 @@
+"""Reads of the change data feed (option ``readChangeFeed``): the files of a
+:class:`~spark_integration.spark.changes.ChangePlan`, planned on the driver and read by
+tasks with pyarrow, like a snapshot read (``batch_read``).
+
+A batch read pins its versions when the DataFrame is defined. A streaming read
+(``readStream`` with ``readChangeFeed``) reads the changes of each version from
+``startingVersion`` on, as they commit: its offset is the next version to read, and a
+micro-batch reads the changes of the versions between two offsets, every one whole.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit
+from pyspark.sql.types import StructType
+
+from spark_integration.spark.changes import (
+    CHANGE_TYPE,
+    FEED_COLUMNS,
+    ChangePlan,
+    change_file_schema,
+    feed_schema,
+    plan_changes,
+)
+from spark_integration.spark.datasource.batch_read import (
+    READ_MIN_SPLITS,
+    READ_SPLIT_BYTES,
+    files_to_read,
+)
+from spark_integration.spark.datasource.files import FileToRead, read_files
+from spark_integration.spark.datasource.gateway import open_gateway
+from spark_integration.spark.datasource.options import ChangeFeedOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeFile:
+    """One file of the feed: its rows are all ``change_type`` (``None``: a change file,
+    whose rows carry their own ``_change_type``), of ``version`` committed at ``ms``."""
+
+    file: FileToRead
+    change_type: str | None
+    version: int
+    timestamp_ms: int
+
+
+class _Split(InputPartition):
+    """The files of one read task, with what a task needs to read them: a streaming
+    read's tasks run a reader made afresh, which knows nothing the driver's learned."""
+
+    def __init__(
+        self, files: tuple[ChangeFile, ...], schema_json: str, partition_by: tuple[str, ...]
+    ) -> None:
+        super().__init__(len(files))
+        self.files = files
+        self.schema_json = schema_json  # the table's columns, without the feed's
+        self.partition_by = partition_by
+
+
+def change_reader(opts: ChangeFeedOptions, end: int | None) -> tuple[int, PercolakeChangeReader]:
+    """The reader of ``opts``'s versions up to ``end`` (``None``: the latest), planned
+    through the gateway; returns the last version it reads too (to pin the read)."""
+    plan = _plan(opts, opts.starting_version, end)
+    schema_json = plan.schema.json()
+    reader = PercolakeChangeReader(opts.table, schema_json, plan.meta.partition_by, plan)
+    return plan.end, reader
+
+
+def _plan(opts: ChangeFeedOptions, start: int, end: int | None) -> ChangePlan:
+    with open_gateway(opts.gateway) as catalog:
+        return plan_changes(catalog, opts.table, start, end)
+
+
+def change_files(plan: ChangePlan) -> list[ChangeFile]:
+    """The plan's files in version order, as tasks read them."""
+    return [
+        ChangeFile(file, piece.change_type, piece.version, piece.timestamp_ms)
+        for piece in plan.pieces
+        for file in files_to_read(plan.meta.location, piece.files)
+    ]
+
+
+def splits(plan: ChangePlan, schema_json: str) -> list[_Split]:
+    """The plan's files as read tasks of about ``READ_SPLIT_BYTES`` each (greedy)."""
+    files = change_files(plan)
+    total = sum(f.file.size_bytes for f in files)
+    count = min(len(files), max(READ_MIN_SPLITS, -(-total // READ_SPLIT_BYTES)))
+    groups: list[list[ChangeFile]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for item in sorted(files, key=lambda f: f.file.size_bytes, reverse=True):
+        smallest = loads.index(min(loads))
+        groups[smallest].append(item)
+        loads[smallest] += item.file.size_bytes
+    partition_by = plan.meta.partition_by
+    return [_Split(tuple(g), schema_json, partition_by) for g in groups if g]
+
+
+def read_split(partition: InputPartition) -> Iterator[Any]:
+    """A task's rows: each file's, with the feed's three columns."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    assert isinstance(partition, _Split)
+    schema = StructType.fromJson(json.loads(partition.schema_json))
+    plain = to_arrow_schema(schema, timezone="UTC")
+    with_type = to_arrow_schema(change_file_schema(schema), timezone="UTC")
+    out = to_arrow_schema(feed_schema(schema), timezone="UTC")
+    width = len(schema.fields)
+    for item in partition.files:
+        target = with_type if item.change_type is None else plain
+        for batch in read_files((item.file,), target, partition.partition_by):
+            rows = batch.num_rows
+            change = (
+                batch.column(CHANGE_TYPE)
+                if item.change_type is None
+                else pa.array([item.change_type] * rows, pa.string())
+            )
+            version = pa.array([item.version] * rows, pa.int64())
+            stamp = pa.array([item.timestamp_ms * 1000] * rows, pa.int64())
+            columns = [batch.column(i) for i in range(width)]
+            arrays = [*columns, change, version, stamp.cast(out.field(width + 2).type)]
+            yield pa.RecordBatch.from_arrays(arrays, schema=out)
+
+
+class PercolakeChangeReader(DataSourceReader):
+    """The change rows of a range of versions, listed once at planning."""
+
+    def __init__(
+        self, table: str, schema_json: str, partition_by: tuple[str, ...], plan: ChangePlan
+    ) -> None:
+        self.table = table
+        self.schema_json = schema_json  # the table's columns, without the feed's
+        self.partition_by = partition_by
+        self.plan = plan
+
+    def partitions(self) -> Sequence[InputPartition]:
+        tasks = splits(self.plan, self.schema_json)
+        log.info("change feed of %s: %d read tasks", self.table, len(tasks))
+        return tasks or [_Split((), self.schema_json, self.partition_by)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return read_split(partition)
+
+
+class PercolakeChangeStreamReader(DataSourceStreamReader):
+    """The change feed as a stream: offset ``{"version": n}`` is the next version to
+    read; each micro-batch reads every version committed since the last one, whole."""
+
+    def __init__(self, opts: ChangeFeedOptions, schema: StructType) -> None:
+        if opts.ending_version is not None:
+            raise ValueError("percolake: endingVersion is for batch change feed reads")
+        self.opts = opts
+        table = [f for f in schema.fields if f.name not in FEED_COLUMNS]
+        self.schema_json = StructType(table).json()  # the query's, fixed when it starts
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"version": self.opts.starting_version}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        with open_gateway(self.opts.gateway) as catalog:
+            head = catalog.prepare(self.opts.table).head.version
+        return {"version": max(int(start["version"]), head + 1)}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        first, after = int(start["version"]), int(end["version"])
+        if after <= first:
+            return []
+        return splits(_plan(self.opts, first, after - 1), self.schema_json)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return read_split(partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: each micro-batch planned its files from the log."""
