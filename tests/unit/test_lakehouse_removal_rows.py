@@ -111,7 +111,7 @@ def test_a_one_file_delete_writes_rows_for_what_it_changed(
     tm: TransactionManager, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     catalog = new_catalog(tm, clock)
-    n = 300
+    n = 1000
     commit(catalog, APPEND, [f"f{i}" for i in range(n)])
     before = file_cells(tm)
     puts: list[str] = []
