@@ -209,8 +209,9 @@ class GroupAttempt:
     ) -> Head:
         """Write ``r`` as the version after ``head``; returns the head after it.
 
-        ``live``: for a row-level statement, the live files at ``head``; those it did
-        not rewrite are carried into its new generation ahead of its own files.
+        ``live``: for a row-level statement, the live files at ``head``: those it
+        rewrote get removal rows, or, when it starts a new generation, those it did
+        not rewrite are carried into it ahead of its own files (``_row_level``).
         """
         name, layout, tx = self.name, self.layout, self.tx
         version = head.version + 1
