@@ -469,8 +469,9 @@ class KVStore(abc.ABC):
     """
 
     #: Whether requests made from several threads at once overlap (a networked
-    #: store): the transaction layer then sends its requests for different tables
-    #: together instead of one table after another.
+    #: store): garbage collection then sends its requests for different tables
+    #: together instead of one table after another. (A commit's steps ask for every
+    #: table in one call instead: put_versions_of_tables, get_version_timestamps_of_tables.)
     concurrent_requests: ClassVar[bool] = False
 
     # --- versioned cells -------------------------------------------------------
@@ -489,6 +490,18 @@ class KVStore(abc.ABC):
         tolerates (rule S2). Limits: row + column at most ``MAX_CELL_KEY_BYTES``,
         value at most ``MAX_VALUE_BYTES``.
         """
+
+    def put_versions_of_tables(self, writes: Sequence[tuple[str, Sequence[VersionWrite]]]) -> None:
+        """:meth:`put_versions` of each ``(table, versions)``, in one call.
+
+        The same contract as one ``put_versions`` per table (idempotent; not atomic,
+        across versions or tables: after a failure any subset may have been written).
+        A store whose requests overlap sends every table's writes together, one round
+        instead of one per table (a transaction's write step); this generic version
+        writes the tables one after another.
+        """
+        for table, versions in writes:
+            self.put_versions(table, versions)
 
     @abc.abstractmethod
     def get_latest(
@@ -559,6 +572,21 @@ class KVStore(abc.ABC):
         interval is exact on every backend: ``below_ts=MAX_TIMESTAMP + 1`` finds a
         version at ``MAX_TIMESTAMP``, which no read below a timestamp reaches.
         """
+
+    def get_version_timestamps_of_tables(
+        self,
+        reads: Sequence[tuple[str, Sequence[tuple[bytes, bytes]]]],
+        *,
+        limit: int | None = None,
+    ) -> list[dict[Cell, list[int]]]:
+        """:meth:`get_version_timestamps` of each ``(table, cells)`` with ``limit``, in
+        one call: the results in the order of ``reads``.
+
+        A store whose requests overlap reads every table together, one round instead
+        of one per table (a transaction's conflict check); this generic version reads
+        the tables one after another.
+        """
+        return [self.get_version_timestamps(table, cells, limit=limit) for table, cells in reads]
 
     @abc.abstractmethod
     def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:

@@ -159,6 +159,49 @@ class CassandraReads(CassandraConnection):
             tss.sort(reverse=True)  # one partition's rows come newest first; this is cheap
         return out
 
+    def get_version_timestamps_of_tables(
+        self,
+        reads: Sequence[tuple[str, Sequence[tuple[bytes, bytes]]]],
+        *,
+        limit: int | None = None,
+    ) -> list[dict[Cell, list[int]]]:
+        """Every table's cells read together: one set of requests for all of them,
+        each as :meth:`get_version_timestamps` sends them for one table."""
+        checked = []
+        for table, cells in reads:
+            check_table(table)
+            checked.append((table, check_cells(cells)))
+        limit = check_limit(limit)
+        self._check_open()
+        per_cell = MAX_PAGE_SIZE if limit is None else min(limit, MAX_PAGE_SIZE)
+        queries: list[tuple[Any, tuple[Any, ...] | None]] = []
+        owners: list[int] = []  # the index in ``reads`` of each query's table
+        keys: list[dict[bytes, Cell]] = []
+        for index, (table, wanted) in enumerate(checked):
+            table_keys = {cell_key(c.row, c.column): c for c in wanted}
+            keys.append(table_keys)
+            table_queries = self._per_cell(
+                self._stmts.version_ts_one,
+                self._stmts.version_ts,
+                table,
+                list(table_keys),
+                # The bounds get_version_timestamps sends for its defaults (above_ts
+                # -1, below_ts MAX_TIMESTAMP): -1 < ts <= MAX_TIMESTAMP - 1.
+                (-1, MAX_TIMESTAMP - 1, per_cell),
+                spread=_IN_SPREAD,
+            )
+            queries += table_queries
+            owners += [index] * len(table_queries)
+        out: list[dict[Cell, list[int]]] = [{} for _ in checked]
+        results = self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY)
+        for index, rows in zip(owners, results, strict=True):
+            for key, ts in rows:
+                out[index].setdefault(keys[index][_bytes(key)], []).append(ts)
+        for found in out:
+            for tss in found.values():
+                tss.sort(reverse=True)
+        return out
+
     def get_versions(
         self,
         table: str,

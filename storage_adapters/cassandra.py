@@ -237,19 +237,44 @@ class CassandraStore(CassandraSweeps):
         commit point after a failed ``put_versions`` (it aborts), so a committed version
         always has its index row and scans find it.
         """
-        check_table(table)
-        writes = check_writes(versions)
+        self.put_versions_of_tables([(table, versions)])
+
+    def put_versions_of_tables(self, writes: Sequence[tuple[str, Sequence[VersionWrite]]]) -> None:
+        """Every table's versions and index rows in one set of batches, sent together
+        (as :meth:`put_versions` describes for one table): a replica's batch may hold
+        rows of several tables."""
+        checked = []
+        for table, versions in writes:
+            check_table(table)
+            checked.append((table, check_writes(versions)))
         self._check_open()
+        mixed: list[tuple[Hashable, Any, tuple[Any, ...], int]] = []
+        shard_items: list[tuple[Hashable, tuple[Any, ...], int]] = []
+        for table, table_writes in checked:
+            self._put_items(table, table_writes, mixed, shard_items)
+        queries = batched_writes(mixed, _CROSS_PARTITION_ROWS)
+        queries += batched(self._stmts.index_cell, shard_items)
+        self._execute_all(queries, write=True, concurrency=_IN_CONCURRENCY)
+
+    def _put_items(
+        self,
+        table: str,
+        writes: Sequence[VersionWrite],
+        mixed: list[tuple[Hashable, Any, tuple[Any, ...], int]],
+        shard_items: list[tuple[Hashable, tuple[Any, ...], int]],
+    ) -> None:
+        """Add one table's writes: ``mixed`` by first replica, ``shard_items`` by index
+        partition (shards with ``_CROSS_PARTITION_ROWS`` index rows or more)."""
         # The last write of a version wins, as in the reference backend; within one
         # batch Cassandra would instead keep the greater value.
         latest = {(v.row, v.column, v.ts): v.value for v in writes}
-        version_items: list[tuple[Hashable, tuple[Any, ...], int]] = []
         newest: dict[tuple[bytes, bytes], int] = {}  # each cell's newest ts in this call
         for (row, column, ts), value in latest.items():
             key = cell_key(row, column)
-            version_items.append(
+            mixed.append(
                 (
                     self._replica(table, key),
+                    self._stmts.insert_version,
                     (table, key, ts, value or b"", value is None),
                     len(value or b"") + 80,
                 )
@@ -265,22 +290,14 @@ class CassandraStore(CassandraSweeps):
         # with the versions, batched by first replica: one request per replica and ten
         # rows instead of one request per shard (docs/design/storage.md, "Round trips
         # per commit").
-        shard_items: list[tuple[Hashable, tuple[Any, ...], int]] = []
-        mixed: list[tuple[Hashable, Any, tuple[Any, ...], int]] = [
-            (replica, self._stmts.insert_version, params, size)
-            for replica, params, size in version_items
-        ]
         for shard, rows in by_shard.items():
             if len(rows) >= _CROSS_PARTITION_ROWS:
-                shard_items += [(shard, p, len(p[2]) + len(p[3]) + 32) for p in rows]
+                shard_items += [((table, shard), p, len(p[2]) + len(p[3]) + 32) for p in rows]
                 continue
             replica = self._shard_replica(table, shard)
             mixed += [
                 (replica, self._stmts.index_cell, p, len(p[2]) + len(p[3]) + 32) for p in rows
             ]
-        queries = batched_writes(mixed, _CROSS_PARTITION_ROWS)
-        queries += batched(self._stmts.index_cell, shard_items)
-        self._execute_all(queries, write=True, concurrency=_IN_CONCURRENCY)
 
     def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
         """Write each stamp at its version's write time, read first.

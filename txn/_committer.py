@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, NamedTuple
 
 from lockserver import LockToken
@@ -42,32 +41,6 @@ log = logging.getLogger(__name__)
 #: Versions inspected per cell and round when looking below ``start_ts`` for a
 #: writer that committed after it.
 _CONFLICT_PAGE = 16
-
-#: Sends one commit's requests for different tables together, on stores whose
-#: requests overlap (``KVStore.concurrent_requests``). Shared by every manager of the
-#: process; threads start on first use.
-_TABLE_IO = ThreadPoolExecutor(max_workers=16, thread_name_prefix="percolake-commit-io")
-
-
-def _each_table(
-    rt: Runtime, writes: WriteBuffer, fn: Callable[[str, Mapping[Cell, bytes | None]], None]
-) -> None:
-    """``fn(table, cells)`` for every table written; at once where the store allows.
-
-    Waits for every table before raising the first failure (in table order), so no
-    request of a failed step is still in flight when the committer moves on.
-    """
-    tables = list(writes.tables())
-    if len(tables) < 2 or not rt.store.concurrent_requests:
-        for table, cells in tables:
-            fn(table, cells)
-        return
-    futures = [_TABLE_IO.submit(fn, table, cells) for table, cells in tables]
-    errors = [f.exception() for f in futures]
-    for error in errors:
-        if error is not None:
-            raise error
-
 
 #: What a conflict means, by the step that found it (the abort reasons of the metrics).
 _CONFLICT_REASONS = {"lock": "lock_timeout", "validate": "validation", "commit_point": "lock_lost"}
@@ -321,12 +294,14 @@ def release_all(rt: Runtime, tokens: tuple[LockToken, ...]) -> None:
 
 
 def _write_versions(rt: Runtime, start_ts: int, writes: WriteBuffer) -> None:
-    def put(table: str, cells: Mapping[Cell, bytes | None]) -> None:
-        rt.store.put_versions(
-            table, [VersionWrite(c.row, c.column, start_ts, v) for c, v in cells.items()]
-        )
-
-    _each_table(rt, writes, put)
+    """Every table's versions in one store call: a store whose requests overlap sends
+    them all together, one round for the step (KVStore.put_versions_of_tables)."""
+    rt.store.put_versions_of_tables(
+        [
+            (table, [VersionWrite(c.row, c.column, start_ts, v) for c, v in cells.items()])
+            for table, cells in writes.tables()
+        ]
+    )
 
 
 def _check_write_conflicts(
@@ -344,15 +319,17 @@ def _check_write_conflicts(
     ends the search: an older writer committing after it would have conflicted with
     that one, and at most one of the two can commit (docs/design/protocol.md,
     "Pessimistic reads").
+
+    The first page of every table's cells is read in one store call (one round on a
+    store whose requests overlap, KVStore.get_version_timestamps_of_tables); each
+    table's check then goes on from its page, the tables one after another.
     """
     bounds = read_bounds or {}
-
-    def check(table: str, cells: Mapping[Cell, bytes | None]) -> None:
-        keys = list(cells)
+    tables = [(table, list(cells)) for table, cells in writes.tables()]
+    pages = rt.store.get_version_timestamps_of_tables(tables, limit=_CONFLICT_PAGE)
+    for (table, keys), page in zip(tables, pages, strict=True):
         table_bounds = {c: bounds[(table, c)] for c in keys if (table, c) in bounds}
-        _check_table_conflicts(rt, table, keys, start_ts, table_bounds)
-
-    _each_table(rt, writes, check)
+        _check_table_conflicts(rt, table, keys, start_ts, table_bounds, first_page=page)
 
 
 def _check_table_conflicts(
@@ -361,14 +338,23 @@ def _check_table_conflicts(
     keys: list[Cell],
     start_ts: int,
     read_bounds: Mapping[Cell, int] | None = None,
+    *,
+    first_page: Mapping[Cell, list[int]] | None = None,
 ) -> None:
+    """The conflict check of one table's ``keys``; ``first_page``: their newest
+    ``_CONFLICT_PAGE`` version timestamps, read already (read here when ``None``)."""
     # One newest-first read usually shows every newer writer and the newest older ones;
     # only cells with long histories need more reads. A writer that began after us
     # conflicts whenever it commits, whatever the cell's bound: its version sorts above
     # ours, and readers take the newest committed version by start timestamp, so it
     # must not commit before us (it did, if it committed at all by the time we check).
     bounds = read_bounds or {}
-    page = rt.store.get_version_timestamps(table, keys, limit=_CONFLICT_PAGE)
+    wanted = set(keys)
+    page = (
+        rt.store.get_version_timestamps(table, keys, limit=_CONFLICT_PAGE)
+        if first_page is None
+        else {cell: tss for cell, tss in first_page.items() if cell in wanted}
+    )
     newer: set[int] = set()
     where: dict[int, tuple[str, Cell]] = {}  # a cell of each writer, for the resolver
     older: dict[Cell, list[int]] = {}

@@ -40,11 +40,13 @@ def lock_trusting(check: TableCheck) -> TableCheck:
         keys: list[Cell],
         start_ts: int,
         read_bounds: Mapping[Cell, int] | None = None,
+        *,
+        first_page: Mapping[Cell, list[int]] | None = None,
     ) -> None:
         locked = set(read_bounds or {})
         unlocked = [cell for cell in keys if cell not in locked]
         if unlocked:
-            check(rt, table, unlocked, start_ts, None)
+            check(rt, table, unlocked, start_ts, None)  # reads its own first page
 
     return trusting
 
