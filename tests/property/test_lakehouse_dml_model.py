@@ -56,6 +56,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -263,7 +264,9 @@ INTS = st.integers(-2, 6)
 DAY = st.sampled_from([*DAYS, None])
 
 
-def rows_of(columns: Sequence[str], max_size: int = 5) -> st.SearchStrategy[list[Row]]:
+def rows_of(
+    columns: Sequence[str], min_size: int = 0, max_size: int = 5
+) -> st.SearchStrategy[list[Row]]:
     """Rows of the table's current columns, few distinct values, some NULLs."""
     kinds: dict[str, st.SearchStrategy[Value]] = {
         "id": st.integers(0, 5),
@@ -271,7 +274,7 @@ def rows_of(columns: Sequence[str], max_size: int = 5) -> st.SearchStrategy[list
         "amount": st.one_of(st.none(), INTS),
     }
     fields = {c: kinds.get(c, st.one_of(st.none(), st.integers(0, 3))) for c in columns}
-    return st.lists(st.fixed_dictionaries(fields), max_size=max_size)
+    return st.lists(st.fixed_dictionaries(fields), min_size=min_size, max_size=max_size)
 
 
 def leaves(columns: Sequence[str], side: str | None) -> st.SearchStrategy[Pred]:
@@ -297,14 +300,14 @@ def leaves(columns: Sequence[str], side: str | None) -> st.SearchStrategy[Pred]:
     )
 
 
-def predicates(columns: Sequence[str], side: str | None = None) -> st.SearchStrategy[Pred]:
-    return st.recursive(
-        leaves(columns, side),
-        lambda inner: st.one_of(
-            st.builds(And, inner, inner), st.builds(Or, inner, inner), st.builds(Not, inner)
-        ),
-        max_leaves=3,
+def combined(inner: st.SearchStrategy[Pred]) -> st.SearchStrategy[Pred]:
+    return st.one_of(
+        st.builds(And, inner, inner), st.builds(Or, inner, inner), st.builds(Not, inner)
     )
+
+
+def predicates(columns: Sequence[str], side: str | None = None) -> st.SearchStrategy[Pred]:
+    return st.recursive(leaves(columns, side), combined, max_leaves=3)
 
 
 def values_for(column: str, sides: Sequence[str | None]) -> st.SearchStrategy[Expr]:
@@ -547,9 +550,16 @@ class DmlModelMachine(RuleBasedStateMachine):
 
     # --- writes ---------------------------------------------------------------------
 
+    @initialize(data=st.data())
+    def seed(self, data: st.DataObject) -> None:
+        """Rows to start from: a statement on an empty table proves little."""
+        self.append_rows(data.draw(rows_of(self.columns, min_size=2), label="seed rows"))
+
     @rule(data=st.data())
     def append(self, data: st.DataObject) -> None:
-        rows = data.draw(rows_of(self.columns), label="rows")
+        self.append_rows(data.draw(rows_of(self.columns), label="rows"))
+
+    def append_rows(self, rows: list[Row]) -> None:
         version = self.lh.append(self.name, self.df(rows))
         self.commit(self.current() + rows, version, [("insert", r) for r in rows])
 
