@@ -633,7 +633,7 @@ class DmlModelMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def merge(self, data: st.DataObject) -> None:
-        source = data.draw(rows_of(self.columns), label="source")
+        source = data.draw(rows_of(self.columns, min_size=1), label="source")
         if data.draw(st.booleans(), label="source keys unique"):
             # Else most sources match some target row twice and the MERGE is refused.
             source = list({r["id"]: r for r in source}.values())
