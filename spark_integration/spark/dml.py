@@ -61,7 +61,7 @@ from spark_integration.spark.changes import (
     tagged,
     write_change_files,
 )
-from spark_integration.spark.hook import new_job, write_files
+from spark_integration.spark.hook import Job, new_job, write_files
 from spark_integration.spark.reads import read_version
 from spark_integration.spark.schema import quote
 from txn.errors import TransactionAbortedError
@@ -173,7 +173,7 @@ def commit_rewrite(
     operation: str,
     meta: TableMeta,
     schema: StructType,
-    rows: DataFrame | None,
+    rows: DataFrame | Callable[[Job], tuple[list[FileEntry], list[FileEntry]]] | None,
     read_set: ReadSet | Callable[[list[FileEntry]], ReadSet],
     changes: DataFrame | None = None,
 ) -> tuple[int, list[FileEntry]]:
@@ -182,7 +182,9 @@ def commit_rewrite(
     ``read_set`` may be a function of the files written (a dynamic partition
     overwrite replaces the partitions it wrote). ``changes``: the changed rows with
     their ``_change_type``, written as change files into the same job folder and
-    committed with the version (the change data feed, ``spark.changes``).
+    committed with the version (the change data feed, ``spark.changes``). ``rows``
+    may instead be a function writing both kinds into the job in one Spark job
+    (``MERGE`` does: one pass instead of two); it returns the data and change files.
 
     Nothing to remove and no row written: nothing is committed, and the version
     read is returned (as deltalake does for a statement that changes nothing).
@@ -191,8 +193,10 @@ def commit_rewrite(
     written: list[FileEntry] = []
     change_files: list[FileEntry] = []
     try:
-        if rows is not None:
+        if isinstance(rows, DataFrame):
             written = write_files(rows, schema, meta.partition_by, job)
+        elif rows is not None:
+            written, change_files = rows(job)
         if not isinstance(read_set, ReadSet):
             read_set = read_set(written)
         if not written and not read_set.removes:

@@ -7,19 +7,30 @@ do; :meth:`MergeBuilder.execute` runs the statement in the steps of ``dml``:
    analysed by Spark (matched clauses against both sides, insert clauses against the
    source, ``not matched by source`` clauses against the target), before anything is
    read or written.
-2. **Prune**: the merge predicate's conjuncts on target columns alone (``target.day =
-   'd1'``) become conditions, as a ``DELETE``'s predicate does; a conjunct equating a
-   target partition column with a source column (``target.day = source.day``) becomes
-   ``day IN (<the source's distinct values>)``, one small Spark job. A target row
-   outside them can join no source row. ``not matched by source`` clauses read the
-   rows their own predicates may match, whatever the join.
+2. **Prune**: the source is numbered and kept (persisted: every job reads the same
+   rows, and the user's DataFrame is evaluated once) and one small job reads its row
+   count and, for each conjunct ``target.k = source.c`` on a non-partition column,
+   the range of ``c``: a target file whose statistics lie outside it holds no row
+   that can join (``k >= min AND k <= max`` conditions). The merge predicate's
+   conjuncts on target columns alone (``target.day = 'd1'``) become conditions, as a
+   ``DELETE``'s predicate does; a conjunct equating a target partition column with
+   a source column (``target.day = source.day``) becomes ``day IN (<the source's
+   distinct values>)``, one small Spark job. ``not matched by source`` clauses read
+   the rows their own predicates may match, whatever the join. A source of at most
+   :data:`BROADCAST_CELLS` cells is broadcast, so the target is never shuffled.
 3. **Find** (:func:`_find`): one Spark job joins the candidate files' rows with the
    source and counts, per file, the rows that joined a source row and the rows each
    clause changes. A target row joined by several source rows that a matched clause
    would act on fails the statement, as Delta does (unless the only matched clause
-   is an unconditional delete), committing nothing.
-4. **Rewrite and commit** (``dml.commit_rewrite``): the files holding changed rows are
-   rewritten, and the inserted rows written, in one Spark job, as one new version.
+   is an unconditional delete), committing nothing. The joined rows that matched
+   or are acted on are kept: the change rows and the inserts come from them.
+4. **Rewrite and commit** (``dml.commit_rewrite``): one Spark job (:func:`_write_both`)
+   writes the rewritten files holding changed rows (read and joined again: only
+   those files), the inserted rows (source rows whose numbers no kept row has: no
+   second join with the target) and the change files (pre-images and deletes from
+   the kept rows; post-images and inserts are the same rows as the data files'),
+   committed as one new version; the row counts come from the find job and the
+   written files' reports, never from a count job.
    Its read set: the version read, the rewritten files, the files holding rows that
    joined a source row (an insert depends on their rows not matching: they must still
    be live), and the conditions of step 2, widened over the matched rows and the
@@ -34,11 +45,13 @@ import datetime
 import functools
 import json
 import logging
+import pickle
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -46,6 +59,7 @@ from pyspark.sql.types import StructType
 from spark_integration.engine.model import MERGE, DmlResult, FileEntry, TableMeta
 from spark_integration.engine.read_set import IN, Condition, ReadSet, widen
 from spark_integration.spark import changes, dml
+from spark_integration.spark.hook import Job
 from spark_integration.spark.reads import read_version
 from spark_integration.spark.schema import quote
 
@@ -58,10 +72,15 @@ log = logging.getLogger(__name__)
 UPDATE, DELETE, INSERT, DELETE_BY_SOURCE = "update", "delete", "insert", "delete_by_source"
 #: Columns the statement adds to the rows it joins; never table columns (``_lh_``).
 _FILE, _ROW, _SRC, _ACTION = "_lh_dml_file", "_lh_dml_row", "_lh_merge_src", "_lh_merge_action"
-_JOINED, _N = "_lh_merge_joined", "_lh_merge_n"
+_JOINED, _N, _SRC_ID = "_lh_merge_joined", "_lh_merge_n", "_lh_merge_src_id"
+_DATA = "_lh_merge_data"  # a row of the new data files (else a change row only)
 #: At most this many distinct source values prune the target's partitions; more
 #: would make a long condition for little gain, so the partitions are not pruned.
 MAX_PARTITION_VALUES = 1000
+#: A source of at most this many cells (rows x columns) is broadcast to the join's
+#: tasks: the target is then read where it lies, never shuffled. Spark's own size
+#: estimate of a DataFrame is often unknown (a Python source) or far off.
+BROADCAST_CELLS = 4_000_000
 _ALIAS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -345,14 +364,66 @@ def _source_partitions(plan: _Plan, source: DataFrame) -> list[Condition] | None
     return out
 
 
-def _alternatives(plan: _Plan, source: DataFrame) -> list[tuple[Condition, ...]]:
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """The source as the statement reads it: each row numbered (``_SRC_ID``, so an
+    insert is told by the find job's matches instead of a second join with the
+    target) and kept (persisted, so every job reads the same rows and evaluates the
+    user's DataFrame once); its row count; and the range of each source column the
+    predicate equates with a non-partition target column, as conditions."""
+
+    df: DataFrame
+    rows: int
+    ranges: list[Condition] | None  # None: a key is NULL in every source row
+
+    @property
+    def broadcast(self) -> bool:
+        return self.rows * max(len(self.df.columns), 1) <= BROADCAST_CELLS
+
+
+def _profile(plan: _Plan, source: DataFrame) -> _Source:
+    """Number and keep the source, and read its row count and key ranges in one
+    small job (the first to read it). A target file whose statistics lie outside a
+    range holds no row that can join a source row (``t.k = s.k`` is false or NULL)."""
+    numbered = source.withColumn(_SRC_ID, F.monotonically_increasing_id()).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    kinds = dml.column_kinds(plan.schema)
+    of_source = {f.name: dml.value_kind(f.dataType) for f in source.schema.fields}
+    columns = [c for c in plan.schema.fieldNames() if c not in plan.meta.partition_by]
+    pairs = {
+        target: column
+        for target, column in partition_pairs(
+            plan.predicate, columns, plan.t, plan.s, source.schema.fieldNames()
+        ).items()
+        if kinds[target.lower()][1] in ("int", "str", "date")
+        and of_source[column] == kinds[target.lower()][1]
+    }
+    aggregates = [F.count(F.lit(1)).alias("n")]
+    for i, column in enumerate(pairs.values()):
+        aggregates += [F.min(quote(column)).alias(f"lo{i}"), F.max(quote(column)).alias(f"hi{i}")]
+    row = numbered.agg(*aggregates).collect()[0]
+    ranges: list[Condition] = []
+    for i, target in enumerate(pairs):
+        kind = kinds[target.lower()][1]
+        if kind is None or row[f"lo{i}"] is None:
+            # No source row has a key here: none joins a target row.
+            return _Source(numbered, int(row["n"]), None)
+        low, high = partition_literal(row[f"lo{i}"], kind), partition_literal(row[f"hi{i}"], kind)
+        if low is not None and high is not None:
+            ranges.append(Condition(target, ">=", kind, (low,)))
+            ranges.append(Condition(target, "<=", kind, (high,)))
+    return _Source(numbered, int(row["n"]), ranges)
+
+
+def _alternatives(plan: _Plan, source: _Source) -> list[tuple[Condition, ...]]:
     """The kinds of target rows the statement reads, each as a conjunction."""
     out: list[tuple[Condition, ...]] = []
-    partitions = _source_partitions(plan, source)
-    if partitions is not None:
-        sides = source.schema.fieldNames()
+    partitions = _source_partitions(plan, source.df) if source.ranges is not None else None
+    if partitions is not None and source.ranges is not None:
+        sides = source.df.schema.fieldNames()
         matched = target_conditions(plan.predicate, plan.schema, plan.t, sides)
-        out.append(tuple(matched + partitions))
+        out.append(tuple(matched + partitions + source.ranges))
     for _, clause in plan.of(DELETE_BY_SOURCE):
         out.append(tuple(target_conditions(clause.predicate, plan.schema, plan.t, ())))
     return out
@@ -376,15 +447,17 @@ def _action(plan: _Plan) -> str:
 
 
 def _joined(
-    plan: _Plan, session: SparkSession, source: DataFrame, files: Sequence[FileEntry], how: str
+    plan: _Plan, session: SparkSession, source: _Source, files: Sequence[FileEntry], how: str
 ) -> DataFrame:
     meta = plan.meta
     target = read_version(session, plan.schema, meta.partition_by, meta.location, files)
     tagged = target.selectExpr(
         "*", f"input_file_name() AS {_FILE}", f"monotonically_increasing_id() AS {_ROW}"
     ).alias(plan.t)
-    marked = source.selectExpr("*", f"true AS {_SRC}").alias(plan.s)
-    return tagged.join(marked, F.expr(plan.predicate), how).withColumn(
+    marked = source.df.selectExpr("*", f"true AS {_SRC}")
+    if source.broadcast:
+        marked = F.broadcast(marked)
+    return tagged.join(marked.alias(plan.s), F.expr(plan.predicate), how).withColumn(
         _ACTION, F.expr(_action(plan))
     )
 
@@ -398,12 +471,20 @@ class _Counts:
 
 
 def _find(
-    plan: _Plan, session: SparkSession, source: DataFrame, files: Sequence[FileEntry]
-) -> tuple[dict[str, _Counts], int]:
-    """Each candidate file's counts, and the most source rows joined to one target row."""
+    plan: _Plan, session: SparkSession, source: _Source, files: Sequence[FileEntry]
+) -> tuple[dict[str, _Counts], int, DataFrame]:
+    """Each candidate file's counts, the most source rows joined to one target row,
+    and the joined rows the statement acts on or that matched a source row, kept:
+    the change rows and the inserts are read from them, not from a second join."""
     how = "left" if plan.of(DELETE_BY_SOURCE) else "inner"
-    per_row = (
+    found = (
         _joined(plan, session, source, files, how)
+        .filter(f"{_SRC} IS NOT NULL OR {_ACTION} IS NOT NULL")
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    # Clustered by file, both aggregations run where the rows are: one shuffle, not two.
+    per_row = (
+        found.repartition(_FILE)
         .groupBy(_FILE, _ROW)
         .agg(
             F.count(_SRC).alias(_N),
@@ -438,13 +519,14 @@ def _find(
         len(matched) == 1 and matched[0][1].kind == DELETE and matched[0][1].predicate is None
     )
     if acting > 1 and not unconditional_delete:
+        found.unpersist()
         raise ValueError(
             f"{plan.what}: a target row matched {acting} source rows and a matched clause "
             "would change it for each; as in Delta, a target row may be changed by one "
             "source row only. Nothing was committed. Deduplicate the source on the merge "
             f"keys ({plan.predicate!r}) first. The target row: {sample}"
         )
-    return counts, most
+    return counts, most, found
 
 
 def _as_json(plan: _Plan) -> str:
@@ -457,28 +539,26 @@ def _as_json(plan: _Plan) -> str:
 def _rewrite(
     plan: _Plan,
     session: SparkSession,
-    source: DataFrame,
+    source: _Source,
     touched: Sequence[FileEntry],
     dedupe: bool,
 ) -> DataFrame:
     """The rows that replace ``touched``: each changed by the first clause that acts."""
-    rows = _acted(plan, session, source, touched, dedupe)
+    rows = _once(_joined(plan, session, source, touched, "left"), dedupe)
     kinds = {i: c.kind for i, c in enumerate(plan.clauses)}
     dropped = [str(i) for i, kind in kinds.items() if kind in (DELETE, DELETE_BY_SOURCE)]
     if dropped:
         rows = rows.filter(f"{_ACTION} IS NULL OR {_ACTION} NOT IN ({', '.join(dropped)})")
-    return rows.selectExpr(*_updated_columns(plan))
+    # An updated row is also the change feed's post-image: written to both kinds of file.
+    updating = ", ".join(str(i) for i, _ in plan.of(UPDATE)) or "NULL"
+    post = f"CASE WHEN {_ACTION} IN ({updating}) THEN '{changes.UPDATE_POSTIMAGE}' END"
+    return rows.selectExpr(
+        *_updated_columns(plan), f"{post} AS {changes.CHANGE_TYPE}", f"true AS {_DATA}"
+    )
 
 
-def _acted(
-    plan: _Plan,
-    session: SparkSession,
-    source: DataFrame,
-    touched: Sequence[FileEntry],
-    dedupe: bool,
-) -> DataFrame:
-    """The rows of ``touched`` joined with the source, each once, with its ``_ACTION``."""
-    rows = _joined(plan, session, source, touched, "left")
+def _once(rows: DataFrame, dedupe: bool) -> DataFrame:
+    """``rows`` (joined), each target row once with its ``_ACTION``."""
     if dedupe:
         # Several source rows joined one target row; at most one of them is acted on
         # (or each deletes it): that copy, else any (they are the same row), is kept.
@@ -503,52 +583,86 @@ def _updated_columns(plan: _Plan) -> list[str]:
     return columns
 
 
-def _changed_rows(
-    plan: _Plan,
-    session: SparkSession,
-    source: DataFrame,
-    touched: Sequence[FileEntry],
-    dedupe: bool,
-    inserted: DataFrame | None,
-) -> DataFrame | None:
-    """The statement's change feed rows: the pre- and post-image of each updated row,
-    each deleted row, each inserted row (never a row the rewrite only copies)."""
-    parts: list[DataFrame] = []
-    if touched:
-        acted = _acted(plan, session, source, touched, dedupe).filter(f"{_ACTION} IS NOT NULL")
-        updating = ", ".join(str(i) for i, _ in plan.of(UPDATE)) or "NULL"
-        targets = [f"{plan.t}.{quote(name)} AS {quote(name)}" for name in plan.schema.fieldNames()]
-        kind = (
-            f"CASE WHEN {_ACTION} IN ({updating}) THEN '{changes.UPDATE_PREIMAGE}' "
-            f"ELSE '{changes.DELETE_ROW}' END AS {changes.CHANGE_TYPE}"
-        )
-        parts.append(acted.selectExpr(*targets, kind))
-        if plan.of(UPDATE):
-            after = acted.filter(f"{_ACTION} IN ({updating})").selectExpr(*_updated_columns(plan))
-            parts.append(changes.tagged(after, plan.schema, changes.UPDATE_POSTIMAGE))
-    if inserted is not None:
-        parts.append(changes.tagged(inserted, plan.schema, changes.INSERT))
-    if not parts:
-        return None
-    out = parts[0]
-    for part in parts[1:]:
-        out = out.unionByName(part)
-    return out
+def _removed_rows(plan: _Plan, found: DataFrame, dedupe: bool) -> DataFrame:
+    """The change feed rows no data file holds: the pre-image of each updated row and
+    each deleted row, from the find job's kept rows (``found``), never a copied row."""
+    acted = _once(found, dedupe).filter(f"{_ACTION} IS NOT NULL")
+    updating = ", ".join(str(i) for i, _ in plan.of(UPDATE)) or "NULL"
+    targets = [f"{plan.t}.{quote(name)} AS {quote(name)}" for name in plan.schema.fieldNames()]
+    kind = (
+        f"CASE WHEN {_ACTION} IN ({updating}) THEN '{changes.UPDATE_PREIMAGE}' "
+        f"ELSE '{changes.DELETE_ROW}' END AS {changes.CHANGE_TYPE}"
+    )
+    return acted.selectExpr(*targets, kind, f"false AS {_DATA}")
 
 
-def _inserts(
-    plan: _Plan, session: SparkSession, source: DataFrame, joined_files: Sequence[FileEntry]
-) -> DataFrame:
-    """The rows the insert clauses add: from source rows no target row joins."""
-    meta = plan.meta
-    unmatched = source.alias(plan.s)
-    if joined_files:
-        target = read_version(session, plan.schema, meta.partition_by, meta.location, joined_files)
-        unmatched = unmatched.join(target.alias(plan.t), F.expr(plan.predicate), "left_anti")
-        unmatched = unmatched.alias(plan.s)
+def _write_both(
+    out: DataFrame, schema: StructType, partition_by: tuple[str, ...], job: Job
+) -> tuple[list[FileEntry], list[FileEntry]]:
+    """Write ``out`` in one Spark job: rows marked ``_DATA`` as data files, rows with a
+    ``_change_type`` as change files (an updated or inserted row is both), as
+    ``hook.write_files`` and ``changes.write_change_files`` would in two jobs.
+
+    Each task streams its data rows to their files and holds its change rows (the
+    changed rows only, a small part of a rewrite) until they are written after.
+    """
+    columns = tuple(schema.fieldNames())
+    change_columns = (*columns, changes.CHANGE_TYPE)
+    location, staging, change_tag = job.location, job.staging, changes.CHANGE_FILE_TAG
+    ordered = out.select(*[quote(c) for c in (*change_columns, _DATA)])
+
+    def write_task(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from spark_integration.spark.datasource.files import write_batches
+        from spark_integration.spark.datasource.write_plan import task_tag
+
+        held: list[Any] = []
+
+        def data_rows() -> Iterator[Any]:
+            for batch in batches:
+                is_change = pc.is_valid(batch.column(changes.CHANGE_TYPE))
+                if pc.any(is_change).as_py():
+                    held.append(batch.filter(is_change))
+                yield batch.filter(batch.column(_DATA))
+
+        def write(rows: Iterator[Any], columns: tuple[str, ...], tag: str) -> list[FileEntry]:
+            return write_batches(
+                rows,
+                location=location,
+                staging=staging,
+                columns=columns,
+                partition_by=partition_by,
+                tag=tag,
+            )
+
+        tag = task_tag()
+        data = write(data_rows(), columns, tag)
+        kept = write(iter(held), change_columns, change_tag + tag)
+        reports = [pickle.dumps((False, e)) for e in data] + [pickle.dumps((True, e)) for e in kept]
+        yield pa.RecordBatch.from_arrays([pa.array(reports, pa.binary())], names=["entry"])
+
+    data_files: list[FileEntry] = []
+    change_files: list[FileEntry] = []
+    for row in ordered.mapInArrow(write_task, "entry binary").collect():
+        is_change, entry = pickle.loads(row["entry"])
+        (change_files if is_change else data_files).append(entry)
+    return data_files, change_files
+
+
+def _inserts(plan: _Plan, source: _Source, found: DataFrame | None) -> DataFrame:
+    """The rows the insert clauses add: from source rows no target row joined, told by
+    their numbers among the find job's matches (no second join with the target)."""
+    unmatched = source.df
+    if found is not None:
+        joined = found.filter(f"{_SRC} IS NOT NULL").select(_SRC_ID)
+        if source.broadcast:
+            joined = F.broadcast(joined)
+        unmatched = unmatched.join(joined, _SRC_ID, "left_anti")
     inserts = plan.of(INSERT)
     whens = " ".join(f"WHEN {dml.matching(c.predicate)} THEN {i}" for i, c in inserts)
-    chosen = unmatched.withColumn(_ACTION, F.expr(f"CASE {whens} ELSE NULL END"))
+    chosen = unmatched.alias(plan.s).withColumn(_ACTION, F.expr(f"CASE {whens} ELSE NULL END"))
     chosen = chosen.alias(plan.s).filter(f"{_ACTION} IS NOT NULL")
     columns = []
     for name in plan.schema.fieldNames():
@@ -560,7 +674,9 @@ def _inserts(
         )
         value = f"CASE {_ACTION} {whens} ELSE NULL END" if whens else "NULL"
         columns.append(f"CAST({value} AS {kind}) AS {quote(name)}")
-    return chosen.selectExpr(*columns)
+    return chosen.selectExpr(
+        *columns, f"'{changes.INSERT}' AS {changes.CHANGE_TYPE}", f"true AS {_DATA}"
+    )
 
 
 def _execute(m: MergeBuilder) -> DmlResult:
@@ -568,11 +684,47 @@ def _execute(m: MergeBuilder) -> DmlResult:
     session = dml.session_of(m.spark) if m.spark is not None else m.source.sparkSession
     plan = _check(m, session)
     _, _, entries = m.catalog.files(m.table, plan.version, FileEntry)
-    alternatives = _alternatives(plan, m.source)
-    candidates = [
-        e for e in entries if any(ReadSet(0, (), alt).may_match(e) for alt in alternatives)
-    ]
-    counts, most = _find(plan, session, m.source, candidates) if candidates else ({}, 0)
+    source = _profile(plan, m.source)
+    found: DataFrame | None = None
+    try:
+        alternatives = _alternatives(plan, source)
+        candidates = [
+            e for e in entries if any(ReadSet(0, (), alt).may_match(e) for alt in alternatives)
+        ]
+        counts: dict[str, _Counts] = {}
+        most = 0
+        if candidates:
+            counts, most, found = _find(plan, session, source, candidates)
+        found_rows = _Found(candidates, counts, most, found)
+        return _write(m, plan, session, source, entries, alternatives, found_rows)
+    finally:
+        if found is not None:
+            found.unpersist()
+        source.df.unpersist()
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What step 3 found: the candidate files, their counts, the most source rows
+    joined to one target row, and the kept joined rows (``None``: no candidate)."""
+
+    candidates: list[FileEntry]
+    counts: dict[str, _Counts]
+    most: int
+    rows: DataFrame | None
+
+
+def _write(
+    m: MergeBuilder,
+    plan: _Plan,
+    session: SparkSession,
+    source: _Source,
+    entries: Sequence[FileEntry],
+    alternatives: list[tuple[Condition, ...]],
+    f: _Found,
+) -> DmlResult:
+    """Step 4: rewrite the files holding changed rows, write the inserts, commit."""
+    candidates, counts, most, found = f.candidates, f.counts, f.most, f.rows
     none = _Counts()
     touched = [e for e in candidates if counts.get(e.path, none).changed]
     kept = [
@@ -594,21 +746,23 @@ def _execute(m: MergeBuilder) -> DmlResult:
     )
     parts: list[DataFrame] = []
     if touched:
-        parts.append(_rewrite(plan, session, m.source, touched, most > 1))
-    inserted = _inserts(plan, session, m.source, [*touched, *kept]) if plan.of(INSERT) else None
-    if inserted is not None:
-        parts.append(inserted)
-    rows = parts[0].unionByName(parts[1]) if len(parts) == 2 else (parts[0] if parts else None)
-    changed_rows = _changed_rows(plan, session, m.source, touched, most > 1, inserted)
+        parts.append(_rewrite(plan, session, source, touched, most > 1))
+    if found is not None and plan.of(UPDATE, DELETE, DELETE_BY_SOURCE):
+        parts.append(_removed_rows(plan, found, most > 1))
+    if plan.of(INSERT):
+        parts.append(_inserts(plan, source, found))
+    out = functools.reduce(lambda a, b: a.unionByName(b), parts) if parts else None
+    meta = plan.meta
     read_set = ReadSet(
         plan.version,
         tuple(e.path for e in touched),
         widen(alternatives),
         tuple(e.path for e in kept),
     )
-    version, written = dml.commit_rewrite(
-        m.catalog, MERGE, plan.meta, plan.schema, rows, read_set, changed_rows
+    writer = (
+        None if out is None else functools.partial(_write_both, out, plan.schema, meta.partition_by)
     )
+    version, written = dml.commit_rewrite(m.catalog, MERGE, meta, plan.schema, writer, read_set)
     deleted = changed[DELETE] + changed[DELETE_BY_SOURCE]
     carried = sum(e.record_count for e in touched) - deleted
     return DmlResult(
