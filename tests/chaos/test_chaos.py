@@ -216,7 +216,9 @@ def test_bank_transfers_add_up_under_kills_and_pauses(tmp_path: Path) -> None:
         *GC,
         duration_s=10,
     )
-    assert_clean(report, min_ok=300, min_faults=3)
+    # 196 in ci21 (run beside two JVM starts), 300+ on an idle machine; a degenerate run
+    # makes a handful.
+    assert_clean(report, min_ok=150, min_faults=3)
     assert_collected(tmp_path / "bank")
     assert report["checks"]["bank reads"]["checked_reads"] > 50
     assert (tmp_path / "bank" / "bank.jsonl").exists()
