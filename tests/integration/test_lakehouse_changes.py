@@ -18,23 +18,15 @@ import pytest
 pytest.importorskip("pyspark")
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_integration import Lakehouse, Retention, TableNotFoundError, VersionNotFoundError
 from spark_integration.spark.datasource import register
+from tests.integration.lakehouse_tables import ROWS, SCHEMA
+from tests.integration.lakehouse_tables import make_table as make_events
 from tests.servers import ServerProcess
 from txn import TransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-SCHEMA = StructType(
-    [
-        StructField("id", LongType()),
-        StructField("amount", LongType()),
-        StructField("day", StringType()),
-    ]
-)
-ROWS = [(1, 10, "d1"), (2, -5, "d1"), (3, 7, "d1"), (4, -1, "d2"), (5, 3, "d2"), (6, 8, "d3")]
 
 Change = tuple[int, int, str, str, int]
 
@@ -51,8 +43,7 @@ def rows(values: list[tuple[int, int, str]], kind: str, version: int) -> list[Ch
 
 
 def make_table(lh: Lakehouse, spark: SparkSession) -> None:
-    lh.create_table("events", SCHEMA, partition_by="day")
-    assert lh.append("events", spark.createDataFrame(ROWS, SCHEMA).coalesce(1)) == 1
+    assert make_events(lh, spark) == 1
 
 
 def test_each_kind_of_version_gives_exactly_its_changed_rows(

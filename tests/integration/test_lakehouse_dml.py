@@ -16,35 +16,13 @@ import pytest
 pytest.importorskip("pyspark")
 
 from pyspark.sql import SparkSession
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_integration import ConcurrentModificationError, DmlResult, Lakehouse
 from spark_integration.engine import lakehouse_failpoints as fp
-from spark_integration.engine.locations import join
-from spark_integration.spark import filesystem
+from tests.integration.lakehouse_tables import ROWS, SCHEMA, job_folders, make_table, table_rows
 from txn import TransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-SCHEMA = StructType(
-    [
-        StructField("id", LongType()),
-        StructField("amount", LongType()),
-        StructField("day", StringType()),
-    ]
-)
-#: id, amount, day: three days, one file each, a negative amount in d1 and d2.
-ROWS = [(1, 10, "d1"), (2, -5, "d1"), (3, 7, "d1"), (4, -1, "d2"), (5, 3, "d2"), (6, 8, "d3")]
-
-
-def make_table(lh: Lakehouse, spark: SparkSession, name: str = "events") -> None:
-    lh.create_table(name, SCHEMA, partition_by="day")
-    lh.append(name, spark.createDataFrame(ROWS, SCHEMA).coalesce(1))
-
-
-def table_rows(lh: Lakehouse, spark: SparkSession, version: int | None = None) -> list[tuple]:
-    got = lh.read(spark, "events", version=version).collect()
-    return sorted((r["id"], r["amount"], r["day"]) for r in got)
 
 
 def paths_by_day(lh: Lakehouse) -> dict[str, set[str]]:
@@ -52,11 +30,6 @@ def paths_by_day(lh: Lakehouse) -> dict[str, set[str]]:
     for f in lh.files("events"):
         out.setdefault(str(f.partition["day"]), set()).add(f.path)
     return out
-
-
-def job_folders(lh: Lakehouse) -> list[str]:
-    names = (p.rsplit("/", 1)[-1] for p in filesystem.list_dirs(join(lh.warehouse, "events")))
-    return sorted(n for n in names if n.startswith("_lh_job="))
 
 
 def test_delete_and_update_rewrite_only_the_files_holding_matching_rows(

@@ -17,24 +17,15 @@ import pytest
 pytest.importorskip("pyspark")
 
 from pyspark.sql import SparkSession
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_integration import ConcurrentModificationError, DmlResult, Lakehouse, register
 from spark_integration.engine import lakehouse_failpoints as fp
-from spark_integration.engine.locations import join
-from spark_integration.spark import filesystem
+from tests.integration.lakehouse_tables import SCHEMA, job_folders, table_rows
 from tests.servers import ServerProcess
 from txn import TransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-SCHEMA = StructType(
-    [
-        StructField("id", LongType()),
-        StructField("amount", LongType()),
-        StructField("day", StringType()),
-    ]
-)
 DAYS = ("d1", "d2")
 STREAM_WAIT_S = 120
 
@@ -49,21 +40,11 @@ def append(lh: Lakehouse, spark: SparkSession, ids: range, name: str = "events")
     return lh.append(name, spark.createDataFrame(rows_of(ids), SCHEMA))
 
 
-def table_rows(lh: Lakehouse, spark: SparkSession, version: int | None = None) -> list[tuple]:
-    got = lh.read(spark, "events", version=version).collect()
-    return sorted((r["id"], r["amount"], r["day"]) for r in got)
-
-
 def files_by_day(lh: Lakehouse, name: str = "events") -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for f in lh.files(name):
         out.setdefault(str(f.partition["day"]), []).append(f.path)
     return out
-
-
-def job_folders(lh: Lakehouse) -> list[str]:
-    names = (p.rsplit("/", 1)[-1] for p in filesystem.list_dirs(join(lh.warehouse, "events")))
-    return sorted(n for n in names if n.startswith("_lh_job="))
 
 
 def small_table(lh: Lakehouse, spark: SparkSession) -> dict[str, int]:
