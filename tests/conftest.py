@@ -7,6 +7,7 @@ Adding a backend to every contract suite means adding one entry to ``STORE_BACKE
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +21,21 @@ pytest_plugins = ["tests.cassandra_plugin", "tests.s3_plugin", "tests.spark_plug
 StoreFactory = Callable[[], KVStore]
 
 _counter = itertools.count()
+
+#: The JIT of every JVM the tests start (Cassandra nodes, the Spark driver, the JVMs of
+#: chaos runs and launcher tests, in any child process): C1 only, one compiler thread.
+#: The suite is CPU-bound on two cores, and C2 compiling code a short test runs a few
+#: times cost a third of the JVMs' CPU: 70 -> 40 CPU-seconds for the store contract and
+#: bank tests on one node, 94 -> 61 for the DML and change-feed tests (with the Spark
+#: driver's serial GC, ``SPARK_TEST_CONF``). Behaviour is the same; only steady-state
+#: speed differs, which is what benchmarks measure: ``make test-bench`` (``-m bench``)
+#: keeps the JVMs' defaults, and so does a ``JAVA_TOOL_OPTIONS`` set by the caller.
+TEST_JAVA_TOOL_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if (config.option.markexpr or "").strip() != "bench":
+        os.environ.setdefault("JAVA_TOOL_OPTIONS", TEST_JAVA_TOOL_OPTIONS)
 
 
 @pytest.fixture(autouse=True)

@@ -50,6 +50,9 @@ SPARK_TEST_CONF = {
     # Task failures are part of the tests: fail the job on the first one.
     "spark.task.maxFailures": "1",
     "spark.python.worker.reuse": "true",
+    # With C1 only (tests/conftest.py), G1's concurrent threads were a further ~15% of
+    # the CPU of the DML and change-feed tests on two cores.
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
 }
 
 
