@@ -471,7 +471,8 @@ class KVStore(abc.ABC):
     #: Whether requests made from several threads at once overlap (a networked
     #: store): garbage collection then sends its requests for different tables
     #: together instead of one table after another. (A commit's steps ask for every
-    #: table in one call instead: put_versions_of_tables, get_version_timestamps_of_tables.)
+    #: table in one call instead: put_versions_of_tables, get_version_timestamps_of_tables,
+    #: get_latest_of_tables.)
     concurrent_requests: ClassVar[bool] = False
 
     # --- versioned cells -------------------------------------------------------
@@ -513,6 +514,19 @@ class KVStore(abc.ABC):
         returned (``value=None``): visibility is the transaction layer's call. A
         cell no backend can store (``MAX_CELL_KEY_BYTES``) is refused.
         """
+
+    def get_latest_of_tables(
+        self, reads: Sequence[tuple[str, Sequence[tuple[bytes, bytes]]]], below_ts: int
+    ) -> list[dict[Cell, Version]]:
+        """:meth:`get_latest` of each ``(table, cells)`` below ``below_ts``, in one call:
+        the results in the order of ``reads``.
+
+        The same contract as one ``get_latest`` per table. A store whose requests
+        overlap reads every table together, one round instead of one per table (what a
+        group commit reads before it writes: the table's head and its job marks); this
+        generic version reads the tables one after another.
+        """
+        return [self.get_latest(table, cells, below_ts) for table, cells in reads]
 
     def scan(
         self,

@@ -45,6 +45,14 @@ class ReadTransaction(Protocol):
         """Values of many cells in one round trip; absent or deleted cells left out."""
         ...
 
+    def get_many_of_tables(
+        self, reads: Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]
+    ) -> list[dict[tuple[bytes, bytes], bytes]]:
+        """``get_many`` of each ``(table, cells)``, in the order of ``reads``: the same
+        values at the same snapshot, with as few round trips as the manager allows
+        (embedded: one store read for every table)."""
+        ...
+
     def scan(
         self, table: str, start_row: bytes = b"", end_row: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes, bytes]]:

@@ -35,6 +35,22 @@ def check_cells(table: object, cells: Iterable[tuple[bytes, bytes]]) -> list[Cel
     return check_store_cells(cells)
 
 
+def check_reads(
+    reads: Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]],
+) -> list[tuple[str, list[Cell]]]:
+    """The ``(table, cells)`` pairs of a read of several tables (``get_many_of_tables``),
+    each table and its cells checked as :func:`check_cells` checks them."""
+    if isinstance(reads, str | bytes) or not isinstance(reads, Iterable):
+        raise TypeError(f"reads must be an iterable of (table, cells) pairs, got {reads!r}")
+    out: list[tuple[str, list[Cell]]] = []
+    for pair in reads:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(f"each read must be a (table, cells) pair, got {pair!r}")
+        table, cells = pair
+        out.append((check_table(table), check_cells(table, cells)))
+    return out
+
+
 def check_scan(table: object, start_row: object, end_row: object) -> None:
     check_table(table)
     check_scan_bounds(start_row, end_row)

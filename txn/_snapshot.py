@@ -54,25 +54,63 @@ class SnapshotReader:
             found: dict[Cell, Version] = {}
             for bound, group in groups.items():
                 found.update(self._store.get_latest(table, group, bound))
-            outcomes = self._outcomes(
-                table, [(cell, v.ts, v.commit_ts) for cell, v in found.items()], skip_ts
-            )
-            next_bounds: dict[Cell, int] = {}
-            garbage = []
-            for cell, version in found.items():
-                outcome = outcomes.get(version.ts)
-                if version.ts != skip_ts and self._visible(version.ts, outcome, snapshot_ts):
-                    out[cell] = version.value
-                    if writers is not None:
-                        writers[cell] = version.ts
-                    continue
-                if outcome == ABORTED:
-                    garbage.append((cell.row, cell.column, version.ts))
-                next_bounds[cell] = version.ts
-            if garbage:
-                self._garbage(table, garbage)
-            bounds = next_bounds
+            bounds = self._settle(table, found, snapshot_ts, skip_ts, writers, out)
         return out
+
+    def read_cells_of_tables(
+        self, reads: Sequence[tuple[str, Sequence[Cell]]], snapshot_ts: int
+    ) -> list[dict[Cell, bytes | None]]:
+        """:meth:`read_cells` of each ``(table, cells)`` at ``snapshot_ts``, in the order
+        of ``reads``: the first read of every table is one store call
+        (``KVStore.get_latest_of_tables``, one round on a networked store).
+
+        Each table's versions are then settled exactly as ``read_cells`` settles them;
+        a cell whose newest version is not visible (its writer is pending, aborted, or
+        committed at or above the snapshot) is read further down by ``read_cells``
+        itself, from that version's timestamp, as its own loop would.
+        """
+        first = self._store.get_latest_of_tables(
+            [(table, list(cells)) for table, cells in reads], snapshot_ts
+        )
+        outs: list[dict[Cell, bytes | None]] = []
+        for (table, _), found in zip(reads, first, strict=True):
+            out: dict[Cell, bytes | None] = {}
+            older = self._settle(table, found, snapshot_ts, None, None, out)
+            if older:
+                out.update(self.read_cells(table, list(older), snapshot_ts, below=older))
+            outs.append(out)
+        return outs
+
+    def _settle(
+        self,
+        table: str,
+        found: dict[Cell, Version],
+        snapshot_ts: int,
+        skip_ts: int | None,
+        writers: dict[Cell, int] | None,
+        out: dict[Cell, bytes | None],
+    ) -> dict[Cell, int]:
+        """Put each found version that is visible at ``snapshot_ts`` into ``out``; report
+        aborted ones as garbage. Returns the cells still to read: each with the
+        timestamp of its invisible version, to read below next."""
+        outcomes = self._outcomes(
+            table, [(cell, v.ts, v.commit_ts) for cell, v in found.items()], skip_ts
+        )
+        next_bounds: dict[Cell, int] = {}
+        garbage = []
+        for cell, version in found.items():
+            outcome = outcomes.get(version.ts)
+            if version.ts != skip_ts and self._visible(version.ts, outcome, snapshot_ts):
+                out[cell] = version.value
+                if writers is not None:
+                    writers[cell] = version.ts
+                continue
+            if outcome == ABORTED:
+                garbage.append((cell.row, cell.column, version.ts))
+            next_bounds[cell] = version.ts
+        if garbage:
+            self._garbage(table, garbage)
+        return next_bounds
 
     def _outcomes(
         self, table: str, versions: list[tuple[Cell, int, int | None]], skip_ts: int | None

@@ -20,6 +20,7 @@ from txn._args import (
     check_cells,
     check_isolation,
     check_put,
+    check_reads,
     check_scan,
     check_txn_id,
 )
@@ -179,6 +180,13 @@ class RemoteTransaction:
             self._m._stub.GetMany, pb.GetManyRequest(txn_id=self.id, table=table, cells=wanted)
         )
         return {(c.row, c.column): c.value for c in got.cells}
+
+    def get_many_of_tables(
+        self, reads: Iterable[tuple[str, Iterable[tuple[bytes, bytes]]]]
+    ) -> list[dict[tuple[bytes, bytes], bytes]]:
+        """One ``GetMany`` per table: the gateway's protocol reads one table a call (a
+        lakehouse commit runs inside the gateway, on an embedded transaction)."""
+        return [self.get_many(table, cells) for table, cells in check_reads(reads)]
 
     def scan(
         self, table: str, start_row: bytes = b"", end_row: bytes | None = None

@@ -126,21 +126,26 @@ class GroupAttempt:
         self.name = name
         self.tx = tx
 
-    def _read_marks(self, requests: Sequence[CommitRequest]) -> dict[bytes, int]:
-        """Every job and batch mark the requests could find, in one round trip."""
+    def _read_head_and_marks(
+        self, requests: Sequence[CommitRequest]
+    ) -> tuple[Head, dict[bytes, int]]:
+        """The head, and every job and batch mark the requests could find, in one round
+        trip (docs/design/storage.md, "Round trips per commit")."""
         rows: list[bytes] = []
         for r in requests:
             rows.append(Layout.job_mark_row(self.name, r.job_id))
             if r.app_id is not None and r.batch_id is not None:
                 rows.append(Layout.mark_row(self.name, r.app_id, r.batch_id))
-        found = self.tx.get_many(self.layout.marks, [(row, Layout.COL_MARK) for row in rows])
-        return {row: int(raw) for (row, _), raw in found.items()}
+        head, found = self.tables.read_head_with(
+            self.tx, self.name, self.layout.marks, [(row, Layout.COL_MARK) for row in rows]
+        )
+        return head, {row: int(raw) for (row, _), raw in found.items()}
 
     def run(self, requests: Sequence[CommitRequest]) -> list[Staged | ConcurrentModificationError]:
         name, layout, tx = self.name, self.layout, self.tx
-        head = start = self.tables.read_head(tx, name)
         # Mark row -> version: those committed before, then those of this group.
-        marks = self._read_marks(requests)
+        head, marks = self._read_head_and_marks(requests)
+        start = head
         out: list[Staged | ConcurrentModificationError] = []
         for r in requests:
             job_row = Layout.job_mark_row(name, r.job_id)

@@ -142,7 +142,18 @@ class TableAccess:
     # --- reads ------------------------------------------------------------------------
 
     def read_head(self, tx: Transaction, name: str) -> Head:
-        raw = tx.get(self.layout.head, Layout.name_row(name), Layout.COL_HEAD)
+        return self._head(name, tx.get(self.layout.head, Layout.name_row(name), Layout.COL_HEAD))
+
+    def read_head_with(
+        self, tx: Transaction, name: str, table: str, cells: list[tuple[bytes, bytes]]
+    ) -> tuple[Head, dict[tuple[bytes, bytes], bytes]]:
+        """The head, and ``cells`` of ``table`` (``get_many``), read together in one
+        round trip at the transaction's snapshot: a group commit's head and job marks."""
+        head_cell = (Layout.name_row(name), Layout.COL_HEAD)
+        head, found = tx.get_many_of_tables([(self.layout.head, [head_cell]), (table, cells)])
+        return self._head(name, head.get(head_cell)), found
+
+    def _head(self, name: str, raw: bytes | None) -> Head:
         if raw is None:
             raise TableNotFoundError(f"no table {name!r} in catalog {self.layout.catalog!r}")
         return Head.decode(raw)

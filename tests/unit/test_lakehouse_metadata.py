@@ -160,14 +160,15 @@ def test_append_that_loses_the_head_retries_on_the_new_version(
         txn_fp.AFTER_LOCK, txn_fp.pause(30, until=release_a, reached=a_locked), times=1
     )
     assert isinstance(b._catalog, Catalog)
-    read_head = b._catalog.tables.read_head
+    # A commit reads its head together with its job marks (GroupAttempt.run).
+    read_head_with = b._catalog.tables.read_head_with
 
-    def read_head_then_signal(tx: Transaction, name: str) -> Any:
-        head = read_head(tx, name)
+    def read_head_then_signal(tx: Transaction, name: str, *args: Any) -> Any:
+        got = read_head_with(tx, name, *args)
         b_read.set()
-        return head
+        return got
 
-    b._catalog.tables.read_head = read_head_then_signal  # type: ignore[method-assign]
+    b._catalog.tables.read_head_with = read_head_then_signal  # type: ignore[method-assign]
 
     def commit_b() -> int:
         assert a_locked.wait(30)

@@ -127,6 +127,10 @@ class ReconnectingStore(KVStore):
         self._wait()
         return self._inner.get_latest(*args, **kwargs)
 
+    def get_latest_of_tables(self, *args: Any, **kwargs: Any) -> Any:
+        self._wait()
+        return self._inner.get_latest_of_tables(*args, **kwargs)
+
     def put_versions_of_tables(self, *args: Any, **kwargs: Any) -> Any:
         self._wait()
         return self._inner.put_versions_of_tables(*args, **kwargs)
