@@ -306,10 +306,13 @@ class Catalog:
         """
         return self._history.version_at(name, timestamp_ms)
 
-    def history(self, name: str) -> list[HistoryEntry]:
-        """Every version in order, with the files each one added and removed; expired
-        versions (see ``retention``) are left out."""
-        return self._history.history(name)
+    def history(
+        self, name: str, *, from_version: int = 0, to_version: int | None = None
+    ) -> list[HistoryEntry]:
+        """The versions ``from_version..to_version`` (``None``: the latest; the default
+        is every version) in order, with the files each one added and removed; expired
+        versions (see ``retention``) are left out. Reads only what the range needs."""
+        return self._history.history(name, from_version=from_version, to_version=to_version)
 
     # --- retention (``expiry``) -------------------------------------------------------
 

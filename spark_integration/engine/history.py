@@ -17,6 +17,7 @@ from spark_integration.engine.model import (
     DML_OPERATIONS,
     OVERWRITE,
     FileEntry,
+    Generation,
     Head,
     Layout,
     LogRecord,
@@ -136,31 +137,54 @@ class History:
                 hi = mid - 1
         return lo
 
-    def history(self, name: str) -> list[HistoryEntry]:
-        """Every version in order, with the files each one added and removed; expired
-        versions (see ``retention``) are left out."""
+    def history(
+        self, name: str, *, from_version: int = 0, to_version: int | None = None
+    ) -> list[HistoryEntry]:
+        """The versions from ``from_version`` to ``to_version`` (``None``: the latest) in
+        order, with the files each one added and removed; expired versions (see
+        ``retention``) are left out.
+
+        Only what the range needs is read: its log records, the file rows those
+        versions wrote (one scan, since file rows sort by generation then version), the
+        generations they belong to, and, for a version that started a generation, the
+        previous one's live files as of the version before it (what it removed).
+        """
         tables, layout = self._tables, self._tables.layout
         with tables.tm.begin() as tx:
             tables.read_head(tx, name)
             expired_below = read_expiry(tx, layout, name).readable_from
             records: dict[int, LogRecord] = {}
             commit_tss: dict[int, int] = {}
-            for row, column, value in tx.scan(
-                layout.log, Layout.prefix(name), Layout.prefix_end(name)
-            ):
+            log_end = (
+                Layout.prefix_end(name)
+                if to_version is None
+                else Layout.log_row(name, to_version + 1)
+            )
+            first = max(from_version, expired_below)
+            if to_version is not None and to_version < first:
+                return []
+            for row, column, value in tx.scan(layout.log, Layout.log_row(name, first), log_end):
                 version = Layout.version_of_log_row(name, row)
-                if version < expired_below:
-                    continue  # kept only while its marks are (they are found through it)
                 if column == Layout.COL_RECORD:
                     records[version] = LogRecord.decode(value)
                 elif column == Layout.COL_COMMIT_TS:
                     commit_tss[version] = int(value)
+            if not records:
+                return []
             by_version: dict[int, list[FileEntry]] = {}
             removed: dict[int, list[FileEntry]] = {}  # from removal rows, then as below
-            start, end = Layout.prefix(name), Layout.prefix_end(name)
+            low, high = min(records), max(records)
+            gen_low = min(r.gen for r in records.values())
+            gen_high = max(r.gen for r in records.values())
+            start = Layout.file_row(name, gen_low, low, 0)
+            end = Layout.file_row(name, gen_high, high + 1, 0)
             for (_, version, _), removal, entry in tables.scan_rows(tx, name, start, end):
-                (removed if removal else by_version).setdefault(version, []).append(entry)
-            starts = {g.gen: g.start_version for g in tables.generations(tx, name)}
+                if version in records:
+                    (removed if removal else by_version).setdefault(version, []).append(entry)
+            gens = tx.scan(
+                layout.gens, Layout.gen_row(name, gen_low), Layout.gen_row(name, gen_high + 1)
+            )
+            starts = {g.gen: g.start_version for g in map(Generation.decode, (v for *_, v in gens))}
             # A version that started a generation (an overwrite, or a row-level
             # statement whose removals would have outnumbered the live files) removed
             # the files of the one it ended, as of the version before it: from that

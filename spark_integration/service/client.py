@@ -159,8 +159,12 @@ class RemoteCatalog:
         assert meta is not None, "the gateway's first batch carries the table's metadata"
         return meta, at, out
 
-    def history(self, name: str) -> list[HistoryEntry]:
-        request = pb.HistoryRequest(catalog=self._catalog, table=name)
+    def history(
+        self, name: str, *, from_version: int = 0, to_version: int | None = None
+    ) -> list[HistoryEntry]:
+        request = pb.HistoryRequest(
+            catalog=self._catalog, table=name, from_version=from_version, to_version=to_version
+        )
         out: list[HistoryEntry] = []
         for batch in stream(self._stub.History, request, self._conn, self._tm.timeout_s):
             for h in batch.entries:

@@ -302,7 +302,11 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
                     txn_start_ts=h.record.txn_start_ts,
                     change_files=[entry_to_pb(e) for e in h.record.changes],
                 )
-                for h in catalog.history(name)
+                for h in catalog.history(
+                    name,
+                    from_version=request.from_version,
+                    to_version=request.to_version if request.HasField("to_version") else None,
+                )
             ]
         except Exception as exc:
             abort_with(context, exc)

@@ -897,19 +897,30 @@ class HistoryRequest(_message.Message):
 
     CATALOG_FIELD_NUMBER: _builtins.int
     TABLE_FIELD_NUMBER: _builtins.int
+    FROM_VERSION_FIELD_NUMBER: _builtins.int
+    TO_VERSION_FIELD_NUMBER: _builtins.int
     catalog: _builtins.str
     table: _builtins.str
+    from_version: _builtins.int
+    """Only the versions from from_version to to_version (absent: the latest), read
+    without the rest of the log (the change feed's planning).
+    """
+    to_version: _builtins.int
     def __init__(
         self,
         *,
         catalog: _builtins.str = ...,
         table: _builtins.str = ...,
+        from_version: _builtins.int = ...,
+        to_version: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_to_version", b"_to_version", "to_version", b"to_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog", b"catalog", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_to_version", b"_to_version", "catalog", b"catalog", "from_version", b"from_version", "table", b"table", "to_version", b"to_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__to_version: _TypeAlias = _typing.Literal["to_version"]  # noqa: Y015
+    _WhichOneofArgType__to_version: _TypeAlias = _typing.Literal["_to_version", b"_to_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__to_version) -> _WhichOneofReturnType__to_version | None: ...
 
 Global___HistoryRequest: _TypeAlias = HistoryRequest  # noqa: Y015
 

@@ -195,7 +195,7 @@ class LakehouseServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def History(self, request, context):
-        """Every version, oldest first, in batches.
+        """Every version (or a range of them), oldest first, in batches.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

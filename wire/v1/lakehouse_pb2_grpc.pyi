@@ -75,7 +75,7 @@ class LakehouseServiceStub:
     ListFiles: _grpc.UnaryStreamMultiCallable[_lakehouse_pb2.ListFilesRequest, _lakehouse_pb2.ListFilesResponse]
     """The files of one version, in commit order, in batches."""
     History: _grpc.UnaryStreamMultiCallable[_lakehouse_pb2.HistoryRequest, _lakehouse_pb2.HistoryResponse]
-    """Every version, oldest first, in batches."""
+    """Every version (or a range of them), oldest first, in batches."""
     PlanVacuum: _grpc.UnaryStreamMultiCallable[_lakehouse_pb2.PlanVacuumRequest, _lakehouse_pb2.PlanVacuumResponse]
     """Vacuum, step 1: the files that versions inside the retention can read."""
     FenceVacuum: _grpc.UnaryUnaryMultiCallable[_lakehouse_pb2.FenceVacuumRequest, _lakehouse_pb2.FenceVacuumResponse]
@@ -133,7 +133,7 @@ class LakehouseServiceAsyncStub(LakehouseServiceStub):
     ListFiles: _aio.UnaryStreamMultiCallable[_lakehouse_pb2.ListFilesRequest, _lakehouse_pb2.ListFilesResponse]  # type: ignore[assignment]
     """The files of one version, in commit order, in batches."""
     History: _aio.UnaryStreamMultiCallable[_lakehouse_pb2.HistoryRequest, _lakehouse_pb2.HistoryResponse]  # type: ignore[assignment]
-    """Every version, oldest first, in batches."""
+    """Every version (or a range of them), oldest first, in batches."""
     PlanVacuum: _aio.UnaryStreamMultiCallable[_lakehouse_pb2.PlanVacuumRequest, _lakehouse_pb2.PlanVacuumResponse]  # type: ignore[assignment]
     """Vacuum, step 1: the files that versions inside the retention can read."""
     FenceVacuum: _aio.UnaryUnaryMultiCallable[_lakehouse_pb2.FenceVacuumRequest, _lakehouse_pb2.FenceVacuumResponse]  # type: ignore[assignment]
@@ -242,7 +242,7 @@ class LakehouseServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _lakehouse_pb2.HistoryRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_lakehouse_pb2.HistoryResponse], _abc.AsyncIterator[_lakehouse_pb2.HistoryResponse]]:
-        """Every version, oldest first, in batches."""
+        """Every version (or a range of them), oldest first, in batches."""
 
     @_abc_1.abstractmethod
     def PlanVacuum(
