@@ -17,10 +17,13 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 
 from spark_integration import Lakehouse, Retention, TableNotFoundError, VersionNotFoundError
+from spark_integration.spark.changes import plan_changes
 from spark_integration.spark.datasource import register
+from spark_integration.spark.datasource.change_read import change_files
+from spark_integration.spark.datasource.gateway import open_gateway
 from tests.integration.lakehouse_tables import ROWS, SCHEMA
 from tests.integration.lakehouse_tables import make_table as make_events
 from tests.servers import ServerProcess
@@ -231,5 +234,53 @@ def test_the_data_source_reads_the_feed_with_option_read_change_feed(
             ]
         finally:
             query.stop()
+    finally:
+        tm.close()
+
+
+def test_a_change_feed_stream_honours_max_files_per_trigger(
+    spark: SparkSession, sqlite_gateway: ServerProcess, tmp_path: Path
+) -> None:
+    """With ``maxFilesPerTrigger=1`` each micro-batch of the feed reads one file (an
+    append's data file, a statement's change file), versions in order, and together
+    the batches hold exactly the feed's rows; a batch read refuses the option."""
+    register(spark)
+    address = sqlite_gateway.address
+    tm = TransactionManager.remote(address)
+    name = "feed_limited"
+    try:
+        lh = Lakehouse(tm, str(tmp_path / "warehouse"))  # the source's catalog
+        assert make_events(lh, spark, name) == 1  # version 1: a file per day
+        lh.update(name, {"amount": "amount + 1"}, "id IN (1, 4)", spark=spark)  # 2: d1, d2
+        lh.delete(name, "day = 'd3'", spark=spark)  # version 3
+        with open_gateway(address) as catalog:
+            files = change_files(plan_changes(catalog, name, 1, None))
+        assert len(files) >= 6  # three data files, at least three change files
+
+        batches: list[list[Row]] = []
+        sdf = spark.readStream.format("percolake").option("gateway", address)
+        sdf = sdf.option("readChangeFeed", "true").option("startingVersion", 1)
+        sdf = sdf.option("maxFilesPerTrigger", 1).load(name)
+        query = (
+            sdf.writeStream.foreachBatch(lambda df, _: batches.append(df.collect()))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .start()
+        )
+        try:
+            query.processAllAvailable()
+            assert query.exception() is None
+        finally:
+            query.stop()
+        read = [b for b in batches if b]
+        assert [len(b) for b in read] == [f.file.record_count for f in files]
+        versions = [{r["_commit_version"] for r in b} for b in read]
+        assert versions == [{f.version} for f in files]  # one file each, in version order
+        got = sorted(tuple(r) for b in read for r in b)
+        assert got == sorted(map(tuple, lh.changes(spark, name, 1).collect()))
+
+        batch = spark.read.format("percolake").option("gateway", address)
+        batch = batch.option("readChangeFeed", "true").option("startingVersion", 1)
+        with pytest.raises(Exception, match="maxFilesPerTrigger is for streaming reads"):
+            batch.option("maxFilesPerTrigger", 1).load(name).collect()
     finally:
         tm.close()

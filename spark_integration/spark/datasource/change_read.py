@@ -4,8 +4,12 @@ tasks with pyarrow, like a snapshot read (``batch_read``).
 
 A batch read pins its versions when the DataFrame is defined. A streaming read
 (``readStream`` with ``readChangeFeed``) reads the changes of each version from
-``startingVersion`` on, as they commit: its offset is the next version to read, and a
-micro-batch reads the changes of the versions between two offsets, every one whole.
+``startingVersion`` on, as they commit. Its offset is the next file to read, file
+``index`` of version ``version``'s files in plan order (:func:`change_files`), as the
+plain streaming read's offset is (``stream_read``): without ``maxFilesPerTrigger`` a
+micro-batch reads every version committed since the last one, whole; with it, at most
+that many files, so a micro-batch may end inside a version, whose other files the
+next one reads (every row of the version is read once, in version order).
 """
 
 from __future__ import annotations
@@ -17,7 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadLimit
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxFiles,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from spark_integration.spark.changes import (
@@ -64,9 +73,17 @@ class _Split(InputPartition):
         self.partition_by = partition_by
 
 
-def change_reader(opts: ChangeFeedOptions, end: int | None) -> tuple[int, PercolakeChangeReader]:
+def change_reader(
+    opts: ChangeFeedOptions, end: int | None, *, batch: bool = False
+) -> tuple[int, PercolakeChangeReader]:
     """The reader of ``opts``'s versions up to ``end`` (``None``: the latest), planned
-    through the gateway; returns the last version it reads too (to pin the read)."""
+    through the gateway; returns the last version it reads too (to pin the read).
+    ``batch``: for a batch read, which refuses the streaming-only option."""
+    if batch and opts.max_files is not None:
+        raise ValueError(
+            "percolake: option maxFilesPerTrigger is for streaming reads; a batch change "
+            "feed read takes startingVersion and endingVersion"
+        )
     plan = _plan(opts, opts.starting_version, end)
     schema_json = plan.schema.json()
     reader = PercolakeChangeReader(opts.table, schema_json, plan.meta.partition_by, plan)
@@ -89,7 +106,13 @@ def change_files(plan: ChangePlan) -> list[ChangeFile]:
 
 def splits(plan: ChangePlan, schema_json: str) -> list[_Split]:
     """The plan's files as read tasks of about ``READ_SPLIT_BYTES`` each (greedy)."""
-    files = change_files(plan)
+    return split_changes(change_files(plan), schema_json, plan.meta.partition_by)
+
+
+def split_changes(
+    files: list[ChangeFile], schema_json: str, partition_by: tuple[str, ...]
+) -> list[_Split]:
+    """``files`` as read tasks of about ``READ_SPLIT_BYTES`` each (greedy)."""
     total = sum(f.file.size_bytes for f in files)
     count = min(len(files), max(READ_MIN_SPLITS, -(-total // READ_SPLIT_BYTES)))
     groups: list[list[ChangeFile]] = [[] for _ in range(count)]
@@ -98,7 +121,6 @@ def splits(plan: ChangePlan, schema_json: str) -> list[_Split]:
         smallest = loads.index(min(loads))
         groups[smallest].append(item)
         loads[smallest] += item.file.size_bytes
-    partition_by = plan.meta.partition_by
     return [_Split(tuple(g), schema_json, partition_by) for g in groups if g]
 
 
@@ -149,9 +171,31 @@ class PercolakeChangeReader(DataSourceReader):
         return read_split(partition)
 
 
-class PercolakeChangeStreamReader(DataSourceStreamReader):
-    """The change feed as a stream: offset ``{"version": n}`` is the next version to
-    read; each micro-batch reads every version committed since the last one, whole."""
+@dataclass(frozen=True, slots=True)
+class _At:
+    """Where a streaming feed stands: the next file is file ``index`` of ``version``'s
+    files. An offset is this as JSON; one without ``index`` (written before the feed
+    honoured ``maxFilesPerTrigger``) is the start of its version."""
+
+    version: int
+    index: int = 0
+
+    def offset(self) -> dict[str, Any]:
+        return {"version": self.version, "index": self.index}
+
+    @classmethod
+    def of(cls, offset: dict[str, Any]) -> _At:
+        return cls(int(offset["version"]), int(offset.get("index", 0)))
+
+
+class PercolakeChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The change feed as a stream, file by file; ``maxFilesPerTrigger`` bounds a
+    micro-batch as it bounds the plain streaming read's (``stream_read``).
+
+    Versions are immutable once committed, so each version's change files are planned
+    once (a range at a time, through ``plan_changes``) and kept until a committed
+    offset passes them.
+    """
 
     def __init__(self, opts: ChangeFeedOptions, schema: StructType) -> None:
         if opts.ending_version is not None:
@@ -159,23 +203,86 @@ class PercolakeChangeStreamReader(DataSourceStreamReader):
         self.opts = opts
         table = [f for f in schema.fields if f.name not in FEED_COLUMNS]
         self.schema_json = StructType(table).json()  # the query's, fixed when it starts
+        self.partition_by: tuple[str, ...] = ()
+        #: Each planned version's files, in plan order.
+        self._files: dict[int, list[ChangeFile]] = {}
+        #: With ``Trigger.AvailableNow``: the last version this run reads.
+        self._until: int | None = None
+
+    def _head(self) -> int:
+        with open_gateway(self.opts.gateway) as catalog:
+            prepared = catalog.prepare(self.opts.table)
+        self.partition_by = prepared.meta.partition_by
+        return prepared.head.version
+
+    def _version_files(self, version: int, last: int) -> list[ChangeFile]:
+        """The files of ``version``; an unplanned one is planned in one go with the
+        versions after it up to ``last`` (a range's log records and rows)."""
+        if version not in self._files:
+            plan = _plan(self.opts, version, max(version, last))
+            self.partition_by = plan.meta.partition_by
+            planned: dict[int, list[ChangeFile]] = {v: [] for v in range(plan.start, plan.end + 1)}
+            for item in change_files(plan):
+                planned[item.version].append(item)
+            for v, files in planned.items():
+                self._files.setdefault(v, files)
+        return self._files[version]
 
     def initialOffset(self) -> dict[str, Any]:
-        return {"version": self.opts.starting_version}
+        return _At(self.opts.starting_version).offset()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._until = self._head()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_files is None:
+            return ReadAllAvailable()
+        return ReadMaxFiles(self.opts.max_files)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        with open_gateway(self.opts.gateway) as catalog:
-            head = catalog.prepare(self.opts.table).head.version
-        return {"version": max(int(start["version"]), head + 1)}
+        head = self._head()
+        last = head if self._until is None else min(self._until, head)
+        at = _At.of(start)
+        if not isinstance(limit, ReadMaxFiles):
+            return at.offset() if last < at.version else _At(last + 1).offset()
+        budget = limit.max_files
+        while at.version <= last:
+            window = min(last, at.version + budget - 1)  # each version takes a file or none
+            left = len(self._version_files(at.version, window)) - at.index
+            if left > budget:
+                return _At(at.version, at.index + budget).offset()
+            at, budget = _At(at.version + 1), budget - left
+            if budget == 0:
+                break
+        return at.offset()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return _At(self._head() + 1).offset()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        first, after = int(start["version"]), int(end["version"])
-        if after <= first:
-            return []
-        return splits(_plan(self.opts, first, after - 1), self.schema_json)
+        first, stop = _At.of(start), _At.of(end)
+        last = stop.version if stop.index else stop.version - 1
+        picked: list[ChangeFile] = []
+        at = first
+        while (at.version, at.index) < (stop.version, stop.index):
+            files = self._version_files(at.version, last)
+            upto = stop.index if at.version == stop.version else len(files)
+            picked += files[at.index : upto]
+            at = _At(at.version + 1)
+        log.info(
+            "change feed stream of %s: from %s to %s, %d files",
+            self.opts.table,
+            first.offset(),
+            stop.offset(),
+            len(picked),
+        )
+        return split_changes(picked, self.schema_json, self.partition_by)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_split(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to release: each micro-batch planned its files from the log."""
+        """Versions before the committed offset are never read again: forget their files."""
+        done = _At.of(end).version
+        for version in [v for v in self._files if v < done]:
+            del self._files[version]

@@ -36,8 +36,9 @@ _BATCH_WRITE = {
 #: Spark passes a streaming query's checkpoint to its sink; it also names the query.
 _STREAM_WRITE = {*_WRITE, "checkpointlocation", "queryname"}
 _STREAM_READ = {"startingversion", "maxfilespertrigger", "skipchangecommits"}
-#: A change data feed read's (``startingVersion`` also starts a streaming read).
-_CHANGE_FEED = {"readchangefeed", "startingversion", "endingversion"}
+#: A change data feed read's (``startingVersion`` also starts a streaming read;
+#: ``maxFilesPerTrigger`` is a streaming feed's only).
+_CHANGE_FEED = {"readchangefeed", "startingversion", "endingversion", "maxfilespertrigger"}
 #: Keys (lower-case) that only a streaming read takes.
 STREAM_READ_OPTIONS = frozenset(_STREAM_READ)
 
@@ -85,6 +86,9 @@ class ChangeFeedOptions:
     gateway: str
     starting_version: int
     ending_version: int | None
+    #: A streaming feed's ``maxFilesPerTrigger`` (``None``: every available file in
+    #: each micro-batch); a batch read refuses it.
+    max_files: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +301,14 @@ def change_feed_options(options: Mapping[str, str]) -> ChangeFeedOptions | None:
     end = _non_negative_int(opts, "endingversion")
     if end is not None and end < start:
         raise ValueError(f"percolake: option endingVersion {end} is before startingVersion {start}")
-    return ChangeFeedOptions(table, gateway, start, end)
+    return ChangeFeedOptions(table, gateway, start, end, _max_files(opts))
+
+
+def _max_files(options: Mapping[str, str]) -> int | None:
+    max_files = _non_negative_int(options, "maxfilespertrigger")
+    if max_files == 0:
+        raise ValueError("percolake: option maxFilesPerTrigger must be at least 1, got 0")
+    return max_files
 
 
 #: The Spark setting (and, without the prefix, the write option) that asks an overwrite
@@ -371,11 +382,8 @@ def stream_read_options(options: Mapping[str, str]) -> StreamReadOptions:
     raw_start = opts.get("startingversion")
     only_new = raw_start is not None and raw_start.strip().lower() == "latest"
     starting = None if only_new else _non_negative_int(opts, "startingversion")
-    max_files = _non_negative_int(opts, "maxfilespertrigger")
-    if max_files == 0:
-        raise ValueError("percolake: option maxFilesPerTrigger must be at least 1, got 0")
     return StreamReadOptions(
-        table, gateway, starting, only_new, max_files, _bool(opts, "skipchangecommits")
+        table, gateway, starting, only_new, _max_files(opts), _bool(opts, "skipchangecommits")
     )
 
 

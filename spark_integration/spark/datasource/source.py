@@ -164,7 +164,7 @@ class PercolakeDataSource(DataSource):
         feed = change_feed_options(self.options)
         if feed is not None:
             pinned = feed.ending_version if self.pinned_version is None else self.pinned_version
-            _, changes = change_reader(feed, pinned)
+            _, changes = change_reader(feed, pinned, batch=True)
             table = StructType.fromJson(json.loads(changes.schema_json))
             check_dataframe_schema(feed.table, feed_schema(table), schema)
             return changes
