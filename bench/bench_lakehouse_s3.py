@@ -33,7 +33,8 @@ before the writers open their handles to just after the last commit, over the
 successful commits.
 
 **Spark write** (``spark.datasource.s3.write.vs_parquet.ratio``): one local[2]
-session with the s3a settings of ``spark_integration.spark.session.s3a_conf``; the
+session with the s3a settings of ``spark_integration.spark.session.s3a_conf``, in a
+process of its own started after MinIO (so its JVM has MinIO's variables); the
 same DataFrame (``spark.range`` with five columns, one a 64-character hash, in 8
 partitions) written by ``df.write.format("percolake")`` to an ``s3://`` table through
 a ``percolake serve`` gateway on SQLite, and by ``df.write.parquet`` to a fresh
@@ -57,6 +58,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -502,12 +504,119 @@ def append_figures(a: Appends) -> list[Result]:
 
 # --- the Spark write -------------------------------------------------------------------
 
+#: The Spark child's longest silence: starting the JVM, or one full-mode job (10M rows
+#: through s3a on a loaded 2-core machine); the s3a jars are fetched before it starts.
+SPARK_CHILD_SILENCE_S = 900.0
+
+#: What s3a's credential chain and the Spark workers need in the JVM's environment.
+SPARK_CHILD_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+@dataclass(frozen=True, slots=True)
+class SparkTimings:
+    """What the Spark child measured: seconds per job by name, and the data's size."""
+
+    seconds: dict[str, list[float]]
+    per_job_bytes: float
+    plain_bytes: int
+
 
 def measure_spark(
     root: Path, rows: int, runs: int, progress: Callable[[str], None]
 ) -> list[Result]:
     """``format("percolake")`` to an ``s3://`` table against ``df.write.parquet`` to
-    ``s3a://``, same DataFrame, same session, same bucket; paired runs."""
+    ``s3a://``, same DataFrame, same session, same bucket; paired runs.
+
+    Spark runs in a fresh ('spawn') child process started now, after :func:`minio`
+    put MinIO's AWS variables into ``os.environ``: s3a's credential chain reads the
+    JVM's environment, and Spark's Python workers inherit it, both fixed when the JVM
+    starts. PySpark keeps one JVM per Python process, so in a process where Spark ran
+    before (``python -m bench`` ran earlier Spark suites in one process), every new
+    session reused a JVM without the credentials and the s3a write failed with
+    "Unable to load credentials from any of the providers in the chain". The
+    credentials still never go into the Spark conf (:func:`s3a_conf`).
+    """
+    from spark_integration.spark.session import s3a_jars
+
+    progress("spark.datasource.s3.write: s3a jars")
+    s3a_jars()  # a first fetch (~690 MB) here, outside the child's silence bound
+    with gateway(f"sqlite:///{root}/spark-store.db", root, "s3-spark") as gw:
+        timings = _in_spark_child(gw.address, rows, runs, progress)
+    return spark_figures(timings, rows, runs)
+
+
+def _in_spark_child(
+    gateway_address: str, rows: int, runs: int, progress: Callable[[str], None]
+) -> SparkTimings:
+    """Run :func:`_spark_child` in a spawned process (our environment, no JVM yet),
+    relaying its progress; its error, or its death, fails the benchmark."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    missing = [name for name in SPARK_CHILD_VARIABLES if not os.environ.get(name)]
+    if missing:
+        raise RuntimeError(f"the Spark child needs {', '.join(missing)} (MinIO's variables)")
+    ctx = multiprocessing.get_context("spawn")
+    conn, child_conn = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=_spark_child, args=(child_conn, gateway_address, rows, runs), name="s3-spark"
+    )
+    proc.start()
+    child_conn.close()
+    try:
+        while True:
+            if not wait([conn, proc.sentinel], SPARK_CHILD_SILENCE_S):
+                raise TimeoutError(
+                    f"the Spark child (pid {proc.pid}) said nothing for "
+                    f"{SPARK_CHILD_SILENCE_S:.0f} s"
+                )
+            try:
+                kind, payload = conn.recv()
+            except EOFError:
+                proc.join(10)
+                raise RuntimeError(
+                    f"the Spark child (pid {proc.pid}) ended with exit code {proc.exitcode} "
+                    "before reporting its timings"
+                ) from None
+            if kind == "progress":
+                progress(payload)
+            elif kind == "error":
+                raise RuntimeError(f"the Spark write benchmark failed in its child:\n{payload}")
+            else:
+                timings: SparkTimings = payload
+                return timings
+    finally:
+        conn.close()
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()  # our own child, by pid
+            proc.join(10)
+
+
+def _spark_child(conn: Connection, gateway_address: str, rows: int, runs: int) -> None:
+    """The spawned process: measure, send ``("done", SparkTimings)`` or ``("error",
+    traceback)``; progress as ``("progress", step)``."""
+    import traceback
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        timings = _spark_timings(
+            gateway_address, rows, runs, lambda step: conn.send(("progress", step))
+        )
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise SystemExit(1) from None
+    else:
+        conn.send(("done", timings))
+    finally:
+        conn.close()
+
+
+def _spark_timings(
+    gateway_address: str, rows: int, runs: int, progress: Callable[[str], None]
+) -> SparkTimings:
+    """The Spark write itself, in this process's (new) JVM: one warm-up of each job,
+    then ``runs`` paired runs, order rotated; the table read back."""
     from spark_integration import Lakehouse, register
     from spark_integration.spark import filesystem
     from spark_integration.spark.session import local_session
@@ -515,58 +624,63 @@ def measure_spark(
 
     progress("spark.datasource.s3.write: starting Spark")
     warehouse = f"s3://{BUCKET}/spark-warehouse"
-    with gateway(f"sqlite:///{root}/spark-store.db", root, "s3-spark") as gw:
-        spark = local_session("percolake-bench-s3", **{"spark.driver.memory": "2g"})
-        tm = TransactionManager.remote(gw.address)
-        try:
-            register(spark)
-            df = spark.range(0, rows, 1, 8).selectExpr(
-                "id",
-                "id % 97 AS k",
-                "CAST(id * 7 AS STRING) AS s",
-                "rand(1) AS x",
-                "sha2(CAST(id AS STRING), 256) AS h",
-            )
-            lh = Lakehouse(tm, warehouse)
-            lh.create_table(SPARK_TABLE, df.schema)
-            plain_dirs = (f"s3a://{BUCKET}/plain/{n}" for n in itertools.count())
+    spark = local_session("percolake-bench-s3", **{"spark.driver.memory": "2g"})
+    tm = TransactionManager.remote(gateway_address)
+    try:
+        register(spark)
+        df = spark.range(0, rows, 1, 8).selectExpr(
+            "id",
+            "id % 97 AS k",
+            "CAST(id * 7 AS STRING) AS s",
+            "rand(1) AS x",
+            "sha2(CAST(id AS STRING), 256) AS h",
+        )
+        lh = Lakehouse(tm, warehouse)
+        lh.create_table(SPARK_TABLE, df.schema)
+        plain_dirs = (f"s3a://{BUCKET}/plain/{n}" for n in itertools.count())
 
-            def plain() -> float:
-                started = time.perf_counter()
-                df.write.parquet(next(plain_dirs))
-                return time.perf_counter() - started
+        def plain() -> float:
+            started = time.perf_counter()
+            df.write.parquet(next(plain_dirs))
+            return time.perf_counter() - started
 
-            def ours() -> float:
-                started = time.perf_counter()
-                df.write.format("percolake").mode("append").option("gateway", gw.address).option(
-                    "warehouse", warehouse
-                ).save(SPARK_TABLE)
-                return time.perf_counter() - started
+        def ours() -> float:
+            started = time.perf_counter()
+            df.write.format("percolake").mode("append").option("gateway", gateway_address).option(
+                "warehouse", warehouse
+            ).save(SPARK_TABLE)
+            return time.perf_counter() - started
 
-            jobs: dict[str, Callable[[], float]] = {"parquet": plain, "percolake": ours}
-            progress("spark.datasource.s3.write: warm-up")
-            for job in jobs.values():
-                job()
-            seconds: dict[str, list[float]] = {name: [] for name in jobs}
-            for n in range(runs):
-                for name in _rotated(list(jobs), n):
-                    progress(f"spark.datasource.s3.write {name} run {n + 1}/{runs}")
-                    seconds[name].append(jobs[name]())
-            files = lh.files(SPARK_TABLE)
-            counted = sum(f.record_count for f in files)
-            if counted != (runs + 1) * rows:
-                raise AssertionError(
-                    f"the s3:// table holds {counted} rows, not {(runs + 1) * rows}"
-                )
-            per_job = sum(f.size_bytes for f in files) / (runs + 1)
-            plain_bytes = sum(f.size for f in filesystem.list_files(f"s3://{BUCKET}/plain/0"))
-        finally:
-            tm.close()
-            spark.stop()
+        jobs: dict[str, Callable[[], float]] = {"parquet": plain, "percolake": ours}
+        progress("spark.datasource.s3.write: warm-up")
+        for job in jobs.values():
+            job()
+        seconds: dict[str, list[float]] = {name: [] for name in jobs}
+        for n in range(runs):
+            for name in _rotated(list(jobs), n):
+                progress(f"spark.datasource.s3.write {name} run {n + 1}/{runs}")
+                seconds[name].append(jobs[name]())
+        files = lh.files(SPARK_TABLE)
+        counted = sum(f.record_count for f in files)
+        if counted != (runs + 1) * rows:
+            raise AssertionError(f"the s3:// table holds {counted} rows, not {(runs + 1) * rows}")
+        return SparkTimings(
+            seconds,
+            sum(f.size_bytes for f in files) / (runs + 1),
+            sum(f.size for f in filesystem.list_files(f"s3://{BUCKET}/plain/0")),
+        )
+    finally:
+        tm.close()
+        spark.stop()
+
+
+def spark_figures(timings: SparkTimings, rows: int, runs: int) -> list[Result]:
+    """The Spark write's figures from the child's timings."""
     size = (
         f"{rows:,} rows x 5 columns (bigint, bigint, string, double, 64-char hex string), "
-        f"8 partitions, local[2] (one JVM, 2 cores); {per_job / 1e6:,.0f} MB of Parquet per "
-        f"percolake job, {plain_bytes / 1e6:,.0f} MB per plain job; {runs} paired runs after "
+        f"8 partitions, local[2] (one JVM, 2 cores, in its own process); "
+        f"{timings.per_job_bytes / 1e6:,.0f} MB of Parquet per percolake job, "
+        f"{timings.plain_bytes / 1e6:,.0f} MB per plain job; {runs} paired runs after "
         "one warm-up of each, order rotated; percolake through one 'percolake serve' on "
         f"SQLite; plain Parquet through s3a (spark_integration s3a_conf: hadoop-aws, path "
         f"style, default FileOutputCommitter); both to bucket '{BUCKET}' on {MINIO}; {MACHINE}"
@@ -575,7 +689,7 @@ def measure_spark(
         "df.write.parquet to s3a:// of the same DataFrame, same session, same MinIO bucket, "
         "same run"
     )
-    pp, po = seconds["parquet"], seconds["percolake"]
+    pp, po = timings.seconds["parquet"], timings.seconds["percolake"]
     return [
         summarize(
             "spark.datasource.s3.write.vs_parquet.ratio",
