@@ -25,6 +25,24 @@ as the design says), so a SNAPSHOT transaction of this machine either locks ever
 it reads or none; a SERIALIZABLE one mixes both (every read is validated at
 ``commit_ts``). The lock server answers at once (``lock_wait_ms`` 0): a cell locked by
 another open transaction of the machine costs a lock-wait timeout, a legitimate abort.
+
+No wall clock, no thread: which rules are enabled (the preconditions follow each
+transaction's outcome) must be a function of the draws alone, or hypothesis, replaying
+an example, meets other rules and fails with ``FlakyStrategyDefinition`` (it did once in
+CI, three workers on two cores). So every clock the protocol reads here is the machine's
+``FakeClock``, which moves only in rules: the lock table's leases and lock waits, the
+resolver's wait on a committer's lock (0 ms: settled at once) and the collector's
+monotonic clock (its grace, 0, its cursor saves, its prunes). What runs on the real clock
+cannot change an outcome: the oracle's leader lease lasts ten minutes (a lapse under a
+starved renewal thread would abort a commit at its ``commit_ts`` step), the manager's
+registration thread never starts (its first publication, at the first ``begin``, could
+land between the machine's own and the collector's read of it and lift the safe point
+over every open transaction), and the machine registers the oldest transaction of its
+own bookkeeping, not the manager's weakly held set (where a crashed committer lingers
+until Python frees it). The collector's samples of wall time are all at or before its
+own, and with retention 0 its own fresh timestamp is the newest of them. The cleaner
+thread deletes aborted writers' versions, then their own entry, at its own pace: a reader
+or collector that meets either settles the writer ABORTED, so no outcome depends on it.
 """
 
 from __future__ import annotations
@@ -75,6 +93,9 @@ COLUMN = b"v"
 KEYS = ["k0", "k1", "k2"]
 MAX_OPEN = 4
 LEASE_MS = 1000
+#: The oracle's leader lease (the longest it takes): it runs on the real clock, renewed by
+#: a thread, and must not lapse within an example however starved that thread is.
+ORACLE_LEASE_MS = 10 * 60 * 1000
 
 #: The broken protocol of the issue: conflict check moved before the version
 #: write, and no locks at all.
@@ -115,7 +136,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         # Collection's grace is 0 here (a rule runs whole): the state row says so before
         # any reader takes a lease on it.
         store.put_unless_exists(GC_TABLE, STATE_KEY, GcState(grace_ms=0).encode())
-        oracle = TimestampOracle(store, window=1000)
+        oracle = TimestampOracle(store, window=1000, leader_lease_ms=ORACLE_LEASE_MS)
         config = TransactionConfig(
             lease_ms=LEASE_MS,
             lock_wait_ms=0,
@@ -128,8 +149,13 @@ class ProtocolMachine(RuleBasedStateMachine):
             TimestampBatcher(oracle.next_range),
             LockTable(self.clock),
             config,
-            owns=(store,),
+            owns=(oracle, store),  # the oracle first: it hands its leader lease over
         )
+        # The machine publishes registrations itself (collect_garbage). Closed before the
+        # first begin, the registration publishes nothing and its thread never starts: a
+        # thread publishing "nothing open" when it gets the CPU could overwrite the
+        # machine's registration just before the collector reads it.
+        self.tm._rt.registration.close()
         if not type(self).stamps:
             store.stamp_versions = lambda table, stamps: None  # type: ignore[method-assign]
         # grace 0: a rule runs whole, so no read is ever in flight during a pass.
@@ -140,6 +166,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             retention_s=0,
             grace_ms=0,
             config=config,
+            monotonic=self.clock,  # its cursor saves and prunes follow rules, not load
         )
         self.open: dict[int, Open] = {}
         self.history: list[dict[str, Any]] = []
@@ -435,9 +462,12 @@ class ProtocolMachine(RuleBasedStateMachine):
     def collect_garbage(self, protect: bool) -> None:
         """A pass of garbage collection with retention 0: the safe point is a fresh
         timestamp, or (``protect``) the oldest open transaction's start, as when the
-        manager registered it as long-running."""
+        manager registered it as long-running. The oldest is the machine's own: a crashed
+        committer is gone with its process, and the manager's set of live transactions
+        holds it weakly, until Python frees it (a garbage-collector pass, not a draw)."""
         registration = self.tm._rt.registration
-        oldest, latest = self.tm._rt.active.oldest()
+        _, latest = self.tm._rt.active.oldest()  # the newest start: served, not weakly held
+        oldest = min(self.open, default=None)
         registration.publish(oldest if protect else None, latest)
         report = self.gc.run_once()
         # Readers from here on know outcomes only from the store, as a reader in another
