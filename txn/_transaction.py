@@ -13,6 +13,7 @@ from storage_adapters import Cell, StoreError
 from tso import OracleFencedError
 from txn._args import check_cell, check_cells, check_put, check_reads, check_scan
 from txn._buffer import WriteBuffer
+from txn._cell_reads import read_visible, split_buffered
 from txn._committer import CommitAttempt, release_all
 from txn._isolation import Isolation, TransactionStatus
 from txn._services import cell_lock
@@ -266,70 +267,25 @@ class EmbeddedTransaction:
         ]
 
     def _get_cells(self, table: str, cells: list[Cell]) -> dict[Cell, bytes]:
-        self._check_active()
-        out, from_store = self._buffered(table, cells)
-        if from_store:
-            try:
-                visible = self._rt.reader.read_cells(table, from_store, self.start_ts)
-                self._rt.guard.check(self.start_ts)  # after the read (rule S8)
-            except StoreError as exc:
-                metrics.record_store_error("read")
-                raise ServiceUnavailableError(f"read of {table!r} failed: {exc}") from exc
-            self._take_visible(table, from_store, visible, out)
-        return out
+        return self._get_cells_of_tables([(table, cells)])[0]
 
     def _get_cells_of_tables(self, reads: list[tuple[str, list[Cell]]]) -> list[dict[Cell, bytes]]:
-        """:meth:`_get_cells` of each table, with one store read for all of them."""
+        """Each table's cells: own writes first, the rest from the store in one read."""
         self._check_active()
         outs: list[dict[Cell, bytes]] = []
         asked: list[tuple[int, str, list[Cell]]] = []  # (index in reads, table, cells)
         for index, (table, cells) in enumerate(reads):
-            out, from_store = self._buffered(table, cells)
+            out, from_store = split_buffered(self._writes, table, cells)
             outs.append(out)
             if from_store:
                 asked.append((index, table, from_store))
-        if not asked:
-            return outs
-        try:
-            visible = self._rt.reader.read_cells_of_tables(
-                [(table, cells) for _, table, cells in asked], self.start_ts
-            )
-            self._rt.guard.check(self.start_ts)  # after the read (rule S8)
-        except StoreError as exc:
-            metrics.record_store_error("read")
-            names = ", ".join(repr(table) for _, table, _ in asked)
-            raise ServiceUnavailableError(f"read of {names} failed: {exc}") from exc
-        for (index, table, cells), found in zip(asked, visible, strict=True):
-            self._take_visible(table, cells, found, outs[index])
+        if asked:
+            found = read_visible(self._rt, self.start_ts, [(t, c) for _, t, c in asked])
+            for (index, table, cells), visible in zip(asked, found, strict=True):
+                for cell in cells:
+                    self._record_read(table, cell, visible.get(cell))
+                outs[index].update((c, v) for c, v in visible.items() if v is not None)
         return outs
-
-    def _buffered(self, table: str, cells: list[Cell]) -> tuple[dict[Cell, bytes], list[Cell]]:
-        """This transaction's own writes of ``cells`` (deletes left out), and the cells it
-        did not write, which the store must answer."""
-        out: dict[Cell, bytes] = {}
-        from_store = []
-        for cell in dict.fromkeys(cells):
-            buffered, value = self._writes.lookup(table, cell)
-            if buffered:
-                if value is not None:
-                    out[cell] = value
-            else:
-                from_store.append(cell)
-        return out, from_store
-
-    def _take_visible(
-        self,
-        table: str,
-        asked: list[Cell],
-        visible: dict[Cell, bytes | None],
-        out: dict[Cell, bytes],
-    ) -> None:
-        """Record what the store answered for ``asked`` and add the live values to ``out``."""
-        for cell in asked:
-            self._record_read(table, cell, visible.get(cell))
-        for cell, value in visible.items():
-            if value is not None:
-                out[cell] = value
 
     def scan(
         self, table: str, start_row: bytes = b"", end_row: bytes | None = None
