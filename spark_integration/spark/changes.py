@@ -52,7 +52,8 @@ from spark_integration.engine.model import (
 )
 from spark_integration.spark.hook import Job, write_files
 from spark_integration.spark.reads import read_version
-from spark_integration.spark.schema import quote
+from spark_integration.spark.schema import quote, without_nullability
+from spark_integration.spark.schema_change import widens
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession as ConnectSession
@@ -203,6 +204,7 @@ def plan_changes(
                 pieces.append(ChangePiece(version, ms, INSERT, tuple(h.added)))
     log.debug("change feed of %s, versions %d..%d: %d pieces", name, start, last, len(pieces))
     plan = ChangePlan(prepared.meta, start, last, tuple(pieces))
+    _check_read_schema(name, prepared.meta, start, last)
     clashes = [c for c in plan.schema.fieldNames() if c.lower() in FEED_COLUMNS]
     if clashes:
         raise ValueError(
@@ -210,6 +212,37 @@ def plan_changes(
             "change feed's own column of that name"
         )
     return plan
+
+
+def _check_read_schema(name: str, meta: TableMeta, start: int, last: int) -> None:
+    """Refuse a range whose files cannot all be read with the schema of ``last``.
+
+    Every file the feed of ``start..last`` reads was written under a schema in effect
+    from version ``start - 1`` (the files ``start`` removed) to ``last``, or under an
+    older one that differs from those only by added columns and safe widening (an
+    ``overwrite_schema`` removes every file written before it). Columns a file lacks
+    read as NULL and columns ``last`` lacks are left out, but a column whose type an
+    ``overwrite_schema`` changed other than by widening cannot be read from the older
+    files: Delta refuses such a range too, before reading anything.
+    """
+    read = StructType.fromJson(json.loads(meta.schema_at(last)))
+    want = {f.name: without_nullability(f.dataType) for f in read.fields}
+    changes_at = {since for since, _ in meta.earlier_schemas} | {meta.schema_since}
+    first = max(start - 1, 0)
+    for since in sorted({first} | {v for v in changes_at if first < v <= last}):
+        for f in StructType.fromJson(json.loads(meta.schema_at(since))).fields:
+            new = want.get(f.name)
+            old = without_nullability(f.dataType)
+            if new is None or old == new or widens(old, new):
+                continue
+            raise ValueError(
+                f"change feed of table {name!r}: versions {start}..{last} cannot be read "
+                f"with the schema of version {last}: column {f.name!r} is "
+                f"{f.dataType.simpleString()} in the schema of version {since} and "
+                f"{read[f.name].dataType.simpleString()} in that of version {last} (an "
+                "overwrite_schema changed its type); read the changes before and after "
+                "that overwrite separately"
+            )
 
 
 def changes(
