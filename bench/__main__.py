@@ -1,5 +1,13 @@
 """``make bench``: run every benchmark in this process tree and write the results.
 
+Each suite runs in its own fresh process (:func:`bench._load.run_suite`), one after
+another: PySpark keeps
+one JVM per Python process, and what a JVM was started with (its environment, such as
+the S3 suite's MinIO credentials, which s3a's credential chain and Spark's Python
+workers read; ``spark.driver.memory``) is fixed for every later session in that
+process. In one shared process the first Spark suite's JVM served them all: the S3
+suite's s3a writes had no credentials, and the MERGE suite's 3 GB heap was 2 GB.
+
 Full mode writes ``bench/results/latest.json`` (the contract's figures, plus a dated
 copy), ``latest-series.json`` (the curves and distributions behind the plots), the
 PNG plots, docs/benchmarks.md and the README's summary. ``--quick`` (about four
@@ -11,7 +19,6 @@ Cassandra suite starts its own node.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 import time
@@ -20,6 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from bench._load import run_suite
 from bench._results import (
     QUICK_DIR,
     RESULTS_DIR,
@@ -108,14 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tqdm(total=len(suites), unit="suite", dynamic_ncols=True, file=sys.stderr) as bar:
         for name in suites:
-            module = importlib.import_module(name)
             bar.set_description(name.removeprefix("bench."))
 
             def progress(step: str, bar: tqdm = bar) -> None:
                 bar.set_postfix_str(step, refresh=True)
 
             suite_started = time.monotonic()
-            got: list[Result] = module.run(args.quick, progress=progress)
+            got = run_suite(name, args.quick, progress)
             bar.write(f"== {name} ({time.monotonic() - suite_started:.0f} s)")
             for result in got:
                 bar.write(f"   {describe(result)}")

@@ -1,18 +1,25 @@
 """Load loops shared by the benchmarks: threads calling an operation until a deadline,
-and the end of the client processes that run them."""
+and the end of the client processes that run them; and a suite run in its own process
+(``python -m bench`` runs each so; here, not in ``bench/__main__.py``, because a spawned
+child cannot import a package's ``__main__``)."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import itertools
 import logging
+import multiprocessing
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
+
+from bench._results import Result
 
 log = logging.getLogger(__name__)
 
@@ -130,3 +137,61 @@ def receive(proc: SpawnProcess, conn: Connection, timeout_s: float) -> tuple[str
         raise TimeoutError(f"{proc.name} (pid {proc.pid}) did not answer in {timeout_s:.0f} s")
     message: tuple[str, Any] = conn.recv()
     return message
+
+
+def run_suite(name: str, quick: bool, progress: Callable[[str], None]) -> list[Result]:
+    """``name``'s ``run(quick, progress)`` in a fresh spawned process (why: the docstring
+    of ``bench/__main__.py``), relaying its progress; its results come back pickled. A
+    suite that raises, or a process that dies, fails the run with what it left."""
+    ctx = multiprocessing.get_context("spawn")
+    conn, child_conn = ctx.Pipe(duplex=False)
+    # Not a daemon: suites start processes of their own (writer pools, Spark).
+    proc = ctx.Process(target=_suite_main, args=(child_conn, name, quick), name=name)
+    proc.start()
+    child_conn.close()
+    try:
+        while True:
+            try:
+                kind, payload = conn.recv()
+            except EOFError:
+                proc.join(10)
+                raise RuntimeError(
+                    f"{name} (pid {proc.pid}) ended with exit code {proc.exitcode} "
+                    "before reporting its results"
+                ) from None
+            if kind == "progress":
+                progress(payload)
+            elif kind == "error":
+                raise RuntimeError(f"{name} failed:\n{payload}")
+            else:
+                results: list[Result] = payload
+                return results
+    finally:
+        conn.close()
+        proc.join(60)  # it is closing its own servers and processes
+        if proc.is_alive():
+            log.warning("%s (pid %d) still running after its results: killing it", name, proc.pid)
+            proc.kill()  # our own child, by pid
+            proc.join(10)
+
+
+def _suite_main(conn: Connection, name: str, quick: bool) -> None:
+    """A suite's process: ``("progress", step)`` messages, then ``("results", list)``
+    or ``("error", traceback)``."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    sending = threading.Lock()  # a suite may report progress from its threads
+
+    def progress(step: str) -> None:
+        with sending:
+            conn.send(("progress", step))
+
+    try:
+        module = importlib.import_module(name)
+        results: list[Result] = module.run(quick, progress=progress)
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise SystemExit(1) from None
+    else:
+        conn.send(("results", results))
+    finally:
+        conn.close()
