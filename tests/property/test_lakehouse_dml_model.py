@@ -2,12 +2,14 @@
 
 Hypothesis runs random sequences of appends, whole-table overwrites, ``replaceWhere``
 and dynamic partition overwrites, ``DELETE``, ``UPDATE``, ``MERGE`` (every clause kind
-of the builder), ``add_columns`` and compaction (``optimize``) on a small table
-partitioned by ``day``, with few distinct values (so predicates both hit and miss)
-and NULLs (so SQL's three-valued logic matters). The model keeps one pandas frame per
-version, computed from the statement's meaning alone: predicates and expressions are
-built as small trees (:class:`Expr`) that render to Spark SQL and evaluate in Python
-with SQL's NULL rules.
+of the builder), schema changes (``add_columns``, an append that brings a new column
+with ``merge_schema``, an overwrite whose schema replaces the table's with
+``overwrite_schema``: extras dropped, added, columns reordered) and compaction
+(``optimize``) on a small table partitioned by ``day``, with few distinct values (so
+predicates both hit and miss) and NULLs (so SQL's three-valued logic matters). The
+model keeps one pandas frame per version, computed from the statement's meaning alone:
+predicates and expressions are built as small trees (:class:`Expr`) that render to
+Spark SQL and evaluate in Python with SQL's NULL rules.
 
 After every step:
 
@@ -26,7 +28,10 @@ After every step:
   appends, whole overwrites and statements; for overwrites by predicate or of
   partitions (whose feed is every row of the files they removed and added), deletes
   that were rows before, inserts that are rows after, and the difference they make;
-  compaction and schema changes none;
+  compaction and ``add_columns`` none; the feed reads every version with the last
+  one's columns, so a row shows the values it had of the columns still there (a
+  column an ``overwrite_schema`` dropped and a later change added back shows the old
+  values in the rows of versions before the drop: they are in those files);
 * statements the model says must fail (a MERGE whose source matches one target row
   more than once for a clause that acts, a ``replaceWhere`` overwrite holding rows
   outside its predicate) raise ``ValueError`` and commit nothing.
@@ -91,8 +96,9 @@ BASE = StructType(
     ]
 )
 DAYS = ("d1", "d2", "d3")
-#: Columns ``add_columns`` adds, in order (INT, nullable).
-EXTRAS = ("x1", "x2")
+#: Columns that schema changes add (``add_columns``, a ``merge_schema`` append: the
+#: first one the table lacks) and drop (an ``overwrite_schema`` overwrite), INT, nullable.
+EXTRAS = ("x1", "x2", "x3")
 #: Columns of a numeric kind that predicates and updates compare with integers.
 NUMERIC = {"id", "amount", *EXTRAS}
 
@@ -666,13 +672,50 @@ class DmlModelMachine(RuleBasedStateMachine):
             return
         self.check_result(builder.execute(), outcome)
 
-    @precondition(lambda self: len(self.columns) < len(BASE.fields) + len(EXTRAS))
+    def missing_extra(self) -> str | None:
+        return next((c for c in EXTRAS if c not in self.columns), None)
+
+    @precondition(lambda self: self.missing_extra() is not None)
     @rule()
     def add_column(self) -> None:
-        column = EXTRAS[len(self.columns) - len(BASE.fields)]
+        column = self.missing_extra()
+        assert column is not None
         version = self.lh.add_columns(self.name, f"{column} INT")
         self.schema = StructType([*self.schema.fields, StructField(column, IntegerType())])
         self.commit([{**r, column: None} for r in self.current()], version, [])
+
+    @precondition(lambda self: self.missing_extra() is not None)
+    @rule(data=st.data())
+    def append_merging_schema(self, data: st.DataObject) -> None:
+        """An append whose rows bring a new nullable column (``merge_schema``): the
+        column goes last, the table's rows read NULL in it, the feed inserts the rows."""
+        column = self.missing_extra()
+        assert column is not None
+        schema = StructType([*self.schema.fields, StructField(column, IntegerType())])
+        rows = data.draw(rows_of(schema.fieldNames(), min_size=1), label="rows")
+        df = self.spark.createDataFrame([[r[c] for c in schema.fieldNames()] for r in rows], schema)
+        version = self.lh.append(self.name, df, merge_schema=True)
+        self.schema = schema
+        old = [{**r, column: None} for r in self.current()]
+        self.commit(old + rows, version, [("insert", r) for r in rows])
+
+    @rule(data=st.data())
+    def overwrite_replacing_schema(self, data: st.DataObject) -> None:
+        """An overwrite whose DataFrame's schema becomes the table's (``overwrite_schema``):
+        the base columns and any extras, in any order (an extra the table had may go;
+        one it gets back later never shows the values it had before: no live file has
+        them). The feed deletes every row before and inserts the new ones; a feed read
+        with the new schema shows each old row's values of the columns it keeps."""
+        extras = data.draw(st.lists(st.sampled_from(EXTRAS), unique=True), label="extras")
+        names = data.draw(st.permutations([*BASE.fieldNames(), *extras]), label="columns")
+        kinds = {f.name: f for f in BASE.fields}
+        schema = StructType([kinds.get(c, StructField(c, IntegerType())) for c in names])
+        rows = data.draw(rows_of(schema.fieldNames()), label="rows")
+        df = self.spark.createDataFrame([[r[c] for c in schema.fieldNames()] for r in rows], schema)
+        version = self.lh.overwrite(self.name, df, overwrite_schema=True)
+        feed = [("delete", r) for r in self.current()] + [("insert", r) for r in rows]
+        self.schema = schema
+        self.commit(rows, version, feed)
 
     @rule(day=st.one_of(st.none(), st.sampled_from(DAYS)))
     def optimize(self, day: str | None) -> None:
