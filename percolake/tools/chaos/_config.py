@@ -85,6 +85,11 @@ class RunConfig:
     leader_lease_ms: int = 2_000
     #: Mean quiet time between two faults; each fault lasts its own drawn duration.
     fault_gap_s: float = 2.0
+    #: Operations per second the clients start, all together (Jepsen's ``stagger``):
+    #: each client waits a random 0 to ``2 * clients / rate`` seconds after an
+    #: operation. ``None``: every client starts its next operation at once, a closed
+    #: loop that takes all the CPU it can get.
+    rate: float | None = None
     #: Lease on a committing transaction's locks: pauses are drawn longer than this.
     lease_ms: int = 2_000
     lock_wait_ms: int = 3_000
@@ -186,6 +191,8 @@ class RunConfig:
                 "--embedded runs an embedded oracle beside replicas under the timestamps "
                 "workload: it needs --workload timestamps and --replicas 1 or more"
             )
+        if self.rate is not None and not 0.1 <= self.rate <= 100_000:
+            raise ValueError(f"--rate must be 0.1-100000 operations per second, got {self.rate}")
         if not 0 <= self.replicas <= 7:
             raise ValueError(f"--replicas must be 0-7, got {self.replicas}")
         if not 100 <= self.leader_lease_ms <= 60_000:

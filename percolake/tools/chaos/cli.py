@@ -86,6 +86,13 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         help="client processes (6): even ones use gateways, odd ones commit in-process",
     )
     run.add_argument("--fault-gap-s", type=float, default=2.0, help="mean quiet time (2)")
+    run.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="operations per second the clients start, all together (default: each "
+        "client starts its next operation at once)",
+    )
     run.add_argument("--lease-ms", type=int, default=2000, help="lock lease of committers")
     run.add_argument("--client-timeout-s", type=float, default=10.0, help="client RPC deadline")
     run.add_argument("--active-keys", type=int, default=8, help="list-append hot keys (8)")
@@ -233,6 +240,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         ts_call_timeout_s=args.ts_call_timeout_s,
         store_reconnect_ms=args.store_reconnect_ms,
         fault_gap_s=args.fault_gap_s,
+        rate=args.rate,
         lease_ms=args.lease_ms,
         client_timeout_s=args.client_timeout_s,
         active_keys=args.active_keys,

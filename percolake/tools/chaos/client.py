@@ -273,6 +273,8 @@ def run_client(args: argparse.Namespace) -> int:
             done += 1
             if completion.type != "ok":
                 time.sleep(rng.uniform(*BACKOFF_S))
+            if config.rate is not None:  # Jepsen's stagger: a mean gap of clients / rate
+                time.sleep(rng.uniform(0.0, 2.0 * config.clients / config.rate))
     finally:
         events.close()
         if late is not None:
