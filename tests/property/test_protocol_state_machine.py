@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -544,6 +545,23 @@ def test_protocol_with_faults_on_sqlite(tmp_path: Any) -> None:
             super().__init__()
 
     run_state_machine_as_test(OnSqlite, settings=settings(MACHINE_SETTINGS, max_examples=60))
+
+
+def test_the_machine_starts_no_thread_that_publishes_on_its_own() -> None:
+    """The manager's registration thread starts with its first transaction unless the
+    machine closed the registration first: its publications, whenever it gets the CPU,
+    would overwrite the machine's and move the safe point with the load (see the module
+    docstring). Only the machine publishes, once per pass of collection."""
+    machine = ProtocolMachine()
+    try:
+        before = set(threading.enumerate())
+        machine.begin()
+        machine.collect_garbage(protect=True)
+        started = {t.name for t in set(threading.enumerate()) - before}
+        assert "percolake-gc-registration" not in started
+        assert machine.tm._rt.registration.publications == 1
+    finally:
+        machine.teardown()
 
 
 def test_broken_protocol_is_caught() -> None:
