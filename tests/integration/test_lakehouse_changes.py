@@ -264,8 +264,9 @@ def test_the_data_source_reads_the_feed_with_option_read_change_feed(
 def test_a_change_feed_stream_honours_max_files_per_trigger(
     spark: SparkSession, sqlite_gateway: ServerProcess, tmp_path: Path
 ) -> None:
-    """With ``maxFilesPerTrigger=1`` each micro-batch of the feed reads one file (an
-    append's data file, a statement's change file), versions in order, and together
+    """With ``maxFilesPerTrigger=1`` each micro-batch of the feed reads one version's
+    files, all of them though there are several (a commit is never split, so an
+    update's pre- and post-images arrive together), versions in order, and together
     the batches hold exactly the feed's rows; a batch read refuses the option."""
     register(spark)
     address = sqlite_gateway.address
@@ -295,9 +296,15 @@ def test_a_change_feed_stream_honours_max_files_per_trigger(
         finally:
             query.stop()
         read = [b for b in batches if b]
-        assert [len(b) for b in read] == [f.file.record_count for f in files]
+        per_version = {
+            v: sum(f.file.record_count for f in files if f.version == v) for v in (1, 2, 3)
+        }
+        assert [len(b) for b in read] == list(per_version.values())
         versions = [{r["_commit_version"] for r in b} for b in read]
-        assert versions == [{f.version} for f in files]  # one file each, in version order
+        assert versions == [{1}, {2}, {3}]  # one version each, whole, in version order
+        assert len([f for f in files if f.version == 2]) > 1  # the limit was below it
+        update = [r["_change_type"] for r in read[1]]
+        assert update.count("update_preimage") == update.count("update_postimage") == 2
         got = sorted(tuple(r) for b in read for r in b)
         assert got == sorted(map(tuple, lh.changes(spark, name, 1).collect()))
 

@@ -7,9 +7,11 @@ A batch read pins its versions when the DataFrame is defined. A streaming read
 ``startingVersion`` on, as they commit. Its offset is the next file to read, file
 ``index`` of version ``version``'s files in plan order (:func:`change_files`), as the
 plain streaming read's offset is (``stream_read``): without ``maxFilesPerTrigger`` a
-micro-batch reads every version committed since the last one, whole; with it, at most
-that many files, so a micro-batch may end inside a version, whose other files the
-next one reads (every row of the version is read once, in version order).
+micro-batch reads every version committed since the last one; with it, whole versions
+while their files fit in that many, and always at least one version. Unlike the plain
+read, a version's change files are never split between micro-batches, as Delta admits
+a commit's change files whole: a consumer that maintains a view from the feed never
+sees an update's pre-image without its post-image, or half of a statement.
 """
 
 from __future__ import annotations
@@ -175,7 +177,8 @@ class PercolakeChangeReader(DataSourceReader):
 class _At:
     """Where a streaming feed stands: the next file is file ``index`` of ``version``'s
     files. An offset is this as JSON; one without ``index`` (written before the feed
-    honoured ``maxFilesPerTrigger``) is the start of its version."""
+    honoured ``maxFilesPerTrigger``) is the start of its version. The reader itself
+    only ends micro-batches between versions (``index`` 0)."""
 
     version: int
     index: int = 0
@@ -189,8 +192,8 @@ class _At:
 
 
 class PercolakeChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """The change feed as a stream, file by file; ``maxFilesPerTrigger`` bounds a
-    micro-batch as it bounds the plain streaming read's (``stream_read``).
+    """The change feed as a stream, version by version; ``maxFilesPerTrigger`` bounds
+    a micro-batch's files, whole versions only (at least one).
 
     Versions are immutable once committed, so each version's change files are planned
     once (a range at a time, through ``plan_changes``) and kept until a committed
@@ -245,14 +248,14 @@ class PercolakeChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailab
         at = _At.of(start)
         if not isinstance(limit, ReadMaxFiles):
             return at.offset() if last < at.version else _At(last + 1).offset()
-        budget = limit.max_files
+        budget, admitted = limit.max_files, False
         while at.version <= last:
-            window = min(last, at.version + budget - 1)  # each version takes a file or none
+            window = min(last, at.version + max(budget, 1) - 1)  # a file or none each
             left = len(self._version_files(at.version, window)) - at.index
-            if left > budget:
-                return _At(at.version, at.index + budget).offset()
-            at, budget = _At(at.version + 1), budget - left
-            if budget == 0:
+            if admitted and left > budget:
+                break  # the next version's files go whole into a later micro-batch
+            at, budget, admitted = _At(at.version + 1), budget - left, True
+            if budget <= 0:
                 break
         return at.offset()
 
