@@ -139,6 +139,8 @@ def test_a_client_of_two_replicas_begins_on_the_other_while_one_drains(
         single = TransactionManager.remote(first.address, timeout_s=10)
         try:
             _wait_for_refusal(single)  # the first now drains
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its log:\n{first.output()[-4000:]}") from None
         finally:
             single.close()
         newcomer = TransactionManager.remote(both, timeout_s=10)
