@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import TypeVar
 
+import grpc
+
 from txn._args import (
     check_cell,
     check_cells,
@@ -209,6 +211,51 @@ class RemoteTransaction:
             ) from exc
 
     def _scan_batches(self, request: pb.ScanRequest) -> Iterator[tuple[bytes, bytes, bytes]]:
+        """The scan's cells, over as many ``Scan`` calls as its consumer's pace needs.
+
+        A call's deadline (``timeout_s``) covers the whole stream, including the time
+        the caller spends between rows: a caller that works on each row would see its
+        scan die with "Deadline Exceeded" after ``timeout_s`` although the gateway
+        answered at once. So when the deadline ends a call that delivered cells, the scan
+        goes on in a new call at the same snapshot from the last cell handed over (cells
+        up to it skipped). A call that delivered no new cell in its deadline is a
+        gateway that does not answer: that error is raised. SERIALIZABLE validation covers each
+        call as far as it was consumed; the calls overlap at the resumed row only, and
+        validating a cell twice is safe."""
+        last: tuple[bytes, bytes] | None = None
+        while True:
+            delivered = False
+            calls = self._scan_call(request)
+            try:
+                for cell in calls:
+                    if last is not None and (cell[0], cell[1]) <= last:
+                        continue  # handed over by an earlier call
+                    delivered = True
+                    last = cell[0], cell[1]
+                    yield cell
+                return
+            except ServiceUnavailableError as exc:
+                if exc.code is not grpc.StatusCode.DEADLINE_EXCEEDED or not delivered:
+                    raise
+                assert last is not None  # set with ``delivered``
+                log.info(
+                    "scan of %r in transaction %s outlived its %.1f s call deadline at row "
+                    "%r: going on in a new call",
+                    request.table,
+                    self.id,
+                    self._m.timeout_s,
+                    last[0],
+                )
+                self.flush()  # writes made during the scan, as a new scan would see them
+                resumed = pb.ScanRequest()
+                resumed.CopyFrom(request)
+                resumed.start_row = last[0]
+                request = resumed
+            finally:
+                calls.close()  # cancels the call when the caller drops the scan
+
+    def _scan_call(self, request: pb.ScanRequest) -> Iterator[tuple[bytes, bytes, bytes]]:
+        """One ``Scan`` call's cells, each recorded as read before it is handed over."""
         progress: pb.ScanProgress | None = None
         for batch in stream(self._m._stub.Scan, request, self._m._conn, self._m.timeout_s):
             if progress is None:
