@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from types import TracebackType
 from typing import TypeVar
 
@@ -254,7 +254,7 @@ class RemoteTransaction:
             finally:
                 calls.close()  # cancels the call when the caller drops the scan
 
-    def _scan_call(self, request: pb.ScanRequest) -> Iterator[tuple[bytes, bytes, bytes]]:
+    def _scan_call(self, request: pb.ScanRequest) -> Generator[tuple[bytes, bytes, bytes]]:
         """One ``Scan`` call's cells, each recorded as read before it is handed over."""
         progress: pb.ScanProgress | None = None
         for batch in stream(self._m._stub.Scan, request, self._m._conn, self._m.timeout_s):
