@@ -15,8 +15,9 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnContext, SpawnProcess
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from bench._results import Result
@@ -143,36 +144,67 @@ def run_suite(name: str, quick: bool, progress: Callable[[str], None]) -> list[R
     """``name``'s ``run(quick, progress)`` in a fresh spawned process (why: the docstring
     of ``bench/__main__.py``), relaying its progress; its results come back pickled. A
     suite that raises, or a process that dies, fails the run with what it left."""
+    results: list[Result] = run_child(_suite_main, (name, quick), name, name, progress)
+    return results
+
+
+def run_child(
+    target: Callable[..., None],
+    args: tuple[Any, ...],
+    name: str,
+    what: str,
+    progress: Callable[[str], None],
+    *,
+    silence_s: float | None = None,
+    join_s: float = 60.0,
+) -> Any:
+    """``target(conn, *args)`` in a fresh spawned process; what it sends last, through
+    :func:`relay`. It is then given ``join_s`` to close what it started, and killed
+    after that (our own child, by pid)."""
     ctx = multiprocessing.get_context("spawn")
     conn, child_conn = ctx.Pipe(duplex=False)
-    # Not a daemon: suites start processes of their own (writer pools, Spark).
-    proc = ctx.Process(target=_suite_main, args=(child_conn, name, quick), name=name)
+    # Not a daemon: children start processes of their own (writer pools, Spark).
+    proc = ctx.Process(target=target, args=(child_conn, *args), name=name)
     proc.start()
     child_conn.close()
     try:
-        while True:
-            try:
-                kind, payload = conn.recv()
-            except EOFError:
-                proc.join(10)
-                raise RuntimeError(
-                    f"{name} (pid {proc.pid}) ended with exit code {proc.exitcode} "
-                    "before reporting its results"
-                ) from None
-            if kind == "progress":
-                progress(payload)
-            elif kind == "error":
-                raise RuntimeError(f"{name} failed:\n{payload}")
-            else:
-                results: list[Result] = payload
-                return results
+        return relay(proc, conn, what, progress, silence_s)
     finally:
         conn.close()
-        proc.join(60)  # it is closing its own servers and processes
+        proc.join(join_s)
         if proc.is_alive():
-            log.warning("%s (pid %d) still running after its results: killing it", name, proc.pid)
-            proc.kill()  # our own child, by pid
+            log.warning("%s (pid %d) still running after its results: killing it", what, proc.pid)
+            proc.kill()
             proc.join(10)
+
+
+def relay(
+    proc: BaseProcess,
+    conn: Connection,
+    what: str,
+    progress: Callable[[str], None],
+    silence_s: float | None = None,
+) -> Any:
+    """What a child process sends last, its ``("progress", step)`` messages relayed on
+    the way; ``("error", traceback)`` or a child that ends first fail with it. With
+    ``silence_s``, a child that says nothing for that long fails too."""
+    while True:
+        if silence_s is not None and not wait([conn, proc.sentinel], silence_s):
+            raise TimeoutError(f"{what} (pid {proc.pid}) said nothing for {silence_s:.0f} s")
+        try:
+            kind, payload = conn.recv()
+        except EOFError:
+            proc.join(10)
+            raise RuntimeError(
+                f"{what} (pid {proc.pid}) ended with exit code {proc.exitcode} "
+                "before reporting its results"
+            ) from None
+        if kind == "progress":
+            progress(payload)
+        elif kind == "error":
+            raise RuntimeError(f"{what} failed:\n{payload}")
+        else:
+            return payload
 
 
 def _suite_main(conn: Connection, name: str, quick: bool) -> None:

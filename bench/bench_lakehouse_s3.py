@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._lakehouse_anchors import ICEBERG_ATTEMPTS, NAMESPACE, version_of
+from bench._load import run_child
 from bench._results import Figure, Result, summarize
 from bench.bench_lakehouse_deployed import (
     DELTA,
@@ -550,47 +551,20 @@ def _in_spark_child(
 ) -> SparkTimings:
     """Run :func:`_spark_child` in a spawned process (our environment, no JVM yet),
     relaying its progress; its error, or its death, fails the benchmark."""
-    import multiprocessing
-    from multiprocessing.connection import wait
 
     missing = [name for name in SPARK_CHILD_VARIABLES if not os.environ.get(name)]
     if missing:
         raise RuntimeError(f"the Spark child needs {', '.join(missing)} (MinIO's variables)")
-    ctx = multiprocessing.get_context("spawn")
-    conn, child_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(
-        target=_spark_child, args=(child_conn, gateway_address, rows, runs), name="s3-spark"
+    timings: SparkTimings = run_child(
+        _spark_child,
+        (gateway_address, rows, runs),
+        "s3-spark",
+        "the Spark child",
+        progress,
+        silence_s=SPARK_CHILD_SILENCE_S,
+        join_s=30.0,
     )
-    proc.start()
-    child_conn.close()
-    try:
-        while True:
-            if not wait([conn, proc.sentinel], SPARK_CHILD_SILENCE_S):
-                raise TimeoutError(
-                    f"the Spark child (pid {proc.pid}) said nothing for "
-                    f"{SPARK_CHILD_SILENCE_S:.0f} s"
-                )
-            try:
-                kind, payload = conn.recv()
-            except EOFError:
-                proc.join(10)
-                raise RuntimeError(
-                    f"the Spark child (pid {proc.pid}) ended with exit code {proc.exitcode} "
-                    "before reporting its timings"
-                ) from None
-            if kind == "progress":
-                progress(payload)
-            elif kind == "error":
-                raise RuntimeError(f"the Spark write benchmark failed in its child:\n{payload}")
-            else:
-                timings: SparkTimings = payload
-                return timings
-    finally:
-        conn.close()
-        proc.join(30)
-        if proc.is_alive():
-            proc.kill()  # our own child, by pid
-            proc.join(10)
+    return timings
 
 
 def _spark_child(conn: Connection, gateway_address: str, rows: int, runs: int) -> None:

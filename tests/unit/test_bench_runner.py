@@ -6,11 +6,13 @@ This module doubles as the suite the runner is tested with."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 
 import pytest
 
-from bench._load import run_suite
+from bench._load import run_child, run_suite
 from bench._results import Figure, Result
 
 pytestmark = pytest.mark.unit
@@ -49,3 +51,29 @@ def test_a_suite_runs_in_its_own_process_and_its_results_and_progress_come_back(
 def test_a_failing_suite_fails_the_run_with_its_traceback() -> None:
     with pytest.raises(RuntimeError, match="the suite failed on purpose"):
         run_suite(__name__, False, lambda _: None)
+
+
+def _silent_child(conn: Connection, pause_s: float) -> None:
+    """A child that says one thing, then nothing for ``pause_s``, then its result."""
+    conn.send(("progress", "started"))
+    time.sleep(pause_s)
+    conn.send(("done", "late"))
+
+
+def test_a_child_silent_longer_than_its_limit_fails_the_run_and_is_ended() -> None:
+    """The S3 suite's Spark child is held to a silence limit (``silence_s``): one that
+    hangs fails the run instead of holding it, and is killed; one inside it answers."""
+    steps: list[str] = []
+    with pytest.raises(TimeoutError, match=r"silent child .* said nothing for 1 s"):
+        run_child(
+            _silent_child,
+            (30.0,),
+            "silent",
+            "the silent child",
+            steps.append,
+            silence_s=1.0,
+            join_s=0.5,
+        )
+    assert steps == ["started"]
+    got = run_child(_silent_child, (0.1,), "quick", "the quick child", steps.append, silence_s=5.0)
+    assert got == "late"
