@@ -38,7 +38,10 @@ RPCs per commit) is written next to the ``.prof`` file; with ``=py-spy`` (when
 slows the gateway: figures of such a run are for finding costs, not for the record.
 
 ``python -m bench --only bench.bench_lakehouse_deployed`` runs this suite and merges
-its figures into ``bench/results/latest.json``.
+its figures into ``bench/results/latest.json``. One phase on its own, for example
+issue 27's three-node figures: ``python -m bench.bench_lakehouse_deployed --store
+cassandra --writers 1 --writers 8 --write`` (the three-node ratios are named both
+``lakehouse.appends.cassandra.writers8...`` and ``...cassandra3.writers8...``).
 """
 
 from __future__ import annotations
@@ -87,6 +90,14 @@ STORE_LABEL = {
     CASSANDRA3: "Cassandra 5.0 three nodes, replication factor 3",
 }
 PERCOLAKE, DELTA, ICEBERG = "percolake", "deltalake", "iceberg"
+#: The prefixes of each phase's 8-writer ratios. The three-node phase keeps the second
+#: wave's contract name (``cassandra``) and also gives the third wave's (``cassandra3``,
+#: issue 27's goals): the same paired runs under both names.
+RATIO_NAMES = {
+    SQLITE: ("lakehouse.appends.writers8",),
+    CASSANDRA1: ("lakehouse.appends.cassandra1.writers8",),
+    CASSANDRA3: ("lakehouse.appends.cassandra.writers8", "lakehouse.appends.cassandra3.writers8"),
+}
 
 #: A writer's open (connect, load the table) and a run's collection are bounded.
 READY_TIMEOUT_S = 120.0
@@ -818,28 +829,28 @@ def phase_figures(phase: Phase, writer_counts: Sequence[int]) -> list[Result]:
         f"(in this phase: {statistics.median(theirs8):.1f} commits/s); {how}; percolake "
         "commits/s / deltalake commits/s of paired runs (back to back)"
     )
-    name = {
-        SQLITE: "lakehouse.appends.writers8",
-        CASSANDRA1: "lakehouse.appends.cassandra1.writers8",
-        CASSANDRA3: "lakehouse.appends.cassandra.writers8",
-    }[store]
     delta_anchor = f"{_anchor_topology(DELTA, 8)}; same machine, same run"
-    results.append(
-        summarize(
-            f"{name}.vs_deltalake.ratio", "x", delta_anchor, _paired(ours8, theirs8), delta_note
+    for name in RATIO_NAMES[store]:
+        results.append(
+            summarize(
+                f"{name}.vs_deltalake.ratio",
+                "x",
+                delta_anchor,
+                _paired(ours8, theirs8),
+                delta_note,
+            )
         )
-    )
-    results.append(
-        summarize(
-            f"{name}.vs_writers1.ratio",
-            "x",
-            f"percolake itself with 1 writer process, same gateway topology on "
-            f"{STORE_LABEL[store]}, same run",
-            _paired(ours8, phase.rates(PERCOLAKE, 1)),
-            f"{_topology(store, '8 and 1')}; {how}; commits/s with 8 writer processes / with 1, "
-            "run n against run n",
+        results.append(
+            summarize(
+                f"{name}.vs_writers1.ratio",
+                "x",
+                f"percolake itself with 1 writer process, same gateway topology on "
+                f"{STORE_LABEL[store]}, same run",
+                _paired(ours8, phase.rates(PERCOLAKE, 1)),
+                f"{_topology(store, '8 and 1')}; {how}; commits/s with 8 writer processes / "
+                "with 1, run n against run n",
+            )
         )
-    )
     if ICEBERG in phase.systems:
         results.append(
             summarize(
@@ -914,11 +925,17 @@ def run(
     *,
     stores: Sequence[str] | None = None,
     writer_counts: Sequence[int] | None = None,
+    runs: int | None = None,
+    url: str | None = None,
 ) -> list[Result]:
-    """The suite (``stores`` and ``writer_counts`` narrow it, for the command line)."""
+    """The suite (``stores``, ``writer_counts`` and ``runs`` narrow or widen it, for the
+    command line; ``url``: a running store for the one phase in ``stores``, instead of
+    one started for it)."""
+    if url and (stores is None or len(stores) != 1 or stores[0] == SQLITE):
+        raise ValueError(f"a store URL needs exactly one Cassandra phase, got {stores}")
     counts = tuple(writer_counts or (QUICK_WRITER_COUNTS if quick else WRITER_COUNTS))
     seconds = 1.0 if quick else 4.0
-    runs = 1 if quick else 2
+    runs = runs or (1 if quick else 2)
     phases_to_run = tuple(stores or ((SQLITE,) if quick else (SQLITE, CASSANDRA1, CASSANDRA3)))
     # Quick mode (inside ``make test``) checks the harness and the contract's figures;
     # Iceberg's side is measured in full runs only.
@@ -935,9 +952,12 @@ def run(
             root.mkdir()
             systems = (PERCOLAKE, *anchors) if store == SQLITE else (PERCOLAKE, DELTA)
             progress(f"lakehouse.appends.deployed.{store}: starting the store")
-            with store_url(store, root) as url:
+            started_store: contextlib.AbstractContextManager[str] = (
+                store_url(store, root) if url is None else contextlib.nullcontext(url)
+            )
+            with started_store as store_at:
                 phase = measure_phase(
-                    pool, store, url, root, counts, systems, seconds, runs, progress
+                    pool, store, store_at, root, counts, systems, seconds, runs, progress
                 )
             phases.append(phase)
             results += phase_figures(phase, counts)
@@ -955,17 +975,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--store", action="append", choices=list(STORE_LABEL))
     parser.add_argument("--writers", type=int, action="append", help="writer processes")
+    parser.add_argument("--runs", type=int, help="paired runs per writer count (default 2)")
+    parser.add_argument(
+        "--url",
+        help="cassandra:// URL of a running cluster for the one --store phase (its node "
+        "count must match the phase; default: start one)",
+    )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="merge the figures into bench/results/latest.json (a run narrowed by --store "
+        "or --writers writes its figures only: its curves would replace the full run's)",
+    )
     parsed = parser.parse_args(args)
+    if parsed.runs is not None and parsed.runs < 1:
+        parser.error(f"--runs must be at least 1, got {parsed.runs}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     started = time.monotonic()
-    for result in run(
+    results = run(
         parsed.quick,
         progress=lambda n: print("running", n, flush=True),
         stores=parsed.store,
         writer_counts=parsed.writers,
-    ):
+        runs=parsed.runs,
+        url=parsed.url,
+    )
+    for result in results:
         print(describe(result))
     print(f"took {time.monotonic() - started:.0f} s")
+    if parsed.write:
+        from bench._results import write_for_command
+
+        narrowed = parsed.store is not None or parsed.writers is not None
+        kept = [r for r in results if isinstance(r, Figure)] if narrowed else results
+        print(f"wrote {write_for_command(kept, quick=parsed.quick)}")
     return 0
 
 
