@@ -211,6 +211,7 @@ __all__ = [
     "CassandraStore",
     "ConditionalWriteRetryPolicy",
     "batched",
+    "cell_key",
     "parse_cassandra_url",
     "shard_of",
     "translate_error",

@@ -106,3 +106,38 @@ def test_a_store_left_smaller_by_collection_counts_as_ahead_in_the_plot() -> Non
     assert not ahead_of_anchor("gc.store_rows.cells.cassandra1.with_vs_without", 1.2)
     assert ahead_of_anchor("gc.commits_per_s.cells.sqlite.with_vs_without", 1.0)
     assert not ahead_of_anchor("spark.commit_hook.overhead", 1.3)
+
+
+def test_the_lakehouse_ratio_is_taken_at_the_same_size_on_every_store() -> None:
+    """The ratio falls as appends grow, so a SQLite curve to 100,000 appends reports it
+    at 10,000 like a Cassandra curve that stops there (issue 27 compared 10,000 on
+    Cassandra with 100,000 on SQLite)."""
+    sizes = [10_000, 30_000, 100_000]
+    curves = [
+        _curve(SQLITE, LAKEHOUSE, NO_GC, [(n, 4 * n) for n in sizes]),
+        _curve(SQLITE, LAKEHOUSE, GATEWAY_GC, [(n, 2 * n + 5_000) for n in sizes]),
+        _curve(CASSANDRA1, LAKEHOUSE, NO_GC, [(1_000, 4_000), (10_000, 40_000)]),
+        _curve(CASSANDRA1, LAKEHOUSE, GATEWAY_GC, [(1_000, 3_000), (10_000, 25_000)]),
+        _curve(CASSANDRA1, CELLS, NO_GC, [(1_000, 2_000), (10_000, 20_000)]),
+        _curve(CASSANDRA1, CELLS, GATEWAY_GC, [(1_000, 100), (10_000, 100)]),
+    ]
+    figures = {r.name: r for r in curve_figures(curves, sizes) if isinstance(r, Figure)}
+    sqlite = figures["gc.store_rows.lakehouse.sqlite.with_vs_without.ratio"]
+    assert sqlite.value == pytest.approx(25_000 / 40_000)
+    assert "10,000 commits" in sqlite.anchor
+    cassandra = figures["gc.store_rows.lakehouse.cassandra1.with_vs_without.ratio"]
+    assert cassandra.value == pytest.approx(25_000 / 40_000)
+    # Hot cells keep the last size both curves reached; short runs the last shared one.
+    cells = figures["gc.store_rows.cells.cassandra1.with_vs_without.ratio"]
+    assert "10,000 commits" in cells.anchor
+    short = curves[2:4]
+    short[0].samples.pop()
+    figures = {r.name: r for r in curve_figures(short, sizes) if isinstance(r, Figure)}
+    assert figures["gc.store_rows.lakehouse.cassandra1.with_vs_without.ratio"].value == 0.75
+
+
+def test_only_the_index_rows_of_cells_without_versions_count_as_rows() -> None:
+    size = StoreSize(versions=10, entries=2, system=1, index=3, live_index=8)
+    assert size.rows == 16
+    assert "3 index rows of cells with no version left" in size.describe()
+    assert "8 of live cells, not counted" in size.describe()
