@@ -64,41 +64,46 @@ class CassandraReads(CassandraConnection):
                 out[keys[_bytes(key)]] = Version(ts, _value(value, deleted), commit_ts)
         return out
 
+    def _read_tables(
+        self,
+        checked: Sequence[tuple[str, Sequence[Cell]]],
+        one: Any,
+        many: Any,
+        bounds: tuple[Any, ...],
+    ) -> Iterator[tuple[int, dict[bytes, Cell], Any]]:
+        """Point reads of every table's cells in one window of requests, each table's as
+        :meth:`_per_cell` spreads them (``one``/``many``: its statements for one cell and
+        several, ``bounds``: their trailing values). Yields each request's rows with the
+        index of its table and that table's cells by key."""
+        queries: list[tuple[Any, tuple[Any, ...] | None]] = []
+        owners: list[int] = []  # the index in ``checked`` of each query's table
+        keys: list[dict[bytes, Cell]] = []
+        for index, (table, wanted) in enumerate(checked):
+            table_keys = {cell_key(c.row, c.column): c for c in wanted}
+            keys.append(table_keys)
+            table_queries = self._per_cell(
+                one, many, table, list(table_keys), bounds, spread=_IN_SPREAD
+            )
+            queries += table_queries
+            owners += [index] * len(table_queries)
+        results = self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY)
+        for index, rows in zip(owners, results, strict=True):
+            yield index, keys[index], rows
+
     def get_latest_of_tables(
         self, reads: Sequence[tuple[str, Sequence[tuple[bytes, bytes]]]], below_ts: int
     ) -> list[dict[Cell, Version]]:
         """Every table's cells read together: one window of requests for all of them,
         each as :meth:`get_latest` sends them for one table (a group commit's head and
         marks in one round instead of two)."""
-        checked = []
-        for table, cells in reads:
-            check_table(table)
-            checked.append((table, check_cells(cells)))
+        checked = _checked_reads(reads)
         check_ts("below_ts", below_ts)
         self._check_open()
-        queries: list[tuple[Any, tuple[Any, ...] | None]] = []
-        owners: list[int] = []  # the index in ``reads`` of each query's table
-        keys: list[dict[bytes, Cell]] = []
-        for index, (table, wanted) in enumerate(checked):
-            table_keys = {cell_key(c.row, c.column): c for c in wanted}
-            keys.append(table_keys)
-            table_queries = self._per_cell(
-                self._stmts.latest_one,
-                self._stmts.latest,
-                table,
-                list(table_keys),
-                (below_ts,),
-                spread=_IN_SPREAD,
-            )
-            queries += table_queries
-            owners += [index] * len(table_queries)
         out: list[dict[Cell, Version]] = [{} for _ in checked]
-        results = self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY)
-        for index, rows in zip(owners, results, strict=True):
+        tables = self._read_tables(checked, self._stmts.latest_one, self._stmts.latest, (below_ts,))
+        for index, keys, rows in tables:
             for key, ts, value, deleted, commit_ts in rows:
-                out[index][keys[index][_bytes(key)]] = Version(
-                    ts, _value(value, deleted), commit_ts
-                )
+                out[index][keys[_bytes(key)]] = Version(ts, _value(value, deleted), commit_ts)
         return out
 
     def _scan(
@@ -204,36 +209,20 @@ class CassandraReads(CassandraConnection):
     ) -> list[dict[Cell, list[int]]]:
         """Every table's cells read together: one set of requests for all of them,
         each as :meth:`get_version_timestamps` sends them for one table."""
-        checked = []
-        for table, cells in reads:
-            check_table(table)
-            checked.append((table, check_cells(cells)))
+        checked = _checked_reads(reads)
         limit = check_limit(limit)
         self._check_open()
         per_cell = MAX_PAGE_SIZE if limit is None else min(limit, MAX_PAGE_SIZE)
-        queries: list[tuple[Any, tuple[Any, ...] | None]] = []
-        owners: list[int] = []  # the index in ``reads`` of each query's table
-        keys: list[dict[bytes, Cell]] = []
-        for index, (table, wanted) in enumerate(checked):
-            table_keys = {cell_key(c.row, c.column): c for c in wanted}
-            keys.append(table_keys)
-            table_queries = self._per_cell(
-                self._stmts.version_ts_one,
-                self._stmts.version_ts,
-                table,
-                list(table_keys),
-                # The bounds get_version_timestamps sends for its defaults (above_ts
-                # -1, below_ts MAX_TIMESTAMP): -1 < ts <= MAX_TIMESTAMP - 1.
-                (-1, MAX_TIMESTAMP - 1, per_cell),
-                spread=_IN_SPREAD,
-            )
-            queries += table_queries
-            owners += [index] * len(table_queries)
         out: list[dict[Cell, list[int]]] = [{} for _ in checked]
-        results = self._execute_all(queries, write=False, concurrency=_IN_CONCURRENCY)
-        for index, rows in zip(owners, results, strict=True):
+        # The bounds get_version_timestamps sends for its defaults (above_ts -1, below_ts
+        # MAX_TIMESTAMP): -1 < ts <= MAX_TIMESTAMP - 1.
+        bounds = (-1, MAX_TIMESTAMP - 1, per_cell)
+        tables = self._read_tables(
+            checked, self._stmts.version_ts_one, self._stmts.version_ts, bounds
+        )
+        for index, keys, rows in tables:
             for key, ts in rows:
-                out[index].setdefault(keys[index][_bytes(key)], []).append(ts)
+                out[index].setdefault(keys[_bytes(key)], []).append(ts)
         for found in out:
             for tss in found.values():
                 tss.sort(reverse=True)
@@ -362,3 +351,15 @@ class _ShardScan:
     @staticmethod
     def _result(request: _Request) -> list[Any]:
         return request.rows()
+
+
+def _checked_reads(
+    reads: Sequence[tuple[str, Sequence[tuple[bytes, bytes]]]],
+) -> list[tuple[str, list[Cell]]]:
+    """``reads`` with each table name and its cells checked (``ValueError`` naming the
+    first bad one)."""
+    checked = []
+    for table, cells in reads:
+        check_table(table)
+        checked.append((table, check_cells(cells)))
+    return checked
