@@ -648,7 +648,8 @@ def _write_source(path: Path) -> None:
 
 def _prepare(system: str, folder: Path, writers: int, seconds: float, gw: str) -> list[Spec]:
     """A new empty table for one run of ``system``; its writers' specs. percolake's
-    table names are per store, so each run's table is named after its folder."""
+    table names are per store, so each run's table is named after its folder and this
+    process (a store given with ``--url`` keeps the tables of earlier invocations)."""
     folder.mkdir(parents=True)
     if system == PERCOLAKE:
         from pyspark.sql.types import LongType, StructField, StructType
@@ -659,7 +660,7 @@ def _prepare(system: str, folder: Path, writers: int, seconds: float, gw: str) -
         source = folder / "source.parquet"
         _write_source(source)
         warehouse = folder / "warehouse"
-        table = f"{TABLE}_{folder.name}"
+        table = f"{TABLE}_{folder.name}_p{os.getpid()}"
         with TransactionManager.remote(gw) as tm:
             Lakehouse(tm, warehouse).create_table(
                 table, StructType([StructField("id", LongType())])
