@@ -58,7 +58,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -201,13 +201,20 @@ LABELS = {
 
 
 def write_figures(
-    url: str, quick: bool, progress: Callable[[str], None], batches: Iterator[int]
+    url: str,
+    quick: bool,
+    progress: Callable[[str], None],
+    batches: Iterator[int],
+    *,
+    sizes: Sequence[int] = TXN_SIZES,
+    runs: int | None = None,
 ) -> list[Result]:
-    """Cells/s three ways at each transaction size, in paired runs: each run times
-    raw, raw batched and percolake back to back, so a ratio compares runs made under
-    the same load, and its spread is that of the per-run ratios."""
+    """Cells/s three ways at each transaction size in ``sizes``, in ``runs`` paired
+    runs: each run times raw, raw batched and percolake back to back, so a ratio
+    compares runs made under the same load, and its spread is that of the per-run
+    ratios. More runs give a steadier median on a busy machine."""
     seconds = 0.75 if quick else 5.0
-    runs = 2 if quick else 3
+    runs = runs or (2 if quick else 3)
     results: list[Result] = []
     from bench.bench_cassandra_floor import node_count
 
@@ -230,7 +237,7 @@ def write_figures(
     latency: dict[str, list[float]] = {}
     anchors = {"raw": RAW_ANCHOR, "raw_batched": BATCHED_ANCHOR, "txn": RAW_ANCHOR}
     try:
-        for size in TXN_SIZES:
+        for size in sizes:
             progress(f"cassandra.write.cells{size}")
             # Warm every path (prepared statements, connections) before timing it.
             for write in writers.values():
@@ -553,14 +560,22 @@ def gc_cell_figures(url: str, quick: bool, progress: Callable[[str], None]) -> l
         store.close()
 
 
-def commit_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Result]:
+def commit_figures(
+    url: str,
+    quick: bool,
+    progress: Callable[[str], None],
+    *,
+    sizes: Sequence[int] = TXN_SIZES,
+    runs: int | None = None,
+) -> list[Result]:
     """The commit figures (``--only-commit`` runs just these): transactions against raw
     writes, and a lakehouse group commit against its floor
-    (:mod:`bench.bench_cassandra_floor`), on the same cluster."""
+    (:mod:`bench.bench_cassandra_floor`), on the same cluster; ``runs``: paired runs of
+    each (default: each one's own)."""
     from bench.bench_cassandra_floor import group_commit_figures
 
-    results = write_figures(url, quick, progress, itertools.count())
-    return results + group_commit_figures(url, quick, progress)
+    results = write_figures(url, quick, progress, itertools.count(), sizes=sizes, runs=runs)
+    return results + group_commit_figures(url, quick, progress, runs=runs)
 
 
 def sweep_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Figure]:
@@ -596,9 +611,26 @@ def main(argv: list[str] | None = None) -> int:
         help="only the commit figures: txn vs raw writes, group commit vs floor (issue 27)",
     )
     parser.add_argument(
-        "--write", action="store_true", help="merge the figures into bench/results/latest.json"
+        "--size",
+        type=int,
+        action="append",
+        choices=TXN_SIZES,
+        help="with --only-commit: only this transaction size (repeatable; default all)",
+    )
+    parser.add_argument(
+        "--runs", type=int, help="with --only-commit: paired runs of each commit figure"
+    )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="merge the figures into bench/results/latest.json (with --size, the figures "
+        "only: the narrowed curves would replace a full run's)",
     )
     args = parser.parse_args(argv)
+    if args.runs is not None and args.runs < 1:
+        parser.error(f"--runs must be at least 1, got {args.runs}")
+    if (args.size or args.runs) and not args.only_commit:
+        parser.error("--size and --runs go with --only-commit")
     logging.basicConfig(level=logging.WARNING)
     from bench.__main__ import print_result
 
@@ -609,7 +641,13 @@ def main(argv: list[str] | None = None) -> int:
         with cassandra_url(args.url) as store_url:
             results: list[Result] = []
             if args.only_commit:
-                results += commit_figures(store_url, args.quick, progress)
+                results += commit_figures(
+                    store_url,
+                    args.quick,
+                    progress,
+                    sizes=tuple(args.size or TXN_SIZES),
+                    runs=args.runs,
+                )
             if args.only_sweep:
                 results += sweep_figures(store_url, args.quick, progress)
     else:
@@ -619,7 +657,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         from bench._results import write_for_command
 
-        print(f"written to {write_for_command(results, quick=args.quick)}")
+        kept = [r for r in results if isinstance(r, Figure)] if args.size else results
+        print(f"written to {write_for_command(kept, quick=args.quick)}")
     return 0
 
 

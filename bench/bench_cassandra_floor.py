@@ -112,15 +112,20 @@ def _run_follow_ups(deferred: list[Callable[[], None]]) -> None:
 
 
 def group_commit_figures(
-    url: str, quick: bool, progress: Callable[[str], None] = lambda _: None
+    url: str,
+    quick: bool,
+    progress: Callable[[str], None] = lambda _: None,
+    *,
+    runs: int | None = None,
 ) -> list[Result]:
-    """Group commits of ``GROUP`` appends against the floor, in paired runs."""
+    """Group commits of ``GROUP`` appends against the floor, in ``runs`` paired runs
+    (default 5; 3 quick)."""
     from spark_integration.engine import Catalog, CommitRequest
     from spark_integration.engine.model import APPEND, FileEntry, TableMeta
     from txn import TransactionManager
 
     commits = 10 if quick else 40
-    runs = 3 if quick else 5
+    runs = runs or (3 if quick else 5)
     store = open_store(url)
     assert isinstance(store, CassandraStore)
     nodes = node_count(store)
