@@ -9,6 +9,7 @@ Only derived data depends on it, and readers and later commits do without it.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -58,6 +59,10 @@ class FollowUps:
         self._expiry = expiry
         self._run_later = run_later
         self._record_commit_ts = record_commit_ts
+        #: (table, generation) -> the newest version due a checkpoint whose follow-up is
+        #: queued on ``run_later``; an entry goes when that follow-up runs.
+        self._newest_due: dict[tuple[str, int], int] = {}
+        self._due_lock = threading.Lock()
 
     def schedule(self, name: str, fresh: Sequence[NewVersion], commit_ts: int | None) -> None:
         """:meth:`run` now, or on ``run_later`` when the catalog has one; never raises."""
@@ -68,6 +73,29 @@ class FollowUps:
             self._run_later(lambda: self.run(name, fresh, commit_ts))
         except Exception as exc:  # a closed executor, say: the commit stands
             log.warning("follow-up work of table %r not queued: %r", name, exc)
+            return
+        with self._due_lock:
+            for new in _due(fresh).values():
+                key = (name, new.gen)
+                self._newest_due[key] = max(self._newest_due.get(key, -1), new.version)
+
+    def _superseded(self, name: str, new: NewVersion) -> bool:
+        """Whether a follow-up queued after this one checkpoints a newer version of the
+        same generation (issue 27). A queue that falls behind the commits (a gateway on
+        a slow store: every checkpoint rewrites the generation's live set) then writes
+        only the newest checkpoint, not every stale one on the way, and the expiry that
+        follows it runs once: otherwise the queue only grows, and so does the live set
+        each checkpoint rewrites, and expiry, which needs a checkpoint at or below the
+        oldest readable version, keeps every file row since the last one it reached
+        (on one Cassandra node, 8,100 of 10,000 appends' file rows stayed, 3,800 on
+        SQLite). Skipping loses nothing: checkpoints are derived data, and the newer
+        follow-up writes the newer one; if it fails, the next due version's does."""
+        with self._due_lock:
+            key = (name, new.gen)
+            newest = self._newest_due.get(key)
+            if newest is not None and newest <= new.version:
+                del self._newest_due[key]
+            return newest is not None and newest > new.version
 
     def run(self, name: str, fresh: Sequence[NewVersion], commit_ts: int | None) -> None:
         """The follow-up work of versions that one transaction committed; never raises.
@@ -88,10 +116,9 @@ class FollowUps:
                 f"recording the commit_ts of {where}",
                 lambda: self._write_commit_ts(name, [n.version for n in fresh], commit_ts),
             )
-        due: dict[int, NewVersion] = {}
-        for new in fresh:
-            if checkpoint_due(new.version - new.gen_start):
-                due[new.gen] = new
+        due = _due(fresh)
+        if self._run_later is not None:
+            due = {gen: new for gen, new in due.items() if not self._superseded(name, new)}
         tables = self._tables
         for new in due.values():
             self._guarded(
@@ -153,3 +180,12 @@ class FollowUps:
         result = self._expiry.expire(name, self._tables.clock_ms(), max_rows=FOLLOW_UP_EXPIRE_ROWS)
         if result.deleted:
             log.info("expiry of %s: %s", name, result)
+
+
+def _due(fresh: Sequence[NewVersion]) -> dict[int, NewVersion]:
+    """The newest of ``fresh`` due a checkpoint, by generation."""
+    due: dict[int, NewVersion] = {}
+    for new in fresh:
+        if checkpoint_due(new.version - new.gen_start):
+            due[new.gen] = new
+    return due
