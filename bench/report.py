@@ -61,6 +61,21 @@ CONTRACT_FIGURES: dict[str, str] = {
         "as the first, the gateway on a 3-node Cassandra with replication factor 3 "
         "(higher is better)"
     ),
+    "lakehouse.appends.cassandra3.writers8.vs_deltalake.ratio": (
+        "the same runs under the third wave's name (issue 27: goal 5x or more, 0 failed commits)"
+    ),
+    "lakehouse.appends.cassandra3.writers8.vs_writers1.ratio": (
+        "percolake appends per second with 8 writer processes / with 1, gateway on the "
+        "3-node Cassandra (goal 2 or more)"
+    ),
+    "lakehouse.appends.cassandra3.group_commit.vs_floor.ratio": (
+        "a group commit of 8 appends on the 3-node Cassandra against its floor: 1 read "
+        "round + 1 write round + 1 LWT with the raw driver, same cluster, same run, floor "
+        "time / group-commit time (goal 0.6 or more)"
+    ),
+    "cassandra3.txn_vs_raw.cells100.ratio": (
+        "as the first figure, on the 3-node Cassandra with replication factor 3 (goal 0.90 or more)"
+    ),
     "lakehouse.s3.appends.writers8.vs_deltalake.ratio": (
         "as the first, the table on MinIO (same machine): percolake / delta-rs with "
         "`conditional_put=etag` (higher is better; goal at least 10x, 0 failed commits)"
@@ -269,6 +284,16 @@ one a 64-character hash; quick mode 200,000) through `format("percolake")` into 
 settings of `spark_integration.spark.session.s3a_conf`, Hadoop's default
 FileOutputCommitter, whose rename is a copy and a delete on S3), paired runs after a
 warm-up of each.
+
+The three-node Cassandra figures of issue 27 run on one cluster of three nodes on
+127.0.0.x, replication factor 3, on this same two-core machine (three JVMs beside the
+gateway, the writers and the anchors): `python -m bench.bench_cassandra --url URL
+--only-commit --write` (writes against raw inserts, `cassandra3.*`, and the group commit
+against its floor, `lakehouse.appends.cassandra3.group_commit.*`, with the commit's
+steps in the figure's note) and `python -m bench.bench_lakehouse_deployed --store
+cassandra --writers 1 --writers 8 --url URL --write` (without `--url` each starts its
+own cluster). Each ratio pairs runs made back to back in the same run; the absolute
+figures move with the machine's load, which the commit message of each result records.
 
 MERGE (`bench.bench_lakehouse_merge`; reproduce with `.venv/bin/python -m bench --only
 bench.bench_lakehouse_merge`, `--quick` for 200,000 rows in 10 files and 5 MERGEs per
