@@ -674,6 +674,19 @@ class KVStore(abc.ABC):
         check_ts("below_ts", below_ts)
         return 0
 
+    def prune_emptied_cells(self, table: str, below_ts: int, cells: Sequence[Cell]) -> int:
+        """:meth:`prune_cells` where ``cells`` are (the cells a garbage-collection pass
+        just left without a version): the same guarantees, the same caller's promise,
+        at the cost of what lies near those cells instead of the whole table. It may
+        forget fewer cells than :meth:`prune_cells` (the rest go at the next one), and
+        never one that holds a version, named or not.
+
+        This default does nothing, as :meth:`prune_cells`.
+        """
+        check_table(table)
+        check_ts("below_ts", below_ts)
+        return 0
+
     @abc.abstractmethod
     def get_versions(
         self,

@@ -26,9 +26,10 @@ from typing import Any
 
 from cassandra.query import BatchStatement, BatchType
 
-from storage_adapters._base import MAX_TIMESTAMP, check_ranges, check_table, check_ts
+from storage_adapters._base import MAX_TIMESTAMP, Cell, check_ranges, check_table, check_ts
 from storage_adapters._cassandra_reads import CassandraReads
 from storage_adapters._cassandra_session import _IN_CONCURRENCY, _IN_LIMIT, _bytes, cell_key
+from storage_adapters._cassandra_url import shard_of
 
 # Writes to one partition go as one unlogged batch (one mutation, one request), kept
 # under Cassandra's batch_size_warn_threshold (5 KiB) so that no batch logs a warning.
@@ -44,6 +45,9 @@ _MAX_WRITE_TIME = (1 << 63) - 1
 
 #: Index rows a prune reads per request; their cells are checked ``_IN_LIMIT`` a request.
 PRUNE_PAGE_CELLS = 1000
+#: A prune of named cells reads at most this many index rows per named cell of a shard
+#: (plus a page): between the first and the last of them, the shard's other rows too.
+PRUNE_SPAN_ROWS_PER_CELL = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,21 +163,62 @@ class CassandraSweeps(CassandraReads):
             pruned += self._prune_runs(table, runs, below_ts)
         return pruned
 
-    def _dead_runs(self, table: str, shard: int) -> Iterator[DeadRun]:
+    def prune_emptied_cells(self, table: str, below_ts: int, cells: Sequence[Cell]) -> int:
+        """:meth:`prune_cells` over the index rows between the first and the last of
+        ``cells`` of each shard only (the cells a garbage-collection pass just emptied),
+        reading at most ``PRUNE_SPAN_ROWS_PER_CELL`` index rows per cell of a shard and
+        a page: what is left goes at the next full prune. Each run is one the full prune
+        could make (consecutive index rows read and found without a version), deleted
+        the same way, so its argument holds unchanged (docs/design/storage.md, "Pruning
+        the index"); naming cells only narrows where it looks."""
+        check_table(table)
+        check_ts("below_ts", below_ts)
+        self._check_open()
+        if below_ts == 0 or not cells:
+            return 0
+        by_shard: dict[int, list[tuple[bytes, bytes]]] = {}
+        for cell in cells:
+            by_shard.setdefault(shard_of(cell.row, self.shards), []).append((cell.row, cell.column))
+        pruned = 0
+        for shard, named in sorted(by_shard.items()):
+            named.sort()
+            budget = PRUNE_SPAN_ROWS_PER_CELL * len(named) + PRUNE_PAGE_CELLS
+            runs = list(self._dead_runs(table, shard, named[0], named[-1], budget))
+            for i in range(0, len(runs), _BATCH_ROWS):
+                pruned += self._prune_runs(table, runs[i : i + _BATCH_ROWS], below_ts)
+        return pruned
+
+    def _dead_runs(
+        self,
+        table: str,
+        shard: int,
+        start: tuple[bytes, bytes] = (b"", b""),
+        end: tuple[bytes, bytes] | None = None,
+        budget: int | None = None,
+    ) -> Iterator[DeadRun]:
         """The runs of consecutive index rows of ``shard`` whose cells hold no version
         (of any timestamp) when read, in index order; a cell with a version ends a run.
-        Reads only: :meth:`_prune_runs` deletes them."""
+        Only rows from ``start`` to ``end`` (included; ``None``: the shard's last) are
+        read, about ``budget`` at most (``None``: no limit). Reads only:
+        :meth:`_prune_runs` deletes them."""
         stmts = self._stmts
-        cursor, inclusive = (b"", b""), True
+        cursor, inclusive = start, True
         first: tuple[bytes, bytes] | None = None
         last = first
         cells_in_run = 0
+        read = 0
         while True:
             statement = stmts.index_from if inclusive else stmts.index_after
-            rows = self._execute_all(
-                [(statement, (table, shard, *cursor, PRUNE_PAGE_CELLS))], write=False
-            )[0]
+            page = PRUNE_PAGE_CELLS
+            if budget is not None:
+                page = max(1, min(page, budget - read))
+            rows = self._execute_all([(statement, (table, shard, *cursor, page))], write=False)[0]
             cells = [(_bytes(r), _bytes(c)) for r, c in rows]
+            read += len(cells)
+            full = len(cells) == page
+            if end is not None and cells and cells[-1] > end:
+                cells = [cell for cell in cells if cell <= end]
+                full = False
             keys = [cell_key(r, c) for r, c in cells]
             # Any version at all, newest first: one row per cell that has one.
             queries = self._per_cell(
@@ -190,7 +235,7 @@ class CassandraSweeps(CassandraReads):
                 elif first is not None and last is not None:
                     yield DeadRun(shard, first, last, cells_in_run)
                     first, last, cells_in_run = None, None, 0
-            if len(cells) < PRUNE_PAGE_CELLS:
+            if not full or (budget is not None and read >= budget):
                 break
             cursor, inclusive = cells[-1], False
         if first is not None and last is not None:

@@ -211,6 +211,10 @@ class _Pass:
     cursor_known: bool = True
     #: When the cursor was last saved (monotonic).
     saved_at: float = 0.0
+    #: Cells of the table being swept that this pass left without a version below
+    #: the safe point (every one it found there deleted): what to prune between the
+    #: full prunes (KVStore.prune_emptied_cells).
+    emptied: list[Cell] = field(default_factory=list)
 
 
 class GarbageCollector:
@@ -398,12 +402,9 @@ class GarbageCollector:
             self._check_stopping()
             if progress is not None:
                 progress(table)
+            run.emptied = []
             self._sweep_table(run, table)
-            # Cells left with no version stop costing scans (a no-op but on Cassandra).
-            # Below the safe point, after its grace: no writer that may commit writes
-            # there any more (S8), which is what the prune needs (KVStore.prune_cells).
-            if self._prune_due(table):
-                run.report.cells_pruned += self._store.prune_cells(table, run.safe_point)
+            run.report.cells_pruned += _prune(self._store, table, run, self._prune_due(table))
             run.report.tables += 1
         self._collect_entries(run)
         run.report.seconds = self._monotonic() - started
@@ -558,6 +559,7 @@ class GarbageCollector:
         if stamps:
             self._store.stamp_versions(table, stamps)
             run.report.versions_stamped += len(stamps)
+        run.emptied += _emptied(found, set(doomed) | set(last))
         first, then = _ranges(found, set(doomed), set(last))
         for ranges, count in (first, then):
             if ranges:
@@ -649,6 +651,28 @@ def _decide(
             last.append(key)
         elif v.commit_ts is None:
             stamps.append(stamp)
+
+
+def _prune(store: KVStore, table: str, run: _Pass, full: bool) -> int:
+    """Cells left with no version stop costing scans (a no-op but on Cassandra): the
+    whole index when ``full`` (now and then: it reads every index row), else around the
+    cells this pass emptied. Below the safe point, after its grace: no writer that may
+    commit writes there any more (S8), which is what a prune needs (KVStore.prune_cells)."""
+    emptied, run.emptied = run.emptied, []
+    if full:
+        return store.prune_cells(table, run.safe_point)
+    return store.prune_emptied_cells(table, run.safe_point, emptied) if emptied else 0
+
+
+def _emptied(
+    found: dict[Cell, list[Version]], removable: set[tuple[bytes, bytes, int]]
+) -> list[Cell]:
+    """The cells of ``found`` whose every version (below the safe point) is removable."""
+    return [
+        cell
+        for cell, versions in found.items()
+        if versions and all((cell.row, cell.column, v.ts) in removable for v in versions)
+    ]
 
 
 _Ranges = tuple[list[tuple[bytes, bytes, int, int]], int]

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from storage_adapters import (
     CasResult,
+    Cell,
     Claim,
     KVStore,
     ScanEntry,
@@ -174,6 +175,10 @@ class ReconnectingStore(KVStore):
     def prune_cells(self, table: str, below_ts: int) -> int:
         self._wait()
         return self._inner.prune_cells(table, below_ts)
+
+    def prune_emptied_cells(self, table: str, below_ts: int, cells: Sequence[Cell]) -> int:
+        self._wait()
+        return self._inner.prune_emptied_cells(table, below_ts, cells)
 
     def sweep_candidates(self, *args: Any, **kwargs: Any) -> Any:
         self._wait()
