@@ -8,10 +8,10 @@ import logging
 import signal
 import sys
 import threading
-from types import FrameType
 
 from percolake.serve.config import DEFAULT_LISTEN, DEFAULT_STORE, ServeConfig
 from percolake.serve.running import RunningServer
+from percolake.serve.signals import StopSignals
 from percolake.serve.startup import StartupError, check_tls_files
 from percolake.serve.testing import TestBuild
 from spark_integration.service import LakehouseLimits
@@ -29,37 +29,56 @@ EXIT_STORE_IN_USE = 3
 EXIT_BAD_FLAG = 2
 #: The signals that drain and stop ``percolake serve``.
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: How often the main thread looks whether the drain thread has finished.
+_DRAIN_WATCH_S = 0.05
 
 
 def serve(config: ServeConfig, build: TestBuild | None = None) -> int:
     """Run until SIGTERM, SIGINT or SIGHUP, then drain (:meth:`RunningServer.stop`) and
     exit 0. SIGHUP drains too: a hang-up should not leave the lease to run out. A
     second signal during the drain ends it at once. ``build``: a test build's switches
-    (:mod:`percolake.serve.testing`); the installed command passes none."""
-    stop_requested, hurry = threading.Event(), threading.Event()
+    (:mod:`percolake.serve.testing`); the installed command passes none.
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        if stop_requested.is_set():
-            log.info("received %s again; ending the drain now", name)
-            hurry.set()
-            return
-        log.info("received %s; draining for up to %.1f s, then stopping", name, config.grace_s)
-        stop_requested.set()
-
+    The main thread only waits for signals (:class:`StopSignals`, never an untimed
+    wait, which a signal landing on another thread does not interrupt); the drain runs
+    in a thread of its own, so that the main thread goes on watching for the second
+    signal while the drain waits (on open transactions, on gRPC's stop)."""
+    hurry = threading.Event()
     # Before the server starts: a signal as soon as it is ready (its ready file
     # written) must find the handler, not kill the process with the lease held.
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, on_signal)
-    running = RunningServer(config, hurry, build)
-    stop_requested.wait()
-    running.stop()
-    # Stopped: nothing is left to drain. Python restores the default handlers while it
-    # shuts down, and a late signal would then end a clean stop with -SIGTERM instead
-    # of 0; ignored signals are left ignored.
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
+    signals = StopSignals(_STOP_SIGNALS)
+    try:
+        running = RunningServer(config, hurry, build)
+        name = signals.wait()
+        log.info("received %s; draining for up to %.1f s, then stopping", name, config.grace_s)
+        _stop_watching(running, signals, hurry)
+    finally:
+        # Stopped (or never started): nothing is left to drain, and later signals are
+        # ignored (see StopSignals.close).
+        signals.close()
     return 0
+
+
+def _stop_watching(running: RunningServer, signals: StopSignals, hurry: threading.Event) -> None:
+    """Stop ``running`` in a drain thread; a signal meanwhile ends the drain at once."""
+    failed: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            running.stop()
+        except BaseException as exc:  # re-raised in the main thread below
+            failed.append(exc)
+
+    drain = threading.Thread(target=stop, name="percolake-drain")
+    drain.start()
+    while drain.is_alive():
+        again = signals.wait(_DRAIN_WATCH_S)
+        if again is not None and not hurry.is_set():
+            log.info("received %s again; ending the drain now", again)
+            hurry.set()
+    drain.join()
+    if failed:
+        raise failed[0]
 
 
 def serve_from_args(

@@ -5,6 +5,8 @@ lease is released and the process exits 0."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +26,27 @@ pytestmark = pytest.mark.integration
 _REFUSAL_TIMEOUT_S = 30.0
 _REFUSAL_ATTEMPTS = 600
 _EXIT_TIMEOUT_S = 30.0
+#: The repository's root: ``python -c`` imports the packages from there.
+_ROOT = Path(__file__).resolve().parents[2]
+#: ``python -c`` this with a ready file's path and ``percolake`` arguments: runs the
+#: command and, once the ready file is written, sends SIGTERM to one of the process's
+#: own threads other than the main thread (the kernel may deliver a SIGTERM sent to
+#: the process to any of its threads).
+_TERM_FROM_ANOTHER_THREAD = """
+import signal, sys, threading, time
+from pathlib import Path
+from percolake.cli import main
+
+ready = Path(sys.argv[1])
+
+def terminate_from_this_thread():
+    while not ready.exists() or not ready.read_text().strip():
+        time.sleep(0.02)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=terminate_from_this_thread, daemon=True).start()
+sys.exit(main(sys.argv[2:]))
+"""
 
 
 @pytest.fixture
@@ -157,3 +180,43 @@ def test_a_client_of_two_replicas_begins_on_the_other_while_one_drains(
     with TransactionManager.embedded(url) as check, check.begin() as reader:
         assert reader.get("drain", b"row", b"col") == b"opened before SIGTERM"
         assert reader.get("drain", b"other", b"col") == b"begun during the drain"
+
+
+def test_a_sigterm_another_thread_takes_still_drains(tmp_path: Path) -> None:
+    """A SIGTERM that lands on a thread other than the main thread (gRPC's, a worker's:
+    the kernel picks any thread of the process) drains the server and ends it with 0.
+
+    Fails on the code before this fix (issue 29): the main thread waited for the signal
+    in an untimed ``Event.wait()``, a futex wait that only a signal landing on the main
+    thread interrupts, and Python runs handlers in the main thread only: the handler
+    never ran, and the server went on admitting Begin until killed ("serve did not
+    exit within 30 s of a SIGTERM another thread took"). Under load that happened to
+    a real ``kill``: a replica went on admitting Begin 30 s after SIGTERM, its main
+    thread still in that wait.
+    """
+    ready, log_path = tmp_path / "serve.ready", tmp_path / "serve.log"
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    args = ["serve", "all", "--listen", "127.0.0.1:0", "--ready-file", str(ready)]
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _TERM_FROM_ANOTHER_THREAD, str(ready), *args, "--store", url],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=_ROOT,
+        )
+    try:
+        code = proc.wait(_EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    output = log_path.read_text()
+    assert code is not None, (
+        f"serve did not exit within {_EXIT_TIMEOUT_S:.0f} s of a SIGTERM another thread "
+        f"took:\n{output[-3000:]}"
+    )
+    assert code == 0, output[-3000:]
+    assert "received SIGTERM; draining" in output, output[-3000:]
+    assert "stops leading tso (epoch 1): released" in output, output[-3000:]
