@@ -21,15 +21,14 @@ import argparse
 import logging
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
-from types import FrameType
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from percolake.serve.signals import StopSignals
 from percolake.tools.chaos._reconnect import reconnect_ms_from_env, store_opener
 from tso import DEFAULT_LEASE_MS, OracleAlreadyRunningError, TimestampOracle, check_lease_ms
 from tso.timestamp_service import TimestampServicer
@@ -88,16 +87,15 @@ def _serve(oracle: TimestampOracle, listen: str, ready_file: str | None, grace_s
     checks.set("", health_pb2.HealthCheckResponse.SERVING)
     host, _ = parse_address(listen)
     log.info("embedded oracle serving timestamps on %s:%d", host, port)
-    if ready_file:
-        Path(ready_file).write_text(f"{port}\n")
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    stop.wait()
+    # Not an untimed Event.wait(): a SIGTERM another thread takes would never end it
+    # (percolake.serve.signals). Caught before the ready file says we serve.
+    signals = StopSignals((signal.SIGTERM, signal.SIGINT))
+    try:
+        if ready_file:
+            Path(ready_file).write_text(f"{port}\n")
+        signals.wait()
+    finally:
+        signals.close()
     server.stop(grace_s).wait()
     return 0
 
