@@ -7,8 +7,9 @@ kernel picked, which may be any thread of the process (gRPC's, the server's work
 A main thread blocked in an untimed wait (``threading.Event.wait()`` is a futex wait
 in C) is interrupted only when the signal lands on it: landed on another thread, the
 signal is recorded and its handler never runs. That is how a SIGTERM'd ``percolake
-serve`` on a loaded machine went on admitting Begin for 30 s and more (issue 29), and
-why one took over 60 s to exit. :class:`StopSignals` never waits without a bound and
+serve`` on a loaded machine went on admitting Begin for 30 s and more (issue 29; the
+main thread was seen still in that wait), and, the same way, most likely why one took
+over 60 s to exit in a benchmark. :class:`StopSignals` never waits without a bound and
 is woken at once: the C-level handler writes to a wakeup socket from whatever thread
 it runs on (:func:`signal.set_wakeup_fd`), and the main thread waits on that socket.
 """
