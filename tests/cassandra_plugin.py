@@ -185,7 +185,7 @@ def _empty_store_url(request: pytest.FixtureRequest, pool_fixture: str) -> str:
         pytest.fail(
             f"{request.node.nodeid} reaches the session's Cassandra node but is not in "
             "the 'cassandra' xdist group: take a cassandra_* fixture, or name the "
-            "parameter that selects the node 'cassandra...' (tests/conftest.py, _worker_group)"
+            "parameter that selects the node 'cassandra...' (tests/conftest.py, _shared_jvm)"
         )
     pool: KeyspacePool = request.getfixturevalue(pool_fixture)
     return pool.next_empty_url()

@@ -45,10 +45,9 @@ def _uncontended_retries() -> None:
     CONFLICTS.reset()
 
 
-def _worker_group(item: pytest.Item) -> str | None:
-    """The worker a test must share: the session JVM it needs, ``cassandra`` (a node of
-    tests/cassandra_plugin.py) or ``spark`` (the session of tests/spark_plugin.py);
-    ``chaos`` for the chaos runs that need neither; or None.
+def _shared_jvm(item: pytest.Item) -> str | None:
+    """The session JVM a test needs: ``cassandra`` (a node of tests/cassandra_plugin.py),
+    ``spark`` (the session of tests/spark_plugin.py) or None.
 
     By the fixtures it uses, and by its parameters: ``store_url_factory`` and ``any_tm``
     reach the node through ``getfixturevalue``. Not by markers: a test marked
@@ -63,24 +62,12 @@ def _worker_group(item: pytest.Item) -> str | None:
     ):
         return "cassandra"
     if names & {"spark", "spark_connect"}:
-        # Two groups: the data source's batch tests run in a worker of their own, with a
-        # second session, beside the other Spark tests (see below).
+        # Two groups: the data source's batch tests take about as long as all the other
+        # Spark tests, and the first worker free takes them (see below).
         if item.path.name == "test_datasource.py":
             return "spark-datasource"
         return "spark"
-    if item.path.parent.name == "chaos":
-        # Not a JVM: the chaos runs are timed, and their clients mostly wait (the rate of
-        # tests/chaos/test_chaos.py). One at a time, in one worker, none starves another
-        # of the operations its checks count (their progress floors), and the time they
-        # spend waiting overlaps the other workers' tests.
-        return "chaos"
     return None
-
-
-#: The order xdist hands the groups out in (Makefile: ``--no-loadscope-reorder``, so
-#: collection order decides): one to each of three workers, then the next group to the
-#: first worker left with at most two tests to run, then single tests likewise.
-GROUP_ORDER = ("cassandra", "spark", "spark-datasource", "chaos")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -95,27 +82,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the ``-v`` log of a run: one group's tests on every worker).
     ``tests/unit/test_xdist_groups.py`` checks that the groups hold.
 
-    ``make test`` runs the suite in worker processes (``--dist loadgroup``, Makefile
-    ``TEST_WORKERS``), and a session fixture lives once per worker. A test that needs a
-    Cassandra node or the Spark session joins that JVM's group; every test of a group
-    runs in one worker, so each node starts once per run, not once per worker (a node
-    costs ~11 s of CPU to start). The items are put in ``GROUP_ORDER`` (a stable sort:
-    each group's tests keep their order), and xdist hands the groups out in that order:
-    the Cassandra, Spark and data-source groups start side by side in three workers,
-    and the chaos group goes to the first worker that runs low, in practice the one
-    that ran the data source's 40 batch tests. So the chaos runs start after the JVMs
-    have (ci21, chaos first: the first run, 10 s of bank transfers, made 196 ok
-    operations while two JVMs started beside it), and one runs at a time. By default
-    xdist would order the groups by their number of tests.
+    ``make test`` runs the suite in worker processes (``-n 2 --dist loadgroup``), and a
+    session fixture lives once per worker. A test that needs a Cassandra node or the
+    Spark session joins that JVM's group; every test of a group runs in one worker, so
+    each node starts once per run, not once per worker (a node costs ~20 s of both
+    cores to start). xdist hands the largest groups out first, one to each worker, and
+    the rest to whichever worker runs low. The Spark tests form two groups, so that the
+    worker that is free first takes the second: it reuses a session it already has (the
+    Cassandra worker starts one for the lakehouse tests on Cassandra) or starts one.
     Without xdist the marks change nothing.
     """
-    rank = {group: i for i, group in enumerate(GROUP_ORDER)}
-    groups: dict[str, str | None] = {}
     for item in items:
-        group = groups[item.nodeid] = _worker_group(item)
+        group = _shared_jvm(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: rank.get(groups[item.nodeid] or "", len(rank)))
 
 
 @pytest.fixture(

@@ -41,7 +41,7 @@ class _LostReplies:
 
 
 # Parameters named as conftest's store backends, so the test joins the workers' group
-# of the session's Cassandra nodes (tests/conftest.py, _worker_group).
+# of the session's Cassandra nodes (tests/conftest.py, _shared_jvm).
 @pytest.fixture(params=["cassandra", "cassandra-paxos-v1"], ids=["paxos-v2", "paxos-v1"])
 def store(request: pytest.FixtureRequest) -> Iterator[KVStore]:
     fixture = (
