@@ -15,7 +15,7 @@ import os
 import platform
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -187,3 +187,25 @@ def write_results(
         target.write_text(text)
         target.with_name(f"{target.stem}-{day}.json").write_text(text)
     return path
+
+
+class MachineLoad:
+    """How busy the shared machine was while a suite ran: the 1-minute load average
+    when it started (construction) and when it ended (:meth:`note`)."""
+
+    def __init__(self) -> None:
+        self.started = os.getloadavg()[0]
+
+    def note(self) -> str:
+        return (
+            f"1-min load average {self.started:.1f} when the suite started, "
+            f"{os.getloadavg()[0]:.1f} when it ended"
+        )
+
+    def stamp(self, results: Sequence[Result], *more: str) -> list[Result]:
+        """``results`` with ``more`` (the topology, say) and the load added to each
+        figure's note."""
+        extra = "; ".join((*more, self.note()))
+        return [
+            replace(r, note=f"{r.note}; {extra}") if isinstance(r, Figure) else r for r in results
+        ]

@@ -62,7 +62,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench._results import Figure, Growth, Latency, Result, summarize
+from bench._results import Figure, Growth, Latency, MachineLoad, Result, summarize
 from storage_adapters import MAX_TIMESTAMP, VersionWrite, open_store
 from storage_adapters.cassandra import CONCURRENCY, CassandraStore, batched, shard_of
 from txn import TransactionManager
@@ -574,8 +574,27 @@ def commit_figures(
     each (default: each one's own)."""
     from bench.bench_cassandra_floor import group_commit_figures
 
+    load = MachineLoad()
     results = write_figures(url, quick, progress, itertools.count(), sizes=sizes, runs=runs)
-    return results + group_commit_figures(url, quick, progress, runs=runs)
+    results += group_commit_figures(url, quick, progress, runs=runs)
+    return load.stamp(results, _topology(url))
+
+
+def _topology(url: str) -> str:
+    """Where the commit figures ran: the cluster, and the client in the bench process."""
+    from bench.bench_cassandra_floor import node_count
+
+    store = open_store(url)
+    try:
+        assert isinstance(store, CassandraStore)
+        nodes, rf = node_count(store), store.settings.replication_factor
+    finally:
+        store.close()
+    return (
+        f"Cassandra {nodes} node(s) on 127.0.0.x, replication factor {rf}, on this machine; "
+        "the client is the bench process itself (embedded TransactionManager and Catalog, "
+        "no percolake serve), as the raw driver it is compared with"
+    )
 
 
 def sweep_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Figure]:

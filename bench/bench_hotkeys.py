@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._load import end_processes, receive, start_processes
-from bench._results import Figure, Latency, Result, summarize
+from bench._results import Figure, Latency, MachineLoad, Result, summarize
 from bench.bench_lakehouse_deployed import CASSANDRA3, SQLITE, STORE_LABEL, gateway, store_url
 
 log = logging.getLogger(__name__)
@@ -534,7 +534,7 @@ def run(
     length = seconds or (QUICK_SECONDS if quick else SECONDS)
     repeats = runs or (QUICK_RUNS if quick else RUNS)
     phases: list[Phase] = []
-    load_before = os.getloadavg()[0]
+    machine = MachineLoad()
     with tempfile.TemporaryDirectory(prefix="percolake-hotkeys-") as tmp:
         progress("hotkeys: starting client processes")
         with ClientPool(PROCESSES) as pool:
@@ -556,7 +556,7 @@ def run(
                             progress,
                         )
                     )
-    load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after the suite"
+    load = machine.note()
     out: list[Result] = []
     for phase in phases:
         out += [

@@ -57,14 +57,14 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from bench._lakehouse_anchors import ICEBERG_ATTEMPTS, NAMESPACE, version_of
 from bench._load import run_child
-from bench._results import Figure, Result, summarize
+from bench._results import Figure, MachineLoad, Result, summarize
 from bench.bench_lakehouse_deployed import (
     DELTA,
     ICEBERG,
@@ -689,7 +689,7 @@ def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[R
     systems = (PERCOLAKE, DELTA, ICEBERG)
     rows = 200_000 if quick else 10_000_000
     spark_runs = 1 if quick else 5
-    load_before = os.getloadavg()[0]
+    load = MachineLoad()
     progress("lakehouse.s3: starting MinIO")
     with tempfile.TemporaryDirectory(prefix="percolake-s3-bench-") as tmp:
         root = Path(tmp)
@@ -701,11 +701,7 @@ def run(quick: bool, progress: Callable[[str], None] = lambda _: None) -> list[R
             results = append_figures(appends)
             results += measure_spark(root, rows, spark_runs, progress)
     # How busy the shared machine was: the suite's own processes and anything else.
-    busy = (
-        f"1-min load average {load_before:.1f} when the suite started, "
-        f"{os.getloadavg()[0]:.1f} when it ended"
-    )
-    return [replace(r, note=f"{r.note}; {busy}") if isinstance(r, Figure) else r for r in results]
+    return load.stamp(results)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

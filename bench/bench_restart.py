@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench._results import Result, summarize
+from bench._results import MachineLoad, Result, summarize
 from txn import TransactionManager
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def run(
 ) -> list[Result]:
     reps = repetitions or (QUICK_REPETITIONS if quick else REPETITIONS)
     values: dict[str, list[float]] = {COLD: [], KILL: [], TERM: []}
-    load_before = os.getloadavg()[0]
+    machine = MachineLoad()
     with tempfile.TemporaryDirectory(prefix="percolake-restart-") as tmp:
         for rep in range(reps):
             progress(f"restart {rep + 1}/{reps}")
@@ -177,8 +177,7 @@ def run(
     how = (
         "one `percolake serve` on SQLite, default 2 s lease; a probe commits through a "
         "fresh TransactionManager.remote per attempt once the port accepts connections; "
-        f"{os.cpu_count()} CPUs, load average {load_before:.1f} before and "
-        f"{os.getloadavg()[0]:.1f} after the run (a loaded machine starts Python slower)"
+        f"{os.cpu_count()} CPUs, {machine.note()} (a loaded machine starts Python slower)"
     )
     return [
         summarize(

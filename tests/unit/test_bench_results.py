@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from bench._results import Figure, Growth, Latency, percentiles, summarize, write_results
+from bench._results import (
+    Figure,
+    Growth,
+    Latency,
+    MachineLoad,
+    percentiles,
+    summarize,
+    write_results,
+)
 from bench.report import plot, table
 
 pytestmark = pytest.mark.unit
@@ -74,3 +82,15 @@ def test_plot_draws_ratios_growth_and_latency_and_drops_stale_plots(tmp_path: Pa
     assert not (tmp_path / "plot_old.png").exists()
     for name in written:
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_machine_load_stamps_each_figure_with_the_topology_and_the_load() -> None:
+    """A figure says where it ran and how busy the shared machine was; a latency
+    distribution's note is left alone."""
+    figure = Figure("f", 1.0, "x", 1, 0.0, "anchor", "paired runs")
+    latency = Latency("l", "title", "ms", {"a": {"p50": 1.0}}, note="as measured")
+    stamped = MachineLoad().stamp([figure, latency], "3 nodes, replication factor 3")
+    assert isinstance(stamped[0], Figure)
+    assert stamped[0].note.startswith("paired runs; 3 nodes, replication factor 3; 1-min load")
+    assert "when the suite started" in stamped[0].note and stamped[0].value == 1.0
+    assert stamped[1] == latency
