@@ -685,6 +685,7 @@ class KVStore(abc.ABC):
         """
         check_table(table)
         check_ts("below_ts", below_ts)
+        check_cells(cells)
         return 0
 
     @abc.abstractmethod

@@ -20,13 +20,21 @@ below it no writer that may still commit writes anything (rule S8).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+import itertools
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cassandra.query import BatchStatement, BatchType
 
-from storage_adapters._base import MAX_TIMESTAMP, Cell, check_ranges, check_table, check_ts
+from storage_adapters._base import (
+    MAX_TIMESTAMP,
+    Cell,
+    check_cells,
+    check_ranges,
+    check_table,
+    check_ts,
+)
 from storage_adapters._cassandra_reads import CassandraReads
 from storage_adapters._cassandra_session import _IN_CONCURRENCY, _IN_LIMIT, _bytes, cell_key
 from storage_adapters._cassandra_url import shard_of
@@ -152,16 +160,10 @@ class CassandraSweeps(CassandraReads):
         self._check_open()
         if below_ts == 0:
             return 0  # nothing lies below timestamp 0
-        pruned = 0
-        for shard in range(self.shards):
-            runs: list[DeadRun] = []
-            for run in self._dead_runs(table, shard):
-                runs.append(run)
-                if len(runs) >= _BATCH_ROWS:
-                    pruned += self._prune_runs(table, runs, below_ts)
-                    runs = []
-            pruned += self._prune_runs(table, runs, below_ts)
-        return pruned
+        return sum(
+            self._prune_all(table, self._dead_runs(table, shard), below_ts)
+            for shard in range(self.shards)
+        )
 
     def prune_emptied_cells(self, table: str, below_ts: int, cells: Sequence[Cell]) -> int:
         """:meth:`prune_cells` over the index rows between the first and the last of
@@ -173,6 +175,7 @@ class CassandraSweeps(CassandraReads):
         the index"); naming cells only narrows where it looks."""
         check_table(table)
         check_ts("below_ts", below_ts)
+        cells = check_cells(cells)
         self._check_open()
         if below_ts == 0 or not cells:
             return 0
@@ -183,9 +186,15 @@ class CassandraSweeps(CassandraReads):
         for shard, named in sorted(by_shard.items()):
             named.sort()
             budget = PRUNE_SPAN_ROWS_PER_CELL * len(named) + PRUNE_PAGE_CELLS
-            runs = list(self._dead_runs(table, shard, named[0], named[-1], budget))
-            for i in range(0, len(runs), _BATCH_ROWS):
-                pruned += self._prune_runs(table, runs[i : i + _BATCH_ROWS], below_ts)
+            runs = self._dead_runs(table, shard, named[0], named[-1], budget)
+            pruned += self._prune_all(table, runs, below_ts)
+        return pruned
+
+    def _prune_all(self, table: str, runs: Iterable[DeadRun], below_ts: int) -> int:
+        """:meth:`_prune_runs` of ``runs`` as they are found, ``_BATCH_ROWS`` at a time."""
+        pruned, found = 0, iter(runs)
+        while batch := list(itertools.islice(found, _BATCH_ROWS)):
+            pruned += self._prune_runs(table, batch, below_ts)
         return pruned
 
     def _dead_runs(

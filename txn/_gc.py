@@ -658,10 +658,9 @@ def _prune(store: KVStore, table: str, run: _Pass, full: bool) -> int:
     whole index when ``full`` (now and then: it reads every index row), else around the
     cells this pass emptied. Below the safe point, after its grace: no writer that may
     commit writes there any more (S8), which is what a prune needs (KVStore.prune_cells)."""
-    emptied, run.emptied = run.emptied, []
     if full:
         return store.prune_cells(table, run.safe_point)
-    return store.prune_emptied_cells(table, run.safe_point, emptied) if emptied else 0
+    return store.prune_emptied_cells(table, run.safe_point, run.emptied) if run.emptied else 0
 
 
 def _emptied(

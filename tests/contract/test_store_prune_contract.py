@@ -197,6 +197,9 @@ def test_a_prune_of_named_cells_changes_no_read_and_spares_live_cells(store: KVS
     assert _scan(store) == before
     assert store.prune_emptied_cells("t", 100, []) == 0
     assert store.prune_emptied_cells("t", 0, named) == 0
+    with pytest.raises(TypeError, match="cells must be an iterable"):
+        store.prune_emptied_cells("t", 100, b"d001")  # type: ignore[arg-type]
+    assert _scan(store) == before
 
 
 def test_a_writer_racing_a_prune_of_named_cells_is_never_hidden(store: KVStore) -> None:
