@@ -602,6 +602,32 @@ class KVStore(abc.ABC):
         """
         return [self.get_version_timestamps(table, cells, limit=limit) for table, cells in reads]
 
+    def put_versions_read_back_of_tables(
+        self,
+        writes: Sequence[tuple[str, Sequence[VersionWrite]]],
+        *,
+        limit: int | None = None,
+    ) -> list[dict[Cell, list[int]]]:
+        """:meth:`put_versions_of_tables` of ``writes``, then
+        :meth:`get_version_timestamps_of_tables` of the cells written, with ``limit``:
+        the results in the order of ``writes``.
+
+        The read of a cell begins only after every version of it in ``writes`` was
+        written (as :meth:`put_versions` writes: a later read by anyone sees it), so
+        it sees those versions and every other version of the cell written before
+        they landed: what a transaction's conflict check needs (rule S2). Nothing
+        orders the read of one cell after the writes of another. A store whose
+        requests overlap reads each cell back as soon as its own writes landed, in the
+        same round as the writes; this generic version writes every table, then reads
+        them. After a failure any subset may have been written, as for
+        :meth:`put_versions_of_tables`; bad input is refused before anything is written.
+        """
+        checked = [(check_table(t), check_writes(vs)) for t, vs in writes]
+        check_limit(limit)
+        self.put_versions_of_tables(checked)
+        cells = [(t, list(dict.fromkeys((v.row, v.column) for v in vs))) for t, vs in checked]
+        return self.get_version_timestamps_of_tables(cells, limit=limit)
+
     @abc.abstractmethod
     def delete_versions(self, table: str, versions: Sequence[tuple[bytes, bytes, int]]) -> None:
         """Remove versions ``(row, column, ts)``; missing ones are ignored (idempotent).

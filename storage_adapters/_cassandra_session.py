@@ -7,12 +7,13 @@ and conditional writes in :mod:`storage_adapters.cassandra`.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -483,6 +484,7 @@ class CassandraConnection(KVStore):
         write: bool,
         profile: object = None,
         concurrency: int = CONCURRENCY,
+        after: Sequence[FollowUp] = (),
     ) -> list[list[tuple[Any, ...]]]:
         """Run ``(statement, params)`` pairs, ``concurrency`` at a time; rows of each.
 
@@ -492,17 +494,26 @@ class CassandraConnection(KVStore):
         go through :func:`_send_window`: after a failure nothing more is sent, the ones
         in flight are awaited, and the error raised is the one that says least about
         what was applied (:func:`_worst_error`).
+
+        ``after``: requests each sent only once every one of its prerequisites (indices
+        into ``queries``) succeeded, in the same window; their rows follow those of
+        ``queries``, in the order of ``after``. A run again sends everything again.
         """
-        if not queries:
+        if not queries and not after:
             return []
+        for follow_up in after:
+            if not all(0 <= i < len(queries) for i in follow_up.prerequisites):
+                raise ValueError(f"a follow-up names a request not in the call: {follow_up}")
         profile = profile or EXEC_PROFILE_DEFAULT
         for attempt in range(_BUSY_RETRIES + 1):
             try:
-                if len(queries) == 1:
+                if len(queries) == 1 and not after:
                     statement, params = queries[0]
                     rows = self._session.execute(statement, params, execution_profile=profile)
                     return [list(rows or ())]
-                futures, errors = _send_window(self._session, queries, profile, concurrency)
+                futures, errors = _send_window(
+                    self._session, queries, profile, concurrency, after=after
+                )
                 if not errors:
                     # A ResultSet fetches any further page as it is listed.
                     return [list(future.result() or ()) for future in futures]
@@ -574,34 +585,63 @@ class _Request:
 # --- helpers --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class FollowUp:
+    """A request of a call sent only after its ``prerequisites`` (indices of the
+    call's other requests) all succeeded: a read that must see those writes."""
+
+    query: tuple[Any, tuple[Any, ...] | None]
+    prerequisites: frozenset[int]
+
+
 def _send_window(
     session: Any,
     queries: Sequence[tuple[Any, tuple[Any, ...] | None]],
     profile: object,
     limit: int,
+    *,
+    after: Sequence[FollowUp] = (),
 ) -> tuple[list[Any], list[BaseException]]:
     """Send ``queries`` with ``execute_async``, at most ``limit`` in flight; wait for all.
 
-    Returns the futures of the requests sent, in order, and the errors, in the order
-    they arrived. Only this thread sends: the driver's event loop only counts
-    completions (``add_callbacks``), so no callback recurses into sending and a
-    request finished before its callback was added is counted all the same. After the
-    first error nothing more is sent, and this returns only once every request sent
-    has finished, so no request of a failed call is still in flight when its caller
-    moves on (to clean-up, say). It replaces the driver's ``execute_concurrent``, whose
-    per-request bookkeeping cost a 100-cell commit's write several milliseconds of
-    client CPU (measured in docs/design/storage.md, "Round trips per commit").
+    Returns the futures of the requests, in order (those of ``after`` last, in their
+    order; ``None`` for a request never sent), and the errors, in the order they
+    arrived. Only this thread sends: the driver's event loop only counts
+    completions (``add_callbacks``) and releases the follow-ups whose prerequisites
+    all succeeded, so no callback recurses into sending and a request finished before
+    its callback was added is counted all the same. A released follow-up is sent
+    before the next request of ``queries``: it finishes a chain already begun. After
+    the first error nothing more is sent, and this returns only once every request
+    sent has finished, so no request of a failed call is still in flight when its
+    caller moves on (to clean-up, say). It replaces the driver's
+    ``execute_concurrent``, whose per-request bookkeeping cost a 100-cell commit's
+    write several milliseconds of client CPU (measured in docs/design/storage.md,
+    "Round trips per commit").
     """
     ready = threading.Condition()
     in_flight = 0
     errors: list[BaseException] = []
-    futures: list[Any] = []
+    futures: list[Any] = [None] * (len(queries) + len(after))
+    # Prerequisites not yet succeeded, per follow-up; the follow-ups of each request.
+    waiting = [len(f.prerequisites) for f in after]
+    dependents: dict[int, list[int]] = {}
+    for j, follow_up in enumerate(after):
+        for i in follow_up.prerequisites:
+            dependents.setdefault(i, []).append(j)
+    released = collections.deque(j for j, count in enumerate(waiting) if not count)
 
-    def finished(_result: Any = None) -> None:
-        nonlocal in_flight
-        with ready:
-            in_flight -= 1
-            ready.notify()
+    def finished(index: int) -> Callable[[Any], None]:
+        def callback(_result: Any = None) -> None:
+            nonlocal in_flight
+            with ready:
+                in_flight -= 1
+                for j in dependents.get(index, ()):
+                    waiting[j] -= 1
+                    if not waiting[j]:
+                        released.append(j)
+                ready.notify()
+
+        return callback
 
     def failed(exc: BaseException) -> None:
         nonlocal in_flight
@@ -610,20 +650,32 @@ def _send_window(
             errors.append(exc)
             ready.notify()
 
-    for statement, params in queries:
+    unsent = 0  # the next request of ``queries`` to send
+    while True:
         with ready:
-            while in_flight >= limit and not errors:
+            while not errors and (
+                in_flight >= limit or (in_flight and not released and unsent == len(queries))
+            ):
                 ready.wait()
             if errors:
                 break
+            if released:
+                slot = len(queries) + released.popleft()
+            elif unsent < len(queries):
+                slot, unsent = unsent, unsent + 1
+            else:  # everything sent and finished; a follow-up still waiting never will
+                break
             in_flight += 1
+        statement, params = (
+            queries[slot] if slot < len(queries) else after[slot - len(queries)].query
+        )
         try:
             future = session.execute_async(statement, params, execution_profile=profile)
         except Exception as exc:  # refused before sending: count it as a finished request
             failed(exc)
             break
-        futures.append(future)
-        future.add_callbacks(finished, failed)
+        futures[slot] = future
+        future.add_callbacks(finished(slot), failed)
     with ready:
         while in_flight:
             ready.wait()

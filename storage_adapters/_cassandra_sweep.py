@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from cassandra.query import BatchStatement, BatchType
 
@@ -38,6 +38,9 @@ from storage_adapters._base import (
 from storage_adapters._cassandra_reads import CassandraReads
 from storage_adapters._cassandra_session import _IN_CONCURRENCY, _IN_LIMIT, _bytes, cell_key
 from storage_adapters._cassandra_url import shard_of
+
+#: What a caller tags each write of tagged_batches with.
+Tag = TypeVar("Tag")
 
 # Writes to one partition go as one unlogged batch (one mutation, one request), kept
 # under Cassandra's batch_size_warn_threshold (5 KiB) so that no batch logs a warning.
@@ -293,29 +296,46 @@ def batched_writes(
     """``(group, statement, params, approximate bytes)`` writes as unlogged batches of
     one group each, ``max_rows`` and ``_BATCH_BYTES`` at most, as :func:`batched`;
     writes of different statements (tables) may share a batch."""
-    by_group: dict[Hashable, list[tuple[Any, tuple[Any, ...], int]]] = {}
-    for group, statement, params, size in items:
-        by_group.setdefault(group, []).append((statement, params, size))
-    out: list[tuple[Any, tuple[Any, ...] | None]] = []
+    return [
+        query
+        for query, _ in tagged_batches(
+            [(group, statement, params, size, None) for group, statement, params, size in items],
+            max_rows,
+        )
+    ]
 
-    def flush(chunk: list[tuple[Any, tuple[Any, ...]]]) -> None:
+
+def tagged_batches(
+    items: Sequence[tuple[Hashable, Any, tuple[Any, ...], int, Tag]],
+    max_rows: int = _BATCH_ROWS,
+) -> list[tuple[tuple[Any, tuple[Any, ...] | None], list[Tag]]]:
+    """:func:`batched_writes` of ``(group, statement, params, approximate bytes, tag)``
+    writes, each request with the tags of the writes it carries (in order): which
+    request a later read of a written row must wait for."""
+    by_group: dict[Hashable, list[tuple[Any, tuple[Any, ...], int, Tag]]] = {}
+    for group, statement, params, size, tag in items:
+        by_group.setdefault(group, []).append((statement, params, size, tag))
+    out: list[tuple[tuple[Any, tuple[Any, ...] | None], list[Tag]]] = []
+
+    def flush(chunk: list[tuple[Any, tuple[Any, ...], Tag]]) -> None:
+        tags = [tag for _, _, tag in chunk]
         if len(chunk) == 1:
-            out.append(chunk[0])
+            out.append(((chunk[0][0], chunk[0][1]), tags))
             return
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
         batch.is_idempotent = True
-        for statement, params in chunk:
+        for statement, params, _ in chunk:
             batch.add(statement, params)
-        out.append((batch, None))
+        out.append(((batch, None), tags))
 
     for entries in by_group.values():
-        chunk: list[tuple[Any, tuple[Any, ...]]] = []
+        chunk: list[tuple[Any, tuple[Any, ...], Tag]] = []
         chunk_bytes = 0
-        for statement, params, size in entries:
+        for statement, params, size, tag in entries:
             if chunk and (chunk_bytes + size > _BATCH_BYTES or len(chunk) >= max_rows):
                 flush(chunk)
                 chunk, chunk_bytes = [], 0
-            chunk.append((statement, params))
+            chunk.append((statement, params, tag))
             chunk_bytes += size
         if chunk:
             flush(chunk)

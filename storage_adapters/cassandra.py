@@ -170,10 +170,14 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from storage_adapters._base import (
+    MAX_PAGE_SIZE,
+    MAX_TIMESTAMP,
     CasResult,
+    Cell,
     VersionStamp,
     VersionWrite,
     check_deletes,
+    check_limit,
     check_stamps,
     check_system_key,
     check_system_write,
@@ -184,6 +188,7 @@ from storage_adapters._cassandra_errors import ConditionalWriteRetryPolicy, tran
 from storage_adapters._cassandra_session import (
     _IN_CONCURRENCY,
     CONCURRENCY,
+    FollowUp,
     _bytes,
     cell_key,
 )
@@ -193,7 +198,7 @@ from storage_adapters._cassandra_sweep import (
     _MAX_WRITE_TIME,
     CassandraSweeps,
     batched,
-    batched_writes,
+    tagged_batches,
 )
 from storage_adapters._cassandra_url import (
     DEFAULT_PORT,
@@ -202,6 +207,10 @@ from storage_adapters._cassandra_url import (
     parse_cassandra_url,
     shard_of,
 )
+
+#: What a write request carries, for a read that must follow it: the ``(table index,
+#: cell key)`` of a version, ``None`` for an index row.
+_VersionTag = tuple[int, bytes] | None
 
 __all__ = [
     "CONCURRENCY",
@@ -244,28 +253,91 @@ class CassandraStore(CassandraSweeps):
         """Every table's versions and index rows in one set of batches, sent together
         (as :meth:`put_versions` describes for one table): a replica's batch may hold
         rows of several tables."""
-        checked = []
-        for table, versions in writes:
-            check_table(table)
-            checked.append((table, check_writes(versions)))
+        checked = _checked_writes(writes)
         self._check_open()
-        mixed: list[tuple[Hashable, Any, tuple[Any, ...], int]] = []
+        self._execute_all(self._write_queries(checked)[0], write=True, concurrency=_IN_CONCURRENCY)
+
+    def put_versions_read_back_of_tables(
+        self,
+        writes: Sequence[tuple[str, Sequence[VersionWrite]]],
+        *,
+        limit: int | None = None,
+    ) -> list[dict[Cell, list[int]]]:
+        """:meth:`put_versions_of_tables`, and each written cell's version timestamps
+        read back as :meth:`get_version_timestamps_of_tables` reads them, in the same
+        window: a cell's read goes out as soon as every batch holding a version of it
+        succeeded, not after the slowest batch of the call (a commit's write step and
+        the first read of its conflict check, docs/design/storage.md, "The conflict
+        check's read in the write round"). A batch's cells are read with one request
+        per table (``cell IN ?``; a batch holds ten partitions at most). Returns only
+        once every write and read landed, or raises as a write would (a read failing
+        after the writes leaves them written, as any failed write may)."""
+        checked = _checked_writes(writes)
+        limit = check_limit(limit)
+        self._check_open()
+        per_cell = MAX_PAGE_SIZE if limit is None else min(limit, MAX_PAGE_SIZE)
+        queries, tags = self._write_queries(checked)
+        # Each cell's read waits for every request carrying a version of it.
+        needs: dict[tuple[int, bytes], set[int]] = {}
+        for index, request_tags in enumerate(tags):
+            for tag in request_tags:
+                if tag is not None:
+                    needs.setdefault(tag, set()).add(index)
+        groups: dict[tuple[frozenset[int], int], list[bytes]] = {}
+        for (table_index, key), requests in needs.items():
+            groups.setdefault((frozenset(requests), table_index), []).append(key)
+        bounds = (-1, MAX_TIMESTAMP - 1, per_cell)  # as get_version_timestamps_of_tables
+        after: list[FollowUp] = []
+        owners: list[int] = []
+        for (prerequisites, table_index), keys in groups.items():
+            table = checked[table_index][0]
+            for query in self._per_cell(
+                self._stmts.version_ts_one, self._stmts.version_ts, table, keys, bounds
+            ):
+                after.append(FollowUp(query, prerequisites))
+                owners.append(table_index)
+        results = self._execute_all(queries, write=True, concurrency=_IN_CONCURRENCY, after=after)[
+            len(queries) :
+        ]
+        cells = [
+            {cell_key(v.row, v.column): Cell(v.row, v.column) for v in vs} for _, vs in checked
+        ]
+        out: list[dict[Cell, list[int]]] = [{} for _ in checked]
+        for table_index, rows in zip(owners, results, strict=True):
+            for key, ts in rows:
+                out[table_index].setdefault(cells[table_index][_bytes(key)], []).append(ts)
+        for found in out:
+            for tss in found.values():
+                tss.sort(reverse=True)
+        return out
+
+    def _write_queries(
+        self, checked: Sequence[tuple[str, Sequence[VersionWrite]]]
+    ) -> tuple[list[tuple[Any, tuple[Any, ...] | None]], list[list[_VersionTag]]]:
+        """The requests writing ``checked`` (versions and index rows), and for each the
+        ``(table index, cell key)`` of every version it carries (``None`` for an index
+        row)."""
+        mixed: list[tuple[Hashable, Any, tuple[Any, ...], int, _VersionTag]] = []
         shard_items: list[tuple[Hashable, tuple[Any, ...], int]] = []
-        for table, table_writes in checked:
-            self._put_items(table, table_writes, mixed, shard_items)
-        queries = batched_writes(mixed, _CROSS_PARTITION_ROWS)
-        queries += batched(self._stmts.index_cell, shard_items)
-        self._execute_all(queries, write=True, concurrency=_IN_CONCURRENCY)
+        for table_index, (table, table_writes) in enumerate(checked):
+            self._put_items(table_index, table, table_writes, mixed, shard_items)
+        tagged = tagged_batches(mixed, _CROSS_PARTITION_ROWS)
+        index_queries = batched(self._stmts.index_cell, shard_items)
+        queries = [query for query, _ in tagged] + index_queries
+        no_versions: list[list[_VersionTag]] = [[None] for _ in index_queries]
+        return queries, [tags for _, tags in tagged] + no_versions
 
     def _put_items(
         self,
+        table_index: int,
         table: str,
         writes: Sequence[VersionWrite],
-        mixed: list[tuple[Hashable, Any, tuple[Any, ...], int]],
+        mixed: list[tuple[Hashable, Any, tuple[Any, ...], int, _VersionTag]],
         shard_items: list[tuple[Hashable, tuple[Any, ...], int]],
     ) -> None:
-        """Add one table's writes: ``mixed`` by first replica, ``shard_items`` by index
-        partition (shards with ``_CROSS_PARTITION_ROWS`` index rows or more)."""
+        """Add one table's writes: ``mixed`` by first replica (each version tagged
+        ``(table_index, cell key)``), ``shard_items`` by index partition (shards with
+        ``_CROSS_PARTITION_ROWS`` index rows or more)."""
         # The last write of a version wins, as in the reference backend; within one
         # batch Cassandra would instead keep the greater value.
         latest = {(v.row, v.column, v.ts): v.value for v in writes}
@@ -278,6 +350,7 @@ class CassandraStore(CassandraSweeps):
                     self._stmts.insert_version,
                     (table, key, ts, value or b"", value is None),
                     len(value or b"") + 80,
+                    (table_index, key),
                 )
             )
             newest[row, column] = max(ts, newest.get((row, column), ts))
@@ -297,7 +370,7 @@ class CassandraStore(CassandraSweeps):
                 continue
             replica = self._shard_replica(table, shard)
             mixed += [
-                (replica, self._stmts.index_cell, p, len(p[2]) + len(p[3]) + 32) for p in rows
+                (replica, self._stmts.index_cell, p, len(p[2]) + len(p[3]) + 32, None) for p in rows
             ]
 
     def stamp_versions(self, table: str, stamps: Sequence[VersionStamp]) -> None:
@@ -411,3 +484,15 @@ class CassandraStore(CassandraSweeps):
         if applied:
             return CasResult(True, None)
         return CasResult(False, None if current is None else _bytes(current))
+
+
+def _checked_writes(
+    writes: Sequence[tuple[str, Sequence[VersionWrite]]],
+) -> list[tuple[str, list[VersionWrite]]]:
+    """``writes`` with each table name and its versions checked (``ValueError`` naming
+    the first bad one), before anything is sent."""
+    checked = []
+    for table, versions in writes:
+        check_table(table)
+        checked.append((table, check_writes(versions)))
+    return checked

@@ -92,6 +92,9 @@ class CommitAttempt:
         self._next = 0
         self._token: LockToken | None = None
         self._wrote = False
+        #: The written cells' newest version timestamps, read back by the write step
+        #: after each cell's version landed: the conflict check's first page.
+        self._written_pages: list[dict[Cell, list[int]]] | None = None
         self.status = TransactionStatus.COMMITTING
         self.commit_ts: int | None = None
         self.outcome: int | None = None
@@ -186,11 +189,17 @@ class CommitAttempt:
 
     def _write(self) -> None:
         self._wrote = True  # from here on, some versions may exist in the store
-        _write_versions(self._rt, self.start_ts, self._writes)
+        self._written_pages = _write_versions(self._rt, self.start_ts, self._writes)
         self._rt.failpoints.hit(fp.AFTER_WRITE, self.start_ts)
 
     def _check(self) -> None:
-        _check_write_conflicts(self._rt, self.start_ts, self._writes, self._read_bounds)
+        _check_write_conflicts(
+            self._rt,
+            self.start_ts,
+            self._writes,
+            self._read_bounds,
+            first_pages=self._written_pages,
+        )
         self._rt.failpoints.hit(fp.AFTER_CONFLICT_CHECK, self.start_ts)
 
     def _commit_ts(self) -> None:
@@ -293,14 +302,26 @@ def release_all(rt: Runtime, tokens: tuple[LockToken, ...]) -> None:
         _release(rt, token)
 
 
-def _write_versions(rt: Runtime, start_ts: int, writes: WriteBuffer) -> None:
-    """Every table's versions in one store call: a store whose requests overlap sends
-    them all together, one round for the step (KVStore.put_versions_of_tables)."""
-    rt.store.put_versions_of_tables(
+def _write_versions(rt: Runtime, start_ts: int, writes: WriteBuffer) -> list[dict[Cell, list[int]]]:
+    """Every table's versions in one store call, each written cell read back (its newest
+    ``_CONFLICT_PAGE`` version timestamps) once its own version landed: the first page of
+    the conflict check (step 3), which reads nothing more for most commits.
+
+    A store whose requests overlap sends the writes together and each cell's read as
+    soon as the write holding its version succeeded
+    (KVStore.put_versions_read_back_of_tables), so the check's first read costs no
+    round of its own. Rule S2 holds per cell: of two writers of a cell, the one whose
+    version landed last reads after both versions landed, so it sees the other
+    (docs/design/protocol.md, "The conflict check's first read"). The step still
+    returns only once every version of every table landed (S4: ``commit_ts`` is taken
+    after it).
+    """
+    return rt.store.put_versions_read_back_of_tables(
         [
             (table, [VersionWrite(c.row, c.column, start_ts, v) for c, v in cells.items()])
             for table, cells in writes.tables()
-        ]
+        ],
+        limit=_CONFLICT_PAGE,
     )
 
 
@@ -309,6 +330,8 @@ def _check_write_conflicts(
     start_ts: int,
     writes: WriteBuffer,
     read_bounds: Mapping[tuple[str, Cell], int] | None = None,
+    *,
+    first_pages: list[dict[Cell, list[int]]] | None = None,
 ) -> None:
     """First committer wins: abort if a writer of one of our cells committed in our way.
 
@@ -320,13 +343,20 @@ def _check_write_conflicts(
     that one, and at most one of the two can commit (docs/design/protocol.md,
     "Pessimistic reads").
 
-    The first page of every table's cells is read in one store call (one round on a
-    store whose requests overlap, KVStore.get_version_timestamps_of_tables); each
-    table's check then goes on from its page, the tables one after another.
+    ``first_pages``: every table's first page (newest ``_CONFLICT_PAGE`` version
+    timestamps of its cells, in the order of ``writes.tables()``), as the write step
+    read it back after each cell's version landed. Without it (a test's protocol that
+    checks before it writes) the first page of every table is read here in one store
+    call (KVStore.get_version_timestamps_of_tables). Each table's check then goes on
+    from its page, the tables one after another.
     """
     bounds = read_bounds or {}
     tables = [(table, list(cells)) for table, cells in writes.tables()]
-    pages = rt.store.get_version_timestamps_of_tables(tables, limit=_CONFLICT_PAGE)
+    pages = (
+        rt.store.get_version_timestamps_of_tables(tables, limit=_CONFLICT_PAGE)
+        if first_pages is None
+        else first_pages
+    )
     for (table, keys), page in zip(tables, pages, strict=True):
         table_bounds = {c: bounds[(table, c)] for c in keys if (table, c) in bounds}
         _check_table_conflicts(rt, table, keys, start_ts, table_bounds, first_page=page)

@@ -60,3 +60,40 @@ def test_a_bad_table_name_among_several_is_refused(store: KVStore) -> None:
         )
     with pytest.raises(ValueError):
         store.get_version_timestamps_of_tables([("good", [(b"r", b"c")]), ("bad name", [])])
+
+
+def test_versions_read_back_match_a_write_then_a_read(store: KVStore) -> None:
+    """``put_versions_read_back_of_tables`` (a commit's write step with the first read of
+    its conflict check) writes as ``put_versions_of_tables`` and answers as
+    ``get_version_timestamps_of_tables`` of the cells written, read afterwards: older
+    versions and the call's own, of every table, a cell written twice at two
+    timestamps, 12 cells of one table sharing shards."""
+    store.put_versions("a", [VersionWrite(b"k", b"c", ts, b"old") for ts in (3, 5, 30)])
+    many = [VersionWrite(b"r%02d" % i, b"c", 10, b"v%d" % i) for i in range(12)]
+    writes = [
+        ("a", [VersionWrite(b"k", b"c", 10, b"mine"), *many]),
+        ("b", [VersionWrite(b"x", b"y", 10, None), VersionWrite(b"x", b"y", 11, b"z")]),
+        ("c", []),
+        ("a", [VersionWrite(b"k", b"c", 10, b"mine")]),
+    ]
+    for limit in (None, 2):
+        got = store.put_versions_read_back_of_tables(writes, limit=limit)
+        cells = [(t, sorted({(v.row, v.column) for v in vs})) for t, vs in writes]
+        assert got == store.get_version_timestamps_of_tables(cells, limit=limit)
+    assert got[0][Cell(b"k", b"c")] == [30, 10]
+    assert got[1] == {Cell(b"x", b"y"): [11, 10]}
+    assert got[2] == {}
+    assert store.get_latest("a", [(b"k", b"c")], 11)[Cell(b"k", b"c")].value == b"mine"
+    assert [e.row for e in store.scan("a", b"r", None, MAX_TIMESTAMP)] == [w.row for w in many]
+    assert store.put_versions_read_back_of_tables([]) == []
+
+
+def test_bad_input_to_a_read_back_writes_nothing(store: KVStore) -> None:
+    good = ("good", [VersionWrite(b"r", b"c", 1, b"v")])
+    with pytest.raises(ValueError, match="invalid table name"):
+        store.put_versions_read_back_of_tables([good, ("bad name", [])])
+    with pytest.raises(TypeError):
+        store.put_versions_read_back_of_tables([good, ("other", [("r", b"c", 1, b"v")])])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="limit"):
+        store.put_versions_read_back_of_tables([good], limit=0)
+    assert store.get_version_timestamps("good", [(b"r", b"c")]) == {}

@@ -24,7 +24,8 @@ from cassandra import ConsistencyLevel, Unavailable, WriteTimeout, WriteType
 from cassandra.cluster import NoHostAvailable
 from cassandra.connection import ConnectionBusy
 
-from storage_adapters import StoreTimeoutError, StoreUnavailableError
+from storage_adapters import Cell, StoreTimeoutError, StoreUnavailableError, VersionWrite
+from storage_adapters._cassandra_session import FollowUp, _send_window
 from storage_adapters.cassandra import CassandraStore
 
 pytestmark = pytest.mark.unit
@@ -217,3 +218,165 @@ def test_a_busy_connection_beside_a_timeout_is_not_resent_and_stays_unknown() ->
     with pytest.raises(StoreTimeoutError):
         store._execute_all(_queries(store, 2), write=True, concurrency=2)
     assert len(session.sent) == 2
+
+
+# --- follow-ups: reads sent after the writes they must see (the conflict check's first
+# read in the write round, docs/design/storage.md) ------------------------------------
+
+
+class _ManualSession:
+    """Futures finish only when the test says (``finish``); ``sent`` lists each request's
+    statement and params, in the order sent, for a test thread to wait on."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, Any]] = []
+        self.futures: list[_Future] = []
+        self._cond = threading.Condition()
+
+    def prepare(self, query: str) -> Any:
+        return argparse.Namespace(query=query, is_idempotent=True)
+
+    def execute_async(self, statement: Any, params: Any = None, **kwargs: Any) -> _Future:
+        future = _Future()
+        with self._cond:
+            self.sent.append((statement, params))
+            self.futures.append(future)
+            self._cond.notify_all()
+        return future
+
+    def wait_sent(self, count: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.sent) >= count, timeout=5), (
+                f"{len(self.sent)} requests sent, expected {count}"
+            )
+
+    def finish(
+        self, index: int, rows: list[tuple[Any, ...]] | None = None, error: Any = None
+    ) -> None:
+        self.futures[index].finish(rows or [], error)
+
+
+def _call(function: Any) -> tuple[threading.Thread, list[Any]]:
+    """Run ``function`` on a thread; its result or exception lands in the list."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(function())
+        except BaseException as exc:  # handed to the test thread
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_follow_up_goes_out_once_its_own_prerequisites_succeeded() -> None:
+    """Not after the slowest request of the call: the read of what requests 0 and 2
+    wrote is sent while request 1 is still in flight, and its rows come last."""
+    session = _ManualSession()
+    store = CassandraStore._with_session("cassandra://127.0.0.1/fake", session)
+    writes = _queries(store, 3)
+    read = (store._stmts.version_ts_one, ("t", b"\x00\x00", -1, 9, 16))
+    thread, out = _call(
+        lambda: store._execute_all(
+            writes, write=True, concurrency=8, after=[FollowUp(read, frozenset({0, 2}))]
+        )
+    )
+    session.wait_sent(3)
+    session.finish(2)
+    time.sleep(0.05)  # a wrong window would send the read now
+    assert len(session.sent) == 3
+    session.finish(0)
+    session.wait_sent(4)
+    assert session.sent[3] == read and not session.futures[1].done
+    session.finish(3, [(b"\x00\x00", 7)])
+    session.finish(1)
+    thread.join(5)
+    assert out == [[[], [], [], [(b"\x00\x00", 7)]]]
+
+
+def test_a_follow_up_of_a_failed_request_is_never_sent() -> None:
+    session = _ManualSession()
+    store = CassandraStore._with_session("cassandra://127.0.0.1/fake", session)
+    read = (store._stmts.version_ts_one, ("t", b"\x00\x00", -1, 9, 16))
+    thread, out = _call(
+        lambda: store._execute_all(
+            _queries(store, 2), write=True, concurrency=8, after=[FollowUp(read, frozenset({0}))]
+        )
+    )
+    session.wait_sent(2)
+    session.finish(0, error=_unavailable())
+    session.finish(1)
+    thread.join(5)
+    assert isinstance(out[0], StoreUnavailableError)
+    assert len(session.sent) == 2
+
+
+def _written_key(statement: Any, params: Any) -> bytes | None:
+    """The cell key a request writes a version of (``None``: an index row or a read)."""
+    query = statement.query
+    return params[1] if "INSERT INTO" in query and "cell_versions" in query else None
+
+
+def _keys_read(session: _ManualSession) -> list[bytes]:
+    return [params[1] for statement, params in session.sent if "SELECT" in statement.query]
+
+
+def _read_back_in_order(monkeypatch: pytest.MonkeyPatch, *, broken: bool) -> None:
+    """Writes of three cells finish one at a time, the last sent first; after each
+    version lands, that cell's read must go out, and no read of a cell whose version
+    has not landed may have gone out. ``broken``: every read sent with the writes."""
+    session = _ManualSession()
+    store = CassandraStore._with_session("cassandra://127.0.0.1/fake", session)
+    # One request per row (a first replica of its own each), so the test sees each alone.
+    monkeypatch.setattr(store, "_replica", lambda table, key: (table, key))
+    monkeypatch.setattr(store, "_shard_replica", lambda table, shard: object())
+    if broken:
+        real = _send_window
+
+        def eager(*args: Any, after: Any = (), **kwargs: Any) -> Any:
+            now = [FollowUp(f.query, frozenset()) for f in after]
+            return real(*args, after=now, **kwargs)
+
+        monkeypatch.setattr("storage_adapters._cassandra_session._send_window", eager)
+    cells = [(b"r%d" % i, b"c") for i in range(3)]
+    writes = [("t", [VersionWrite(r, c, 10, b"v") for r, c in cells])]
+    expected = len(store._write_queries(writes)[0])
+    thread, out = _call(lambda: store.put_versions_read_back_of_tables(writes, limit=4))
+    session.wait_sent(expected)
+    landed: list[bytes] = []
+    try:
+        writes_sent = [i for i, (s, _) in enumerate(session.sent) if "SELECT" not in s.query]
+        for index in reversed(writes_sent):
+            early = set(_keys_read(session)) - set(landed)
+            assert not early, f"read of {sorted(early)} sent before its version landed"
+            session.finish(index)
+            key = _written_key(*session.sent[index])
+            if key is not None:
+                landed.append(key)
+                session.wait_sent(expected + len(landed))
+                assert _keys_read(session) == landed  # this cell's read, and only it
+    finally:
+        for index, future in enumerate(session.futures):
+            if not future.done:
+                statement, params = session.sent[index]
+                session.finish(index, [(params[1], 10)] if "SELECT" in statement.query else [])
+        thread.join(5)
+    assert len(landed) == 3
+    assert out == [[{Cell(r, c): [10] for r, c in cells}]]
+
+
+def test_each_cell_is_read_back_only_after_its_own_version_landed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule S2 per cell: the read of a cell's version timestamps goes out only once the
+    request writing its version succeeded, and then at once."""
+    _read_back_in_order(monkeypatch, broken=False)
+
+
+def test_a_read_back_sent_with_the_writes_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broken build: reads not waiting for their writes (a conflict check that may
+    read before its own version landed, which lets two writers miss each other)."""
+    with pytest.raises(AssertionError, match="sent before its version landed"):
+        _read_back_in_order(monkeypatch, broken=True)

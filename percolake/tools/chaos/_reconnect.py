@@ -140,6 +140,10 @@ class ReconnectingStore(KVStore):
         self._wait()
         return self._inner.get_version_timestamps_of_tables(*args, **kwargs)
 
+    def put_versions_read_back_of_tables(self, *args: Any, **kwargs: Any) -> Any:
+        self._wait()
+        return self._inner.put_versions_read_back_of_tables(*args, **kwargs)
+
     def _scan(
         self,
         table: str,
