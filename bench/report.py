@@ -42,92 +42,80 @@ BENCHMARKS_LINK = BENCHMARKS.relative_to(ROOT).as_posix()
 #: each with what the README says it compares and which way is better.
 CONTRACT_FIGURES: dict[str, str] = {
     "cassandra.txn_vs_raw.cells100.ratio": (
-        "100-cell transactions / raw prepared inserts of the same cells, same Cassandra "
-        "node, cells per second (higher is better; Percolator reported 0.23 of Bigtable)"
+        "100-cell transactions / raw prepared inserts of the same cells, one Cassandra "
+        "node, cells/s (Percolator reported 0.23 of Bigtable)"
     ),
     "tso.grpc.clients64.ts_per_s": (
-        "timestamps per second through gRPC with 64 concurrent callers in one client "
-        "process (Percolator reported about 2M/s)"
+        "timestamps/s through gRPC, 64 concurrent callers in one client process "
+        "(Percolator reported about 2M/s)"
     ),
     "lakehouse.appends.writers8.vs_deltalake.ratio": (
-        "one-file metadata-only appends per second with 8 writer processes, percolake "
-        "through `percolake serve` on SQLite / delta-rs (higher is better)"
+        "one-file appends/s, 8 writer processes, percolake through `percolake serve` on "
+        "SQLite / delta-rs"
     ),
     "lakehouse.appends.writers8.vs_writers1.ratio": (
-        "percolake appends per second with 8 writer processes / with 1, gateway on SQLite "
-        "(above 1: throughput grows with writers)"
+        "percolake appends/s with 8 writer processes / with 1, gateway on SQLite"
     ),
     "lakehouse.appends.cassandra.writers8.vs_deltalake.ratio": (
-        "as the first, the gateway on a 3-node Cassandra with replication factor 3 "
-        "(higher is better)"
+        "as the first, the gateway on a 3-node Cassandra, replication factor 3"
     ),
     "lakehouse.appends.cassandra3.writers8.vs_deltalake.ratio": (
-        "the same runs under the third wave's name (issue 27: goal 5x or more, 0 failed commits)"
+        "the same runs, third wave's name (goal 5x, 0 failed commits)"
     ),
     "lakehouse.appends.cassandra3.writers8.vs_writers1.ratio": (
-        "percolake appends per second with 8 writer processes / with 1, gateway on the "
-        "3-node Cassandra (goal 2 or more)"
+        "appends/s with 8 writer processes / with 1, 3-node Cassandra (goal 2)"
     ),
     "lakehouse.appends.cassandra3.group_commit.vs_floor.ratio": (
-        "a group commit of 8 appends on the 3-node Cassandra against its floor: 1 read "
-        "round + 1 write round + 1 LWT with the raw driver, same cluster, same run, floor "
-        "time / group-commit time (goal 0.6 or more)"
+        "group commit of 8 appends, 3-node Cassandra: floor time (1 read round + 1 write "
+        "round + 1 LWT, raw driver, same run) / group-commit time (goal 0.6)"
     ),
     "cassandra3.txn_vs_raw.cells100.ratio": (
-        "as the first figure, on the 3-node Cassandra with replication factor 3 (goal 0.90 or more)"
+        "as the first figure, 3-node Cassandra RF 3 (goal 0.90)"
     ),
     "lakehouse.s3.appends.writers8.vs_deltalake.ratio": (
-        "as the first, the table on MinIO (same machine): percolake / delta-rs with "
-        "`conditional_put=etag` (higher is better; goal at least 10x, 0 failed commits)"
+        "as the third, the table on MinIO: percolake / delta-rs with "
+        "`conditional_put=etag` (goal 10x, 0 failed commits)"
     ),
     "lakehouse.s3.appends.writers8.commits_per_s": (
-        "one-file appends per second, 8 writer processes through `percolake serve` on "
-        "SQLite, the table on MinIO (one CopyObject per commit for its data object)"
+        "one-file appends/s, 8 writer processes, `percolake serve` on SQLite, table on MinIO"
     ),
     "spark.datasource.s3.write.vs_parquet.ratio": (
-        '~1 GB written by `format("percolake")` to an `s3://` table on MinIO / by '
-        "`df.write.parquet` to `s3a://` on the same bucket (lower is better; goal 1.10 or less)"
+        '~1 GB written by `format("percolake")` to `s3://` on MinIO / by '
+        "`df.write.parquet` to `s3a://` (lower is better; goal 1.10)"
     ),
     "lakehouse.list_files.commits100000.vs_deltalake.ratio": (
-        "listing a table's live files from a cold start after 100,000 commits, "
-        "delta-rs time / percolake time (higher: percolake is faster)"
+        "listing live files from a cold start after 100,000 commits, delta-rs time / ours"
     ),
     "spark.commit_hook.overhead.ratio": (
-        "`lh.append(df)` wall time / plain `df.write.parquet` of the same DataFrame "
-        "(1.0 would be no overhead)"
+        "`lh.append(df)` time / plain `df.write.parquet` of the same DataFrame"
     ),
     "ha.leader_kill.outage_s": (
-        "seconds from kill -9 of the leading replica until every writer commits again, 3 "
-        "`percolake serve` replicas on SQLite, default 2 s lease, 4 writer processes "
-        "(lower is better; goal under 5 s)"
+        "kill -9 of the leading replica until every writer commits again, 3 replicas on "
+        "SQLite, 2 s lease, 4 writers (goal under 5 s)"
     ),
     "ha.leader_pause.outage_s": (
-        "the same for a SIGSTOP of the leader for 6 s (3 leases), then SIGCONT "
-        "(lower is better; goal under 5 s)"
+        "the same for a 6 s SIGSTOP of the leader (goal under 5 s)"
     ),
     "serve.restart_after_kill.first_commit_s": (
-        "seconds from the restart of the only `percolake serve` on SQLite, after kill -9, "
-        "until the first commit (lower is better; goal 1 s or less)"
+        "restart of `percolake serve` on SQLite after kill -9 until the first commit "
+        "(goal 1 s)"
     ),
     "serve.cold_start.first_commit_s": (
-        "seconds from the start of `percolake serve` on a new SQLite store until the first "
-        "commit (lower is better; goal 1 s or less)"
+        "start of `percolake serve` on a new SQLite store until the first commit (goal 1 s)"
     ),
     "txn.hotkeys.pessimistic.clients64.vs_clients1.ratio": (
         "increments of 4 hot counters, `tm.run(fn, pessimistic=True)` through `percolake "
-        "serve` on SQLite, commits/s 64 clients / 1 (goal 0.8 or more)"
+        "serve` on SQLite, commits/s 64 clients / 1 (goal 0.8)"
     ),
     "txn.hotkeys.pessimistic.cassandra3.clients8.vs_clients1.ratio": (
-        "the same on 3-node Cassandra RF 3, 8 clients / 1 (goal 0.8 or more)"
+        "the same on 3-node Cassandra RF 3, 8 clients / 1 (goal 0.8)"
     ),
     "txn.hotkeys.optimistic.clients64.failed": (
-        "the same with optimistic `tm.run(fn)`, 64 clients: transactions out of retries "
-        "with the default policy (goal 0)"
+        "optimistic `tm.run(fn)`, 64 clients: transactions out of retries (goal 0)"
     ),
     "gc.store_rows.with_vs_without.ratio": (
-        "store rows after the most small commits to 4 hot cells a run reached (up to "
-        "1,000,000; the anchor on docs/benchmarks.md says how many) through `percolake "
-        "serve` on SQLite, with garbage collection every 2 s / without (lower is better)"
+        "store rows after up to 1,000,000 commits to 4 hot cells through `percolake serve` "
+        "on SQLite, GC every 2 s / without (lower is better)"
     ),
 }
 
