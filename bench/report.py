@@ -93,12 +93,9 @@ CONTRACT_FIGURES: dict[str, str] = {
         "kill -9 of the leading replica until every writer commits again, 3 replicas on "
         "SQLite, 2 s lease, 4 writers (goal under 5 s)"
     ),
-    "ha.leader_pause.outage_s": (
-        "the same for a 6 s SIGSTOP of the leader (goal under 5 s)"
-    ),
+    "ha.leader_pause.outage_s": ("the same for a 6 s SIGSTOP of the leader (goal under 5 s)"),
     "serve.restart_after_kill.first_commit_s": (
-        "restart of `percolake serve` on SQLite after kill -9 until the first commit "
-        "(goal 1 s)"
+        "restart of `percolake serve` on SQLite after kill -9 until the first commit (goal 1 s)"
     ),
     "serve.cold_start.first_commit_s": (
         "start of `percolake serve` on a new SQLite store until the first commit (goal 1 s)"
