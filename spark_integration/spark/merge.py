@@ -58,7 +58,7 @@ from pyspark.sql.types import StructType
 
 from spark_integration.engine.model import MERGE, DmlResult, FileEntry, TableMeta
 from spark_integration.engine.read_set import IN, Condition, ReadSet, widen
-from spark_integration.spark import changes, dml
+from spark_integration.spark import changes, dml, merge_arrow
 from spark_integration.spark.hook import Job
 from spark_integration.spark.reads import read_version
 from spark_integration.spark.schema import quote
@@ -178,7 +178,7 @@ def merge(
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class Plan:
     """A checked statement: clauses with their updates resolved to table columns."""
 
     what: str
@@ -194,7 +194,7 @@ class _Plan:
         return [(i, c) for i, c in enumerate(self.clauses) if c.kind in kinds]
 
 
-def _check(m: MergeBuilder, session: SparkSession) -> _Plan:
+def _check(m: MergeBuilder, session: SparkSession) -> Plan:
     prepared = m.catalog.prepare(m.table)
     meta, version = prepared.meta, prepared.head.version
     schema = StructType.fromJson(json.loads(meta.schema_json))
@@ -227,7 +227,7 @@ def _check(m: MergeBuilder, session: SparkSession) -> _Plan:
                 f"invalid {clause.kind} clause expression",
             )
         clauses.append(Clause(clause.kind, clause.predicate, updates))
-    return _Plan(
+    return Plan(
         what, schema, meta, version, m.predicate, tuple(clauses), m.target_alias, m.source_alias
     )
 
@@ -337,20 +337,30 @@ def partition_literal(value: object, kind: str | None) -> int | str | bool | Non
     return None
 
 
-def _source_partitions(plan: _Plan, source: DataFrame) -> list[Condition] | None:
+def _source_partitions(plan: Plan, source: DataFrame) -> list[Condition] | None:
     """``p IN (values)`` for each partition column the predicate equates with a source
-    column; ``None`` when the source has no non-null value there (no row can match)."""
+    column, from the source's distinct values there (one small Spark job)."""
     pairs = partition_pairs(
         plan.predicate, plan.meta.partition_by, plan.t, plan.s, source.schema.fieldNames()
     )
     if not pairs:
         return []
-    kinds = dml.column_kinds(plan.schema)
     columns = list(dict.fromkeys(pairs.values()))
     rows = source.select(*[quote(c) for c in columns]).distinct().limit(MAX_PARTITION_VALUES + 1)
-    found = rows.collect()
+    return partition_conditions(plan, pairs, rows.collect())
+
+
+def partition_conditions(
+    plan: Plan, pairs: Mapping[str, str], found: Sequence[Any]
+) -> list[Condition] | None:
+    """``p IN (values)`` for each pair of ``pairs`` (target partition column -> source
+    column), from ``found``: the source's distinct rows of those columns (each indexed
+    by column name), at most ``MAX_PARTITION_VALUES + 1`` of them. ``None`` when the
+    source has no non-null value there (no row can match); no condition when there are
+    too many values."""
     if len(found) > MAX_PARTITION_VALUES:
         return []
+    kinds = dml.column_kinds(plan.schema)
     out: list[Condition] = []
     for target, column in pairs.items():
         kind = kinds[target.lower()][1]
@@ -381,49 +391,75 @@ class _Source:
         return self.rows * max(len(self.df.columns), 1) <= BROADCAST_CELLS
 
 
-def _profile(plan: _Plan, source: DataFrame) -> _Source:
+def _profile(plan: Plan, source: DataFrame) -> _Source:
     """Number and keep the source, and read its row count and key ranges in one
-    small job (the first to read it). A target file whose statistics lie outside a
-    range holds no row that can join a source row (``t.k = s.k`` is false or NULL)."""
+    small job (the first to read it)."""
     numbered = source.withColumn(_SRC_ID, F.monotonically_increasing_id()).persist(
         StorageLevel.MEMORY_AND_DISK
     )
-    kinds = dml.column_kinds(plan.schema)
-    of_source = {f.name: dml.value_kind(f.dataType) for f in source.schema.fields}
-    columns = [c for c in plan.schema.fieldNames() if c not in plan.meta.partition_by]
-    pairs = {
-        target: column
-        for target, column in partition_pairs(
-            plan.predicate, columns, plan.t, plan.s, source.schema.fieldNames()
-        ).items()
-        if kinds[target.lower()][1] in ("int", "str", "date")
-        and of_source[column] == kinds[target.lower()][1]
-    }
+    pairs = range_pairs(plan, source.schema)
     aggregates = [F.count(F.lit(1)).alias("n")]
     for i, column in enumerate(pairs.values()):
         aggregates += [F.min(quote(column)).alias(f"lo{i}"), F.max(quote(column)).alias(f"hi{i}")]
     row = numbered.agg(*aggregates).collect()[0]
+    bounds = [(row[f"lo{i}"], row[f"hi{i}"]) for i in range(len(pairs))]
+    return _Source(numbered, int(row["n"]), range_conditions(plan, pairs, bounds))
+
+
+def range_pairs(plan: Plan, source: StructType) -> dict[str, str]:
+    """Target column -> source column, for each conjunct ``t.k = s.c`` on a
+    non-partition column whose statistics can bound it (same kind on both sides)."""
+    kinds = dml.column_kinds(plan.schema)
+    of_source = {f.name: dml.value_kind(f.dataType) for f in source.fields}
+    columns = [c for c in plan.schema.fieldNames() if c not in plan.meta.partition_by]
+    return {
+        target: column
+        for target, column in partition_pairs(
+            plan.predicate, columns, plan.t, plan.s, source.fieldNames()
+        ).items()
+        if kinds[target.lower()][1] in ("int", "str", "date")
+        and of_source[column] == kinds[target.lower()][1]
+    }
+
+
+def range_conditions(
+    plan: Plan, pairs: Mapping[str, str], bounds: Sequence[tuple[object, object]]
+) -> list[Condition] | None:
+    """``k >= min AND k <= max`` for each pair, from the source column's ``bounds``
+    (in the order of ``pairs``). A target file whose statistics lie outside a range
+    holds no row that can join a source row (``t.k = s.k`` is false or NULL).
+    ``None``: a key is NULL in every source row, so no target row joins."""
+    kinds = dml.column_kinds(plan.schema)
     ranges: list[Condition] = []
-    for i, target in enumerate(pairs):
+    for target, (low_value, high_value) in zip(pairs, bounds, strict=True):
         kind = kinds[target.lower()][1]
-        if kind is None or row[f"lo{i}"] is None:
-            # No source row has a key here: none joins a target row.
-            return _Source(numbered, int(row["n"]), None)
-        low, high = partition_literal(row[f"lo{i}"], kind), partition_literal(row[f"hi{i}"], kind)
+        if kind is None or low_value is None:
+            return None
+        low, high = partition_literal(low_value, kind), partition_literal(high_value, kind)
         if low is not None and high is not None:
             ranges.append(Condition(target, ">=", kind, (low,)))
             ranges.append(Condition(target, "<=", kind, (high,)))
-    return _Source(numbered, int(row["n"]), ranges)
+    return ranges
 
 
-def _alternatives(plan: _Plan, source: _Source) -> list[tuple[Condition, ...]]:
-    """The kinds of target rows the statement reads, each as a conjunction."""
-    out: list[tuple[Condition, ...]] = []
+def _alternatives(plan: Plan, source: _Source) -> list[tuple[Condition, ...]]:
     partitions = _source_partitions(plan, source.df) if source.ranges is not None else None
-    if partitions is not None and source.ranges is not None:
-        sides = source.df.schema.fieldNames()
-        matched = target_conditions(plan.predicate, plan.schema, plan.t, sides)
-        out.append(tuple(matched + partitions + source.ranges))
+    return alternatives(plan, source.df.schema.fieldNames(), source.ranges, partitions)
+
+
+def alternatives(
+    plan: Plan,
+    source_columns: Sequence[str],
+    ranges: list[Condition] | None,
+    partitions: list[Condition] | None,
+) -> list[tuple[Condition, ...]]:
+    """The kinds of target rows the statement reads, each as a conjunction: the rows
+    that may join a source row (``ranges`` and ``partitions`` from the source; ``None``:
+    none can) and those a ``not matched by source`` clause may act on."""
+    out: list[tuple[Condition, ...]] = []
+    if partitions is not None and ranges is not None:
+        matched = target_conditions(plan.predicate, plan.schema, plan.t, source_columns)
+        out.append(tuple(matched + partitions + ranges))
     for _, clause in plan.of(DELETE_BY_SOURCE):
         out.append(tuple(target_conditions(clause.predicate, plan.schema, plan.t, ())))
     return out
@@ -432,7 +468,7 @@ def _alternatives(plan: _Plan, source: _Source) -> list[tuple[Condition, ...]]:
 # --- steps 3 and 4: find the rows each clause changes, rewrite -------------------------
 
 
-def _action(plan: _Plan) -> str:
+def _action(plan: Plan) -> str:
     """SQL: the index of the clause that acts on a joined row, NULL for none."""
 
     def first(clauses: list[tuple[int, Clause]]) -> str:
@@ -447,7 +483,7 @@ def _action(plan: _Plan) -> str:
 
 
 def _joined(
-    plan: _Plan, session: SparkSession, source: _Source, files: Sequence[FileEntry], how: str
+    plan: Plan, session: SparkSession, source: _Source, files: Sequence[FileEntry], how: str
 ) -> DataFrame:
     meta = plan.meta
     target = read_version(session, plan.schema, meta.partition_by, meta.location, files)
@@ -471,7 +507,7 @@ class _Counts:
 
 
 def _find(
-    plan: _Plan, session: SparkSession, source: _Source, files: Sequence[FileEntry]
+    plan: Plan, session: SparkSession, source: _Source, files: Sequence[FileEntry]
 ) -> tuple[dict[str, _Counts], int, DataFrame]:
     """Each candidate file's counts, the most source rows joined to one target row,
     and the joined rows the statement acts on or that matched a source row, kept:
@@ -514,22 +550,30 @@ def _find(
         if row[_ACTION] is not None:
             kind = plan.clauses[int(row[_ACTION])].kind
             c.changed[kind] = c.changed.get(kind, 0) + int(row["rows"])
-    matched = plan.of(UPDATE, DELETE)
-    unconditional_delete = (
-        len(matched) == 1 and matched[0][1].kind == DELETE and matched[0][1].predicate is None
-    )
-    if acting > 1 and not unconditional_delete:
+    if acting > 1 and not only_unconditional_delete(plan):
         found.unpersist()
-        raise ValueError(
-            f"{plan.what}: a target row matched {acting} source rows and a matched clause "
-            "would change it for each; as in Delta, a target row may be changed by one "
-            "source row only. Nothing was committed. Deduplicate the source on the merge "
-            f"keys ({plan.predicate!r}) first. The target row: {sample}"
-        )
+        raise ambiguous_match(plan, acting, sample)
     return counts, most, found
 
 
-def _as_json(plan: _Plan) -> str:
+def only_unconditional_delete(plan: Plan) -> bool:
+    """Whether the only matched clause deletes every matched row: a target row joined
+    by several source rows is then deleted once, not an error."""
+    matched = plan.of(UPDATE, DELETE)
+    return len(matched) == 1 and matched[0][1].kind == DELETE and matched[0][1].predicate is None
+
+
+def ambiguous_match(plan: Plan, acting: int, sample: str) -> ValueError:
+    """Delta's error for a target row that ``acting`` source rows would change."""
+    return ValueError(
+        f"{plan.what}: a target row matched {acting} source rows and a matched clause "
+        "would change it for each; as in Delta, a target row may be changed by one "
+        "source row only. Nothing was committed. Deduplicate the source on the merge "
+        f"keys ({plan.predicate!r}) first. The target row: {sample}"
+    )
+
+
+def _as_json(plan: Plan) -> str:
     """SQL: the target row as JSON, to name it in an error."""
     names = plan.schema.fieldNames()
     fields = ", ".join(f"'{c.replace(chr(39), '')}', {plan.t}.{quote(c)}" for c in names)
@@ -537,7 +581,7 @@ def _as_json(plan: _Plan) -> str:
 
 
 def _rewrite(
-    plan: _Plan,
+    plan: Plan,
     session: SparkSession,
     source: _Source,
     touched: Sequence[FileEntry],
@@ -567,7 +611,7 @@ def _once(rows: DataFrame, dedupe: bool) -> DataFrame:
     return rows
 
 
-def _updated_columns(plan: _Plan) -> list[str]:
+def _updated_columns(plan: Plan) -> list[str]:
     """SQL: each table column of an acted row as the update clause acting on it sets it."""
     columns = []
     for name in plan.schema.fieldNames():
@@ -583,7 +627,7 @@ def _updated_columns(plan: _Plan) -> list[str]:
     return columns
 
 
-def _removed_rows(plan: _Plan, found: DataFrame, dedupe: bool) -> DataFrame:
+def _removed_rows(plan: Plan, found: DataFrame, dedupe: bool) -> DataFrame:
     """The change feed rows no data file holds: the pre-image of each updated row and
     each deleted row, from the find job's kept rows (``found``), never a copied row."""
     acted = _once(found, dedupe).filter(f"{_ACTION} IS NOT NULL")
@@ -651,7 +695,7 @@ def _write_both(
     return data_files, change_files
 
 
-def _inserts(plan: _Plan, source: _Source, found: DataFrame | None) -> DataFrame:
+def _inserts(plan: Plan, source: _Source, found: DataFrame | None) -> DataFrame:
     """The rows the insert clauses add: from source rows no target row joined, told by
     their numbers among the find job's matches (no second join with the target)."""
     unmatched = source.df
@@ -683,6 +727,9 @@ def _execute(m: MergeBuilder) -> DmlResult:
     # The source's own session unless told otherwise: the join needs both in one.
     session = dml.session_of(m.spark) if m.spark is not None else m.source.sparkSession
     plan = _check(m, session)
+    fast = merge_arrow.execute(m, plan)
+    if fast is not None:
+        return fast
     _, _, entries = m.catalog.files(m.table, plan.version, FileEntry)
     source = _profile(plan, m.source)
     found: DataFrame | None = None
@@ -716,7 +763,7 @@ class _Found:
 
 def _write(
     m: MergeBuilder,
-    plan: _Plan,
+    plan: Plan,
     session: SparkSession,
     source: _Source,
     entries: Sequence[FileEntry],
