@@ -187,6 +187,7 @@ from storage_adapters._base import (
 from storage_adapters._cassandra_errors import ConditionalWriteRetryPolicy, translate_error
 from storage_adapters._cassandra_session import (
     _IN_CONCURRENCY,
+    _IN_SPREAD,
     CONCURRENCY,
     FollowUp,
     _bytes,
@@ -268,8 +269,10 @@ class CassandraStore(CassandraSweeps):
         window: a cell's read goes out as soon as every batch holding a version of it
         succeeded, not after the slowest batch of the call (a commit's write step and
         the first read of its conflict check, docs/design/storage.md, "The conflict
-        check's read in the write round"). A batch's cells are read with one request
-        per table (``cell IN ?``; a batch holds ten partitions at most). Returns only
+        check's read in the write round"). The reads are the conflict check's own
+        (:meth:`get_version_timestamps_of_tables`: each table's cells spread over about
+        ``_IN_SPREAD`` requests, cells of one first replica together), each waiting for
+        the requests that carry its cells' versions only. Returns only
         once every write and read landed, or raises as a write would (a read failing
         after the writes leaves them written, as any failed write may)."""
         checked = _checked_writes(writes)
@@ -283,18 +286,22 @@ class CassandraStore(CassandraSweeps):
             for tag in request_tags:
                 if tag is not None:
                     needs.setdefault(tag, set()).add(index)
-        groups: dict[tuple[frozenset[int], int], list[bytes]] = {}
-        for (table_index, key), requests in needs.items():
-            groups.setdefault((frozenset(requests), table_index), []).append(key)
+        # Each table's cells as the conflict check spread them (_per_cell, spread: the
+        # same requests), in the order their batches go out, so that a read's cells
+        # share few batches; a read waits for the batches carrying its cells only.
+        by_table: dict[int, list[bytes]] = {}
+        for table_index, key in sorted(needs, key=lambda tag: min(needs[tag])):
+            by_table.setdefault(table_index, []).append(key)
         bounds = (-1, MAX_TIMESTAMP - 1, per_cell)  # as get_version_timestamps_of_tables
         after: list[FollowUp] = []
         owners: list[int] = []
-        for (prerequisites, table_index), keys in groups.items():
+        for table_index, keys in by_table.items():
             table = checked[table_index][0]
-            for query in self._per_cell(
-                self._stmts.version_ts_one, self._stmts.version_ts, table, keys, bounds
-            ):
-                after.append(FollowUp(query, prerequisites))
+            one, many = self._stmts.version_ts_one, self._stmts.version_ts
+            for query in self._per_cell(one, many, table, keys, bounds, spread=_IN_SPREAD):
+                read = query[1][1] if query[0] is many else [query[1][1]]  # type: ignore[index]
+                carriers = frozenset().union(*(needs[(table_index, key)] for key in read))
+                after.append(FollowUp(query, carriers))
                 owners.append(table_index)
         results = self._execute_all(queries, write=True, concurrency=_IN_CONCURRENCY, after=after)[
             len(queries) :
