@@ -194,32 +194,37 @@ class Plan:
         return [(i, c) for i, c in enumerate(self.clauses) if c.kind in kinds]
 
 
-def _check(m: MergeBuilder, session: SparkSession) -> Plan:
+def _check(m: MergeBuilder, session: SparkSession, *, analyse: bool = True) -> Plan:
+    """The statement, checked. Without ``analyse``: only what needs no Spark (the
+    clauses' columns resolved); the Arrow path then decides whether it can run it."""
     prepared = m.catalog.prepare(m.table)
     meta, version = prepared.meta, prepared.head.version
     schema = StructType.fromJson(json.loads(meta.schema_json))
     what = f"merge into table {m.table!r}"
     if not m.clauses:
         raise ValueError(f"{what}: add at least one when_* clause before execute()")
-    t = session.createDataFrame([], schema).alias(m.target_alias)
-    s = session.createDataFrame([], m.source.schema).alias(m.source_alias)
-    both = t.crossJoin(s)
-    _analyse(
-        functools.partial(both.filter, m.predicate),
-        what,
-        f"invalid merge predicate {m.predicate!r}",
-    )
+    sides: dict[str, DataFrame] = {}
+    if analyse:
+        t = session.createDataFrame([], schema).alias(m.target_alias)
+        s = session.createDataFrame([], m.source.schema).alias(m.source_alias)
+        both = t.crossJoin(s)
+        sides = {UPDATE: both, DELETE: both, INSERT: s, DELETE_BY_SOURCE: t}
+        _analyse(
+            functools.partial(both.filter, m.predicate),
+            what,
+            f"invalid merge predicate {m.predicate!r}",
+        )
     clauses: list[Clause] = []
     for clause in m.clauses:
-        side = {UPDATE: both, DELETE: both, INSERT: s, DELETE_BY_SOURCE: t}[clause.kind]
-        if clause.predicate is not None:
+        side = sides.get(clause.kind)
+        if clause.predicate is not None and side is not None:
             _analyse(
                 functools.partial(side.filter, clause.predicate),
                 what,
                 f"invalid {clause.kind} clause predicate",
             )
         updates = _resolve(schema, m.source.schema, clause, m.source_alias, what)
-        if updates:
+        if updates and side is not None:
             exprs = [dml.cast_to_column(schema, c, e) for c, e in updates.items()]
             _analyse(
                 functools.partial(side.selectExpr, *exprs),
@@ -726,10 +731,10 @@ def _inserts(plan: Plan, source: _Source, found: DataFrame | None) -> DataFrame:
 def _execute(m: MergeBuilder) -> DmlResult:
     # The source's own session unless told otherwise: the join needs both in one.
     session = dml.session_of(m.spark) if m.spark is not None else m.source.sparkSession
-    plan = _check(m, session)
-    fast = merge_arrow.execute(m, plan)
+    fast = _in_arrow(m, session)
     if fast is not None:
         return fast
+    plan = _check(m, session)
     _, _, entries = m.catalog.files(m.table, plan.version, FileEntry)
     source = _profile(plan, m.source)
     found: DataFrame | None = None
@@ -748,6 +753,25 @@ def _execute(m: MergeBuilder) -> DmlResult:
         if found is not None:
             found.unpersist()
         source.df.unpersist()
+
+
+def _in_arrow(m: MergeBuilder, session: SparkSession) -> DmlResult | None:
+    """The statement run by the Arrow path, or ``None`` when that path cannot run it.
+
+    Spark's analysis (a few Spark calls) is skipped: a statement the Arrow path takes
+    is valid by construction (keys and values are columns of the two sides, compared
+    in one kind, cast only to wider types; partition conditions of literals of the
+    column's kind), as long as Spark resolves names as the Arrow path does, case-
+    insensitively. A statement it does not take, or one that fails the resolution,
+    is checked in full by the Spark path, which raises Spark's error.
+    """
+    if str(session.conf.get("spark.sql.caseSensitive", "false")).lower() != "false":
+        return None
+    try:
+        plan = _check(m, session, analyse=False)
+    except ValueError:
+        return None
+    return merge_arrow.execute(m, plan)
 
 
 @dataclass(frozen=True, slots=True)

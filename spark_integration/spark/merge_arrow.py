@@ -66,9 +66,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from spark_integration.engine.locations import join
 from spark_integration.engine.model import MERGE, DmlResult, FileEntry
 from spark_integration.engine.read_set import ReadSet, widen
-from spark_integration.spark import changes, dml, merge
+from spark_integration.spark import changes, dml, filesystem, merge
 from spark_integration.spark.datasource.batch_read import files_to_read
 from spark_integration.spark.datasource.files import read_files, write_batches
 from spark_integration.spark.hook import Job
@@ -89,6 +90,9 @@ MAX_SOURCE_BYTES = 256 << 20
 #: Threads reading and writing files: pyarrow's work runs outside the GIL, and the
 #: machines this runs on have few cores; more would only hold more files in memory.
 FILE_WORKERS = 2
+#: A column stays dictionary-encoded when its dictionary page is less than this
+#: share (1 / DICTIONARY_SHARE) of its column chunk (see ``_dictionary_columns``).
+DICTIONARY_SHARE = 4
 #: Internal columns of the join (``_lh_``: never a table column).
 _T, _S = "_lh_merge_target_row", "_lh_merge_source_row"
 _INTEGERS = (ByteType, ShortType, IntegerType, LongType)
@@ -332,6 +336,7 @@ class _FileMatch:
 class _Rewritten:
     data: list[FileEntry]
     changed: list[pa.Table]
+    dictionary: list[str]  # the columns its data files dictionary-encode
 
 
 class _Run:
@@ -509,12 +514,16 @@ class _Run:
     def _rewrite(self, job: Job, match: _FileMatch, tag: str) -> _Rewritten:
         """``match``'s file written again, its matched rows updated or left out."""
         table = self._read(match.entry).combine_chunks()
+        dictionary = _dictionary_columns(join(self.plan.meta.location, match.entry.path))
         mask = np.zeros(table.num_rows, dtype=bool)
         mask[match.target_rows] = True
         before = table.take(pa.array(match.target_rows))
         if self.chosen.matched == merge.DELETE:
             rows = table.filter(pa.array(~mask))
-            return _Rewritten(self._files(job, rows, tag), [_tagged(before, changes.DELETE_ROW)])
+            deleted = [_tagged(before, changes.DELETE_ROW)]
+            return _Rewritten(
+                self._files(job, rows, tag, dictionary=dictionary), deleted, dictionary
+            )
         after = self._updated(before, match.source_rows)
         arrow_mask = pa.array(mask)
         rows = pa.table(
@@ -532,7 +541,9 @@ class _Run:
             _tagged(before, changes.UPDATE_PREIMAGE),
             _tagged(after, changes.UPDATE_POSTIMAGE),
         ]
-        return _Rewritten(self._files(job, rows, tag), change_rows)
+        return _Rewritten(
+            self._files(job, rows, tag, dictionary=dictionary), change_rows, dictionary
+        )
 
     def _updated(self, before: pa.Table, source_rows: np.ndarray[Any, Any]) -> pa.Table:
         """``before`` (matched target rows) as the update clause sets them."""
@@ -545,7 +556,12 @@ class _Run:
         return pa.table(columns, schema=self.target)
 
     def _files(
-        self, job: Job, rows: pa.Table, tag: str, columns: Sequence[str] | None = None
+        self,
+        job: Job,
+        rows: pa.Table,
+        tag: str,
+        columns: Sequence[str] | None = None,
+        dictionary: Sequence[str] | None = None,
     ) -> list[FileEntry]:
         return write_batches(
             iter(rows.to_batches()),
@@ -554,6 +570,7 @@ class _Run:
             columns=columns or self.columns,
             partition_by=self.partition_by,
             tag=tag,
+            dictionary=dictionary,
         )
 
     def _write(
@@ -567,14 +584,39 @@ class _Run:
                     enumerate(touched),
                 )
             )
+        # New rows are encoded as the first rewritten file's (else pyarrow's default).
+        dictionary = rewritten[0].dictionary if rewritten else None
         data = [e for r in rewritten for e in r.data]
-        data += self._files(job, inserts, f"{len(touched):05d}-0")
+        data += self._files(job, inserts, f"{len(touched):05d}-0", dictionary=dictionary)
         changed = [t for r in rewritten for t in r.changed]
         changed.append(_tagged(inserts, changes.INSERT))
         change_rows = pa.concat_tables(changed)
         change_columns = (*self.columns, changes.CHANGE_TYPE)
         tag = f"{changes.CHANGE_FILE_TAG}00000-0"
-        return data, self._files(job, change_rows, tag, change_columns)
+        kept = None if dictionary is None else [*dictionary, changes.CHANGE_TYPE]
+        return data, self._files(job, change_rows, tag, change_columns, kept)
+
+
+def _dictionary_columns(path: str) -> list[str]:
+    """The columns a rewrite of the file at ``path`` dictionary-encodes: those whose
+    dictionary is small beside their data in the file's first row group (few distinct
+    values). Where it is not, pyarrow's writer builds a dictionary of nearly every value
+    only to give up on it (past its page size limit) or to gain nothing: most of the
+    cost of writing unique keys, strings and doubles (5x, measured on the MERGE
+    benchmark's files), for no smaller file."""
+    footer = filesystem.parquet_metadata(path)
+    if footer.num_row_groups == 0:
+        return []
+    group = footer.row_group(0)
+    out = []
+    for j in range(group.num_columns):
+        chunk = group.column(j)
+        if not chunk.has_dictionary_page or chunk.dictionary_page_offset is None:
+            continue
+        dictionary_bytes = chunk.data_page_offset - chunk.dictionary_page_offset
+        if dictionary_bytes * DICTIONARY_SHARE < chunk.total_compressed_size:
+            out.append(chunk.path_in_schema)
+    return out
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:

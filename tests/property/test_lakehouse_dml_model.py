@@ -72,6 +72,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from spark_integration import DmlResult, Lakehouse
+from spark_integration.spark.testing import merge_paths
 from tests.integration import conftest as shared
 
 pytestmark = [pytest.mark.property, pytest.mark.spark]
@@ -361,6 +362,26 @@ def clauses_of(columns: Sequence[str]) -> st.SearchStrategy[list[Clause]]:
     return st.lists(clause, min_size=1, max_size=4)
 
 
+def plain_clauses(columns: Sequence[str]) -> st.SearchStrategy[list[Clause]]:
+    """Clauses without predicates whose values are columns: what the Arrow path runs."""
+
+    def setting(sides: Sequence[str]) -> st.SearchStrategy[dict[str, Expr]]:
+        return st.sets(st.sampled_from(list(columns)), min_size=1, max_size=2).flatmap(
+            lambda chosen: st.fixed_dictionaries(
+                {c: st.sampled_from([Col(c, s) for s in sides]) for c in sorted(chosen)}
+            )
+        )
+
+    clause = st.one_of(
+        st.builds(Clause, st.just("update"), st.none(), setting(("target", "source"))),
+        st.builds(Clause, st.just("update"), st.none(), st.none()),
+        st.builds(Clause, st.just("delete"), st.none()),
+        st.builds(Clause, st.just("insert"), st.none(), setting(("source",))),
+        st.builds(Clause, st.just("insert"), st.none(), st.none()),
+    )
+    return st.lists(clause, min_size=1, max_size=3)
+
+
 def merge_predicates(columns: Sequence[str]) -> st.SearchStrategy[Pred]:
     """A key equality, with partition pairs, target-only or source-only conjuncts."""
     key: Pred = Cmp(Col("id", "target"), "=", Col("id", "source"))
@@ -639,12 +660,26 @@ class DmlModelMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def merge(self, data: st.DataObject) -> None:
+        on = data.draw(merge_predicates(self.columns), label="on")
+        self.run_merge(data, on, data.draw(clauses_of(self.columns), label="clauses"))
+
+    @rule(data=st.data())
+    def plain_merge(self, data: st.DataObject) -> None:
+        """A MERGE the Arrow path runs (``spark.merge_arrow``): keys only, clauses
+        without predicates setting columns from columns. It must take that path."""
+        on: Pred = Cmp(Col("id", "target"), "=", Col("id", "source"))
+        if data.draw(st.booleans(), label="day is a key too"):
+            on = And(on, Cmp(Col("day", "target"), "=", Col("day", "source")))
+        clauses = data.draw(plain_clauses(self.columns), label="clauses")
+        with merge_paths(spark_only=False) as paths:
+            self.run_merge(data, on, clauses)
+        assert paths == ["arrow"]
+
+    def run_merge(self, data: st.DataObject, on: Pred, clauses: list[Clause]) -> None:
         source = data.draw(rows_of(self.columns, min_size=1), label="source")
         if data.draw(st.booleans(), label="source keys unique"):
             # Else most sources match some target row twice and the MERGE is refused.
             source = list({r["id"]: r for r in source}.values())
-        on = data.draw(merge_predicates(self.columns), label="on")
-        clauses = data.draw(clauses_of(self.columns), label="clauses")
         builder = self.lh.merge(self.name, self.df(source), on.sql(), spark=self.spark)
         for c in clauses:
             pred = c.pred.sql() if c.pred is not None else None

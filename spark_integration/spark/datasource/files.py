@@ -65,9 +65,11 @@ def write_batches(
     columns: Sequence[str],
     partition_by: Sequence[str],
     tag: str,
+    dictionary: Sequence[str] | None = None,
 ) -> list[FileEntry]:
     """Write Arrow record batches as Parquet files under ``staging``; describe each file
     (path, size, row count, partition values and column statistics, from its footer).
+    ``dictionary``: the columns to dictionary-encode (default: every column, pyarrow's).
 
     ``columns`` is the table's column order; the batches carry the same names in
     any order. Paths in the returned entries are relative to ``location``; files
@@ -127,6 +129,9 @@ def write_batches(
         create_dir=not is_object_store(staging),
         schema=schema,
         format="parquet",
+        file_options=None
+        if dictionary is None
+        else ds.ParquetFileFormat().make_write_options(use_dictionary=list(dictionary)),
         partitioning=partitioning,
         basename_template=f"part-{tag}-{uuid.uuid4().hex[:12]}-{{i}}.parquet",
         existing_data_behavior="overwrite_or_ignore",
