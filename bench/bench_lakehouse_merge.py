@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench._lakehouse_anchors import version_of
 from bench._load import end_processes, receive, start_processes
-from bench._results import Figure, Result, summarize
+from bench._results import Figure, MachineLoad, Result, summarize
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -199,16 +199,21 @@ def _ratio(
         assert got == (half, half), metrics
         return took
 
+    from spark_integration.spark.testing import merge_paths
+
     jobs: dict[str, Callable[[int], float]] = {PERCOLAKE: ours, DELTA: theirs}
-    progress("merge.warmup")
-    for job in jobs.values():
-        job(0)
+    load = MachineLoad()
     seconds: dict[str, list[float]] = {name: [] for name in jobs}
-    for n in range(size.runs):
-        progress(f"merge.run{n + 1}")
-        order = list(jobs)[n % 2 :] + list(jobs)[: n % 2]
-        for name in order:
-            seconds[name].append(jobs[name](n + 1))
+    # Records which path each of our MERGEs took (Arrow or Spark), for the note.
+    with merge_paths(spark_only=False) as paths:
+        progress("merge.warmup")
+        for job in jobs.values():
+            job(0)
+        for n in range(size.runs):
+            progress(f"merge.run{n + 1}")
+            order = list(jobs)[n % 2 :] + list(jobs)[: n % 2]
+            for name in order:
+                seconds[name].append(jobs[name](n + 1))
     want = size.rows + (size.runs + 1) * (size.rows // 200)
     ours_rows = sum(f.record_count for f in lh.files(RATIO_TABLE))
     theirs_rows = DeltaTable(delta_path).to_pyarrow_dataset().count_rows()
@@ -219,8 +224,9 @@ def _ratio(
         f"(delta-rs: the same rows, {delta_files} files); MERGE of 1% of rows "
         f"({size.rows // 200:,} updates of existing keys spread over every file + "
         f"{size.rows // 200:,} inserts), ON target.id = source.id, update all / insert "
-        f"all; ours: lh.merge in one local[2] session; {size.runs} runs after one warm-up "
-        "of each, order rotated per run"
+        f"all; ours: lh.merge in one local[2] session ({paths.count('arrow')} of {len(paths)} "
+        f"MERGEs in Arrow, spark/merge_arrow.py); {size.runs} runs after one warm-up "
+        f"of each, order rotated per run; {load.note()}"
     )
     anchor = f"{DELTA_RS} DeltaTable.merge of the same rows and source, same run"
     return [
