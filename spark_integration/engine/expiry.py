@@ -9,6 +9,7 @@ from __future__ import annotations
 from spark_integration.engine.retention import (
     STEP_ROWS,
     ExpireResult,
+    PublishMemo,
     Retention,
     expire_step,
     publish_expiry,
@@ -57,10 +58,13 @@ class Expiry:
         conflict on the table's expiry cell, so one of them retries.
         """
         tables = self._tables
+        # Shared by the retries: a publish that lost the head to a commit retries
+        # without searching the log again (see PublishMemo).
+        memo = PublishMemo()
 
         def publish(tx: Transaction) -> int:
             head = tables.read_head(tx, name)
-            return publish_expiry(tx, tables.layout, name, head, now_ms).readable_from
+            return publish_expiry(tx, tables.layout, name, head, now_ms, memo).readable_from
 
         readable, _ = tables.transact(publish, what=f"expiry of table {name!r}")
         total = ExpireResult(readable_from=readable)

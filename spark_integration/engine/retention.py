@@ -228,8 +228,37 @@ def describe_s(seconds: float) -> str:
 # --- publishing the bounds -----------------------------------------------------------
 
 
+@dataclass(slots=True)
+class PublishMemo:
+    """What one expiry's attempts at :func:`publish_expiry` learnt, kept across its
+    retries (issue 27): the commit times of the log records they read, by version,
+    and the bounds the last attempt computed, tried first by the next one.
+
+    A retried publish then reads the head, the retention and the expiry state, and
+    finds its bounds in the memo: it no longer repeats a binary search of about
+    log2(versions) sequential log reads, during which every commit of the table made
+    it conflict again. (On one Cassandra node under load, with commits every 20 ms,
+    the gateway's follow-up thread spent over 60 s in one publish, and the table's
+    file rows went unexpired meanwhile.) A version's commit time never changes once
+    its log record is readable: the record is written by the commit that made the
+    version, and only deleted, never rewritten. A remembered bound is only a guess:
+    it is used when the attempt's own snapshot confirms it is the least version
+    where the bound holds, and searched for as before otherwise.
+    """
+
+    times: dict[int, int] = field(default_factory=dict)
+    readable_from: int | None = None
+    marks_until: int | None = None
+    job_marks_until: int | None = None
+
+
 def publish_expiry(
-    tx: Transaction, layout: Layout, name: str, head: Head, now_ms: int
+    tx: Transaction,
+    layout: Layout,
+    name: str,
+    head: Head,
+    now_ms: int,
+    memo: PublishMemo | None = None,
 ) -> ExpiryState:
     """Compute the bounds as of ``now_ms`` and publish them; returns the new state.
 
@@ -237,11 +266,13 @@ def publish_expiry(
     newly expire (its ``min_readable_version`` rises): then readers refuse them
     before any of their rows go, and the write conflicts with commits, which retry.
     Each bound is a binary search over log records that still exist (those from the
-    lowest bound up), about log2(versions) reads, one when nothing moved.
+    lowest bound up), about log2(versions) reads, one when nothing moved; ``memo``
+    (one per expiry, shared by its retries) lets a retry skip the search.
     """
     retention = read_retention(tx, layout, name)
     state = read_expiry(tx, layout, name)
-    times: dict[int, int] = {}
+    memo = PublishMemo() if memo is None else memo
+    times = memo.times
 
     def committed_ms(version: int) -> int:
         if version not in times:
@@ -261,18 +292,23 @@ def publish_expiry(
     # A version stays readable while it is the latest or its successor is younger
     # than the cutoff (it was the latest at some time inside the retention).
     readable = _first(
-        state.readable_from, latest, lambda v: v == latest or committed_ms(v + 1) >= log_cutoff
+        state.readable_from,
+        latest,
+        lambda v: v == latest or committed_ms(v + 1) >= log_cutoff,
+        memo.readable_from,
     )
 
-    def marks_bound(start: int, cutoff: int) -> int:
-        return _first(start, latest + 1, lambda v: v > latest or committed_ms(v) >= cutoff)
+    def marks_bound(start: int, cutoff: int, guess: int | None) -> int:
+        return _first(start, latest + 1, lambda v: v > latest or committed_ms(v) >= cutoff, guess)
 
     new = dataclasses.replace(
         state,
         readable_from=readable,
-        marks_until=marks_bound(state.marks_until, mark_cutoff),
-        job_marks_until=marks_bound(state.job_marks_until, job_cutoff),
+        marks_until=marks_bound(state.marks_until, mark_cutoff, memo.marks_until),
+        job_marks_until=marks_bound(state.job_marks_until, job_cutoff, memo.job_marks_until),
     )
+    memo.readable_from = new.readable_from
+    memo.marks_until, memo.job_marks_until = new.marks_until, new.job_marks_until
     if new != state:
         _write_expiry(tx, layout, name, new)
     if readable > head.min_readable_version:
@@ -281,10 +317,16 @@ def publish_expiry(
     return new
 
 
-def _first(lo: int, hi: int, holds: Callable[[int], bool]) -> int:
-    """The least ``v`` in ``[lo, hi]`` where ``holds`` (monotone, true at ``hi``)."""
+def _first(lo: int, hi: int, holds: Callable[[int], bool], guess: int | None = None) -> int:
+    """The least ``v`` in ``[lo, hi]`` where ``holds`` (monotone, true at ``hi``).
+
+    ``guess``: tried first; taken only where ``holds`` is false just below it and true
+    at it (then it is the least, ``holds`` being monotone), else searched as without.
+    """
     if lo >= hi or holds(lo):  # the usual case: nothing moved since the last pass
         return lo
+    if guess is not None and lo < guess <= hi and holds(guess) and not holds(guess - 1):
+        return guess
     while hi - lo > 1:  # holds(hi) and not holds(lo)
         mid = (lo + hi) // 2
         if holds(mid):
