@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,8 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import spark_integration.engine.catalog as catalog_module
 import spark_integration.engine.checkpoints as checkpoints_module
+import spark_integration.engine.expiry as expiry_module
+import spark_integration.engine.retention as retention_module
 import spark_integration.spark.lakehouse as lakehouse_module
 from spark_integration import (
     DataFile,
@@ -39,11 +42,12 @@ from spark_integration.engine.retention import (
     DAY_S,
     JOB_MARK_MIN_RETENTION_S,
     ExpiryState,
+    _first,
     read_expiry,
 )
 from spark_integration.spark.hook import STAGING_PREFIX
 from storage_adapters import Cell
-from txn import GarbageCollector, TransactionConfig, TransactionManager
+from txn import GarbageCollector, Transaction, TransactionConfig, TransactionManager
 from txn.tables import GC_TABLE, STATE_KEY, GcState
 
 pytestmark = pytest.mark.unit
@@ -477,3 +481,76 @@ def test_collection_then_removes_expired_rows_from_the_store(
     table.check(9)
     with tm.begin() as tx:
         assert read_expiry(tx, table.catalog.layout, "t") != ExpiryState()
+
+
+# --- the publish under commits (issue 27) ---------------------------------------------
+
+
+class LogReads:
+    """A transaction that counts its reads of the table's log records."""
+
+    def __init__(self, tx: Transaction, log_table: str, counts: list[int]) -> None:
+        self._tx = tx
+        self._log = log_table
+        self._counts = counts
+
+    def get(self, table: str, row: bytes, column: bytes) -> bytes | None:
+        if table == self._log:
+            self._counts[-1] += 1
+        return self._tx.get(table, row, column)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+
+def test_a_publish_that_loses_the_head_to_commits_retries_without_searching_the_log(
+    tm: TransactionManager, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each commit of the table between a publish's reads and its commit makes it retry
+    (it raises the head's bound). A retry reads at most 3 log records, not the binary
+    search again (on one Cassandra node under load the gateway's follow-up thread lost
+    the head to commits for over a minute), and the bound published is the right one."""
+    table = new_table(tm, clock, Retention(log_retention_s=60, mark_retention_s=60))
+    for _ in range(150):
+        clock.advance(1000)  # a version a second: 60 of them stay readable
+        table.commit()
+    now = clock.advance(1000)
+    expected = table.expected_readable_from(now, 60)
+    assert expected > table.catalog.prepare("t").head.min_readable_version
+
+    real = retention_module.publish_expiry
+    log_reads: list[int] = []  # per attempt
+    raced = [0]
+
+    def publish_losing_to_commits(tx: Transaction, layout: Layout, *args: Any) -> Any:
+        log_reads.append(0)
+        state = real(LogReads(tx, layout.log, log_reads), layout, *args)
+        if raced[0] < 3:  # a commit of the table lands before this attempt commits
+            raced[0] += 1
+            table.commit()
+        return state
+
+    monkeypatch.setattr(expiry_module, "publish_expiry", publish_losing_to_commits)
+    done = table.catalog.expire("t", now)
+
+    assert raced[0] == 3
+    assert len(log_reads) == 4, log_reads  # three attempts lost the head, one won
+    assert log_reads[0] >= 5, log_reads  # the search: about log2(150) reads
+    assert all(n <= 3 for n in log_reads[1:]), log_reads  # each retry: the memo's bounds
+    assert done.readable_from == expected
+    table.check(expected)
+
+
+def _at_least(least: int) -> Callable[[int], bool]:
+    return lambda v: v >= least
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_remembered_bound_is_taken_only_where_it_is_the_least(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(300):
+        lo = rng.randrange(0, 50)
+        hi = lo + rng.randrange(0, 50)
+        least = rng.randint(lo, hi)
+        guess = rng.choice([None, least, least - 1, least + 1, rng.randint(lo - 3, hi + 3)])
+        assert _first(lo, hi, _at_least(least), guess) == least, (lo, hi, least, guess)
