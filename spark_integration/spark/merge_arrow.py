@@ -358,8 +358,10 @@ class _Run:
             e for e in entries if any(ReadSet(0, (), alt).may_match(e) for alt in alternatives)
         ]
         matches, joined_sources = self._find(candidates)
-        touched = [f for f in matches if self.chosen.matched is not None]
-        kept = [f.entry for f in matches if self.chosen.matched is None]
+        # A matched clause changes every matched row: each file a match found is
+        # rewritten; without one (insert only) those files are read and kept.
+        touched = matches if self.chosen.matched is not None else []
+        kept = [f.entry for f in matches] if self.chosen.matched is None else []
         changed = sum(len(f.target_rows) for f in touched)
         inserts = self._inserts(joined_sources)
         log.info(
