@@ -394,6 +394,14 @@ class Nemesis:
                 # lease, and waking the leader first would test nothing (bounded).
                 waited, write_locked = self._await_new_epoch(detail["leader_before"])
                 replica.resume()
+                if write_locked:
+                    # Paused inside a write transaction on SQLite: nobody could take
+                    # over while it held the file, and the takeover comes once it has
+                    # woken, found its lease lapsed and let go (ci43: 0.3 s after the
+                    # resume, after the record had been taken). Wait for it, bounded,
+                    # so the record shows it.
+                    after_s, _ = self._await_new_epoch(detail["leader_before"])
+                    waited += after_s
                 healed: dict[str, Any] = {
                     "resumed": replica.name,
                     "leader_after": self._leader_row(),
