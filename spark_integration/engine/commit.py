@@ -367,8 +367,7 @@ class Commits:
 
     def commit_files(self, name: str, request: CommitRequest) -> Committed:
         """Commit ``request`` as the next version, in one transaction."""
-        with self._tables.head_turn(name):
-            (result,) = self.commit_group(name, [request])
+        (result,) = self.commit_group(name, [request])
         if isinstance(result, BaseException):
             raise result
         return result
@@ -393,11 +392,15 @@ class Commits:
             if len(requests) == 1
             else f"group commit of {len(requests)} appends to table {name!r}"
         )
-        staged, commit_ts = self._tables.transact(
-            lambda tx: GroupAttempt(self._tables, name, tx).run(requests),
-            what=what,
-            job_id=requests[0].job_id,
-        )
+        # The turn: no other writer of the head in this process (a group, expiry's
+        # publish, a time-travel fence) runs its transaction meanwhile; the follow-up
+        # work below runs after it, as it may take the turn itself.
+        with self._tables.head_turn(name):
+            staged, commit_ts = self._tables.transact(
+                lambda tx: GroupAttempt(self._tables, name, tx).run(requests),
+                what=what,
+                job_id=requests[0].job_id,
+            )
         out: list[Committed | ConcurrentModificationError] = []
         fresh: list[NewVersion] = []
         for outcome in staged:

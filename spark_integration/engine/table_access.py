@@ -73,7 +73,8 @@ class TableAccess:
 
     @contextlib.contextmanager
     def head_turn(self, name: str) -> Iterator[None]:
-        """Commits of one table from this process take turns at its head.
+        """Writers of one table's head in this process (commits, expiry's publish,
+        time-travel fences) take turns at it.
 
         Only one of them could win a given version anyway; the others would each
         write, conflict, clean up and retry. Queueing here costs nothing in
