@@ -11,9 +11,11 @@ with retention 0 their versions are gone from the store as well.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,14 +23,15 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+import spark_integration.engine.expiry as expiry_module
 from spark_integration import DataFile, Lakehouse, Retention, VersionNotFoundError
-from spark_integration.engine import Catalog
-from spark_integration.engine.model import Layout
+from spark_integration.engine import Catalog, CommitRequest
+from spark_integration.engine.model import APPEND, FileEntry, Layout, TableMeta
 from spark_integration.spark.hook import STAGING_PREFIX
 from storage_adapters import Cell, open_store
 from tests.servers import ServerProcess
 from tso.timestamp_service import RemoteTimestampSource
-from txn import GarbageCollector, TransactionManager
+from txn import GarbageCollector, TransactionConfig, TransactionManager
 from txn.remote import RemoteTransactionManager
 from txn.tables import GC_TABLE, STATE_KEY, GcState
 
@@ -210,3 +213,83 @@ def test_the_gateway_expires_after_checkpoints_by_itself(
     )
     assert writer.append(50) == 101  # expired: committed again
     assert writer.append(100) == 100  # retained: a replay
+
+
+def test_a_publish_on_cassandra_takes_its_turn_with_its_catalogs_group_commits(
+    cassandra_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a Cassandra store (issue 27), a group commit of the publish's own catalog (as
+    the gateway's drain thread makes them) that arrives while the publish is between
+    its reads and its commit waits for it: the publish commits at its first attempt,
+    the group lands after it, and the bound is the one the retention gives. Without
+    the publish's turn each such group lands first and the publish retries (4 attempts
+    here)."""
+    t0 = 1_700_000_000_000
+    clock = [t0]
+    tm = TransactionManager.embedded(
+        cassandra_store_url, config=TransactionConfig(gc_publish_interval_ms=10**9)
+    )
+    try:
+        catalog = Catalog(tm, CATALOG, clock_ms=lambda: clock[0])
+        catalog.create(
+            TableMeta("t", "{}", ("day",), "/nowhere/t", t0),
+            "create-t",
+            retention=Retention(log_retention_s=20, mark_retention_s=20),
+        )
+        made = [0]
+
+        def request() -> CommitRequest:
+            made[0] += 1
+            n = made[0]
+            path = f"{STAGING_PREFIX}j{n}/day=d/f{n}.parquet"
+            return CommitRequest(APPEND, (FileEntry(path, n, n, {"day": "d"}),), f"job-{n}", t0)
+
+        for _ in range(40):  # a version a second; no checkpoint yet, so no expiry by itself
+            clock[0] += 1000
+            (done,) = catalog.commit_group("t", [request()])
+            assert not isinstance(done, BaseException)
+        now = clock[0] + 1000
+        times = {h.record.version: h.record.timestamp_ms for h in catalog.history("t")}
+        latest = max(times)
+        expected = min(v for v in times if v == latest or times[v + 1] >= now - 20_000)
+        assert expected > 0
+
+        real = expiry_module.publish_expiry
+        attempts = [0]
+        groups: list[threading.Thread] = []
+        errors: list[BaseException] = []
+
+        def group() -> None:
+            try:
+                (result,) = catalog.commit_group("t", [request()])
+                if isinstance(result, BaseException):
+                    raise result
+            except BaseException as exc:
+                errors.append(exc)
+
+        def publish_as_groups_arrive(*args: Any) -> Any:
+            attempts[0] += 1
+            state = real(*args)
+            if attempts[0] <= 3:
+                groups.append(threading.Thread(target=group))
+                groups[-1].start()
+                # Ample for a group commit on one node; it lands meanwhile unless it
+                # waits for the publish's turn.
+                groups[-1].join(timeout=3.0)
+            return state
+
+        monkeypatch.setattr(expiry_module, "publish_expiry", publish_as_groups_arrive)
+        expired = catalog.expire("t", now)
+        for thread in groups:
+            thread.join(timeout=60)
+        assert errors == []
+        assert attempts[0] == 1, attempts
+        head = catalog.prepare("t").head
+        assert head.version == latest + 1  # the group that waited landed after
+        assert expired.readable_from == expected
+        assert head.min_readable_version == expected
+        with pytest.raises(VersionNotFoundError, match="expired"):
+            catalog.files("t", expected - 1, FileEntry)
+        assert len(catalog.files("t", expected, FileEntry)[2]) == expected
+    finally:
+        tm.close()
