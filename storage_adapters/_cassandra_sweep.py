@@ -30,6 +30,7 @@ from cassandra.query import BatchStatement, BatchType
 from storage_adapters._base import (
     MAX_TIMESTAMP,
     Cell,
+    ScanEntry,
     check_cells,
     check_ranges,
     check_table,
@@ -146,6 +147,60 @@ class CassandraSweeps(CassandraReads):
                 if write_time is not None:
                     written[_bytes(key), ts] = write_time
         return written
+
+    def sweep_candidates(
+        self,
+        table: str,
+        below_ts: int,
+        stamped_below: int,
+        *,
+        start_row: bytes = b"",
+        start_column: bytes = b"",
+        page_size: int = 1000,
+    ) -> Iterator[Cell]:
+        """The cells :meth:`scan` finds below ``below_ts``, less those whose newest
+        version below it is a value stamped below ``stamped_below`` with no older
+        version below it (issue 27): the scan already reads each cell's newest version
+        and its stamp, so only those settled-looking cells cost one more read, of at
+        most two version timestamps (no values), ``get_version_timestamps`` of the
+        page. Before, every cell went to the collector, which read all its versions
+        again: on one node, passes over a lakehouse table of 10,000 appends read some
+        17,000 cells where SQLite's filter leaves 3,000, and took 11-22 s.
+
+        Exact when nothing writes below ``below_ts`` meanwhile; a version written there
+        later is one garbage-collection's caller says no reader needs (rule S8), and
+        the next pass meets its cell."""
+        entries = self.scan(
+            table, start_row, None, below_ts, start_column=start_column, page_size=page_size
+        )
+        check_ts("stamped_below", stamped_below)
+        return self._with_work(table, entries, below_ts, stamped_below, page_size)
+
+    def _with_work(
+        self,
+        table: str,
+        entries: Iterator[ScanEntry],
+        below_ts: int,
+        stamped_below: int,
+        page_size: int,
+    ) -> Iterator[Cell]:
+        """:meth:`sweep_candidates`'s filter over ``entries``, a page at a time."""
+        while page := list(itertools.islice(entries, page_size)):
+            settled = [
+                Cell(e.row, e.column)
+                for e in page
+                if e.value is not None and e.commit_ts is not None and e.commit_ts < stamped_below
+            ]
+            found = (
+                self.get_version_timestamps(table, settled, below_ts=below_ts, limit=2)
+                if settled
+                else {}
+            )
+            alone = {cell for cell in settled if len(found.get(cell, ())) < 2}
+            for entry in page:
+                cell = Cell(entry.row, entry.column)
+                if cell not in alone:
+                    yield cell
 
     def prune_cells(self, table: str, below_ts: int) -> int:
         """Drop the index rows of cells with no version, shard by shard, one range

@@ -181,11 +181,13 @@ def test_sweep_candidates_yield_every_cell_a_sweep_has_work_on(store: KVStore) -
     assert list(store.sweep_candidates("nothing", 100, 50)) == []
 
 
-def test_sweep_candidates_leave_settled_cells_out_where_the_backend_filters(
+def test_sweep_candidates_leave_settled_cells_out_on_every_backend(
     store: KVStore,
 ) -> None:
-    """SQLite and memory filter where the data is and yield exactly the cells with
-    work; a backend on the default (Cassandra) yields every cell below the safe point."""
+    """Every backend yields exactly the cells with work: SQLite and memory filter where
+    the data is, Cassandra after its scan (one read of at most two version timestamps
+    per settled-looking cell; issue 27: it used to yield every cell below the safe
+    point, and its passes over a lakehouse table read some 17,000 cells for 3,000)."""
     _settled_history(store)
     below_15 = [
         Cell(b"a", b"settled"),
@@ -195,9 +197,6 @@ def test_sweep_candidates_leave_settled_cells_out_where_the_backend_filters(
         Cell(b"d", b"delete"),
         Cell(b"e", b"settled-and-above"),
     ]
-    if type(store).sweep_candidates is KVStore.sweep_candidates:
-        assert list(store.sweep_candidates("t", 100, 50)) == below_15
-        return
     assert list(store.sweep_candidates("t", 100, 50, page_size=1)) == [
         Cell(b"a", b"settled-new"),
         Cell(b"b", b"two"),
