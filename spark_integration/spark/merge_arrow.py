@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BooleanType,
@@ -66,12 +67,16 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from spark_integration.engine.locations import join
 from spark_integration.engine.model import MERGE, DmlResult, FileEntry
 from spark_integration.engine.read_set import ReadSet, widen
 from spark_integration.spark import changes, dml, filesystem, merge
 from spark_integration.spark.datasource.batch_read import files_to_read
-from spark_integration.spark.datasource.files import read_files, write_batches
+from spark_integration.spark.datasource.files import (
+    FileToRead,
+    _constant,
+    write_batches,
+    write_table,
+)
 from spark_integration.spark.hook import Job
 from spark_integration.spark.schema import quote
 
@@ -349,14 +354,19 @@ class _Run:
         self.target = _nullable(to_arrow_schema(plan.schema, timezone="UTC"))
         self.columns = tuple(plan.schema.fieldNames())
         self.partition_by = plan.meta.partition_by
+        self.entries: list[FileEntry] = []  # the table's files at the version read
 
     def execute(self) -> DmlResult:
         plan, m = self.plan, self.m
         _, _, entries = m.catalog.files(m.table, plan.version, FileEntry)
+        self.entries = entries
         alternatives = self._alternatives()
         candidates = [
             e for e in entries if any(ReadSet(0, (), alt).may_match(e) for alt in alternatives)
         ]
+        keys = self._unique_keys()
+        if keys is not None:
+            return self._one_pass(candidates, alternatives, keys)
         matches, joined_sources = self._find(candidates)
         # A matched clause changes every matched row: each file a match found is
         # rewritten; without one (insert only) those files are read and kept.
@@ -417,14 +427,43 @@ class _Run:
             partitions = merge.partition_conditions(plan, by_partition, found)
         return merge.alternatives(plan, schema.fieldNames(), ranges, partitions)
 
+    @contextmanager
+    def _open(self, entry: FileEntry) -> Iterator[tuple[pq.ParquetFile, FileToRead]]:
+        """``entry``'s file, open: its footer is read once, here, for every read of it."""
+        (item,) = files_to_read(self.plan.meta.location, [entry])
+        fs, fs_path = filesystem.resolve(item.path)
+        with fs.open_input_file(fs_path) as stream:
+            # pre_buffer: one ranged GET per run of column chunks, not one per page.
+            yield pq.ParquetFile(stream, pre_buffer=True), item
+
+    def _columns(
+        self, parquet: pq.ParquetFile, item: FileToRead, columns: Sequence[str]
+    ) -> dict[str, Any]:
+        """``columns`` of the open file, as ``datasource.files.read_files`` reads them:
+        cast to the table's types, partition columns from the file's partition values, a
+        column the file lacks as NULL."""
+        present = set(parquet.schema_arrow.names)
+        data = [c for c in columns if c not in self.partition_by and c in present]
+        table = parquet.read(columns=data)
+        rows = parquet.metadata.num_rows
+        out = {}
+        for name in columns:
+            kind = self.target.field(name).type
+            if name in self.partition_by:
+                out[name] = _constant(item.partition.get(name), kind, rows)
+            elif name in present:
+                out[name] = table.column(name).cast(kind)
+            else:
+                out[name] = pa.nulls(rows, kind)
+        return out
+
     def _read(self, entry: FileEntry, columns: Sequence[str] | None = None) -> pa.Table:
         """``entry``'s rows, of the table's columns (or of ``columns``)."""
-        schema = (
-            self.target if columns is None else pa.schema([self.target.field(c) for c in columns])
-        )
-        (item,) = files_to_read(self.plan.meta.location, [entry])
-        batches = list(read_files([item], schema, self.partition_by))
-        return pa.Table.from_batches(batches, schema=schema)
+        names = self.columns if columns is None else columns
+        with self._open(entry) as (parquet, item):
+            found = self._columns(parquet, item, names)
+        schema = pa.schema([self.target.field(c) for c in names])
+        return pa.table([found[c] for c in names], schema=schema)
 
     def _find(
         self, candidates: Sequence[FileEntry]
@@ -515,8 +554,18 @@ class _Run:
 
     def _rewrite(self, job: Job, match: _FileMatch, tag: str) -> _Rewritten:
         """``match``'s file written again, its matched rows updated or left out."""
-        table = self._read(match.entry).combine_chunks()
-        dictionary = _dictionary_columns(join(self.plan.meta.location, match.entry.path))
+        with self._open(match.entry) as (parquet, item):
+            found = self._columns(parquet, item, self.columns)
+            dictionary = _dictionary_columns(parquet.metadata)
+        table = pa.table([found[c] for c in self.columns], schema=self.target)
+        return self._rewritten(job, match, table, dictionary, tag)
+
+    def _rewritten(
+        self, job: Job, match: _FileMatch, table: pa.Table, dictionary: list[str], tag: str
+    ) -> _Rewritten:
+        """``table`` (``match``'s file's rows) written again, its matched rows updated or
+        left out; with the change rows."""
+        table = table.combine_chunks()
         mask = np.zeros(table.num_rows, dtype=bool)
         mask[match.target_rows] = True
         before = table.take(pa.array(match.target_rows))
@@ -565,6 +614,15 @@ class _Run:
         columns: Sequence[str] | None = None,
         dictionary: Sequence[str] | None = None,
     ) -> list[FileEntry]:
+        if not self.partition_by:  # one file of one in-memory table: no dataset writer
+            return write_table(
+                rows,
+                location=job.location,
+                staging=job.staging,
+                columns=columns or self.columns,
+                tag=tag,
+                dictionary=dictionary,
+            )
         return write_batches(
             iter(rows.to_batches()),
             location=job.location,
@@ -586,27 +644,129 @@ class _Run:
                     enumerate(touched),
                 )
             )
+        return self._write_rest(job, rewritten, inserts, f"{len(touched):05d}-0")
+
+    def _write_rest(
+        self, job: Job, rewritten: Sequence[_Rewritten], inserts: pa.Table, tag: str
+    ) -> tuple[list[FileEntry], list[FileEntry]]:
+        """The files rewritten, with the inserts (file tag ``tag``) and the change rows
+        written beside them: (data files, change files)."""
         # New rows are encoded as the first rewritten file's (else pyarrow's default).
         dictionary = rewritten[0].dictionary if rewritten else None
         data = [e for r in rewritten for e in r.data]
-        data += self._files(job, inserts, f"{len(touched):05d}-0", dictionary=dictionary)
+        data += self._files(job, inserts, tag, dictionary=dictionary)
         changed = [t for r in rewritten for t in r.changed]
         changed.append(_tagged(inserts, changes.INSERT))
         change_rows = pa.concat_tables(changed)
         change_columns = (*self.columns, changes.CHANGE_TYPE)
-        tag = f"{changes.CHANGE_FILE_TAG}00000-0"
+        change_tag = f"{changes.CHANGE_FILE_TAG}00000-0"
         kept = None if dictionary is None else [*dictionary, changes.CHANGE_TYPE]
-        return data, self._files(job, change_rows, tag, change_columns, kept)
+        return data, self._files(job, change_rows, change_tag, change_columns, kept)
+
+    # --- one pass: find and rewrite each file as it is read ---------------------------
+
+    def _unique_keys(self) -> pa.Array | None:
+        """The source's join keys, when one pass over the candidate files can both find
+        the matched rows and rewrite them (:meth:`_one_pass`): the statement changes
+        matched rows, joins on one column the files store (not a partition column), and
+        no two source rows share a key, so no target row is joined twice (there is
+        nothing to refuse before writing). ``None`` otherwise."""
+        if self.chosen.matched is None or len(self.chosen.keys) != 1:
+            return None
+        ((target, source),) = self.chosen.keys
+        if target in self.partition_by:
+            return None
+        keys = _key(self.source.column(source))
+        valid = len(keys) - keys.null_count
+        if pc.count_distinct(keys, mode="only_valid").as_py() != valid:
+            return None
+        return keys
+
+    def _one_pass(
+        self, candidates: Sequence[FileEntry], alternatives: list[tuple[Any, ...]], keys: pa.Array
+    ) -> DmlResult:
+        """The statement with each candidate file opened once (:meth:`_merge_file`):
+        the same files, rows, change rows and read set as :meth:`execute`'s two steps,
+        which read every candidate's keys first, then each touched file again."""
+        plan, m = self.plan, self.m
+        touched: list[FileEntry] = []
+        changed = [0]
+        inserts = [self.target.empty_table()]
+
+        def write(job: Job) -> tuple[list[FileEntry], list[FileEntry]]:
+            with ThreadPoolExecutor(FILE_WORKERS) as pool:
+                merged = list(
+                    pool.map(
+                        lambda i_e: self._merge_file(job, i_e[1], f"{i_e[0]:05d}-0", keys),
+                        enumerate(candidates),
+                    )
+                )
+            joined_sources = np.zeros(self.source.num_rows, dtype=bool)
+            rewritten = []
+            for entry, found in zip(candidates, merged, strict=True):
+                if found is not None:
+                    touched.append(entry)
+                    rewritten.append(found[0])
+                    joined_sources[found[1]] = True
+                    changed[0] += len(found[1])
+            inserts[0] = self._inserts(joined_sources)
+            log.info(
+                "%s (Arrow, one pass): %d of %d files may hold rows it reads, %d hold rows "
+                "it changes (version %d)",
+                plan.what,
+                len(candidates),
+                len(self.entries),
+                len(touched),
+                plan.version,
+            )
+            return self._write_rest(job, rewritten, inserts[0], f"{len(candidates):05d}-0")
+
+        def read_set(_: list[FileEntry]) -> ReadSet:
+            return ReadSet(plan.version, tuple(e.path for e in touched), widen(alternatives), ())
+
+        version, written = dml.commit_rewrite(
+            m.catalog, MERGE, plan.meta, plan.schema, write, read_set
+        )
+        return DmlResult(
+            version,
+            rows_inserted=inserts[0].num_rows if written else 0,
+            rows_updated=changed[0] if self.chosen.matched == merge.UPDATE else 0,
+            rows_deleted=changed[0] if self.chosen.matched == merge.DELETE else 0,
+            files_added=len(written),
+            files_removed=len(touched),
+        )
+
+    def _merge_file(
+        self, job: Job, entry: FileEntry, tag: str, keys: pa.Array
+    ) -> tuple[_Rewritten, np.ndarray[Any, Any]] | None:
+        """One candidate file, its footer read once: its key column looked up in the
+        source's ``keys`` (SQL ``=``: a NULL key joins nothing); with a match, its other
+        columns read and the file rewritten (:meth:`_rewritten`). Returns that and the
+        source rows joined, or ``None``: no row joined, the file is kept (and its other
+        columns never read)."""
+        key = self.chosen.keys[0][0]
+        with self._open(entry) as (parquet, item):
+            found = self._columns(parquet, item, [key])
+            index = pc.index_in(_key(found[key]), value_set=keys, skip_nulls=True)
+            joined = index.is_valid().to_numpy(zero_copy_only=False)
+            target_rows = np.flatnonzero(joined)
+            if not len(target_rows):
+                return None
+            found.update(self._columns(parquet, item, [c for c in self.columns if c != key]))
+            dictionary = _dictionary_columns(parquet.metadata)
+        table = pa.table([found[c] for c in self.columns], schema=self.target)
+        source_rows = index.drop_null().to_numpy().astype(np.int64)
+        match = _FileMatch(entry, target_rows, source_rows)
+        return self._rewritten(job, match, table, dictionary, tag), source_rows
 
 
-def _dictionary_columns(path: str) -> list[str]:
-    """The columns a rewrite of the file at ``path`` dictionary-encodes: those whose
+def _dictionary_columns(footer: pq.FileMetaData) -> list[str]:
+    """The columns a rewrite of a file dictionary-encodes: those whose
     dictionary is small beside their data in the file's first row group (few distinct
     values). Where it is not, pyarrow's writer builds a dictionary of nearly every value
     only to give up on it (past its page size limit) or to gain nothing: most of the
     cost of writing unique keys, strings and doubles (5x, measured on the MERGE
-    benchmark's files), for no smaller file."""
-    footer = filesystem.parquet_metadata(path)
+    benchmark's files), for no smaller file. ``footer``: the file's Parquet footer."""
     if footer.num_row_groups == 0:
         return []
     group = footer.row_group(0)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("pyspark")
@@ -116,6 +117,18 @@ CASES = {
         _upsert,
         predicate="source.day = target.day AND source.id = target.id",
         partition_by="day",
+    ),
+    "partitioned_one_key_moves_rows": Case(
+        # One key, not a partition column: one pass; (4) moves from d2 to d3.
+        [(4, 40, "d3", 0.0), (7, 70, "d1", 0.0), (60, 6, "d6", 0.0)],
+        _upsert,
+        partition_by="day",
+    ),
+    "string_key_joins_many_target_rows": Case(
+        # Each source day joins the target rows of that day, in every file.
+        [(0, 99, "d2", 9.0), (0, 98, "d7", 8.0)],
+        lambda b: b.when_matched_update({"amount": "source.amount"}).when_not_matched_insert_all(),
+        predicate="target.day = source.day",
     ),
     "widening_int_and_float_source": Case(
         [(2, 22, "d1", 0.25), (80, 8, "d8", 0.5)],
@@ -237,6 +250,45 @@ def test_duplicate_source_keys_fail_alike_and_commit_nothing(
     assert 'The target row: {"id":4,' in got.error
 
 
+@pytest.mark.parametrize("lh", ["embedded"], indirect=True)
+def test_one_pass_reads_each_footer_once_and_only_joined_files_whole(
+    lh: Lakehouse, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A MERGE of unique source keys opens each candidate file once (one footer read,
+    never ``read_metadata`` again), reads its key column, and reads the other columns of
+    the files a source row joined only."""
+    case = CASES["update_all_insert_all"]  # ids 2 and 6: the first and third files
+    _table(lh, spark, "t", case)
+    opened: list[int] = []
+    columns_read: list[tuple[str, ...]] = []
+    real_file, real_metadata = pq.ParquetFile, pq.read_metadata
+
+    class Counting(real_file):  # type: ignore[misc, valid-type]
+        def __init__(self, source: Any, *args: Any, **kwargs: Any) -> None:
+            opened.append(1)
+            super().__init__(source, *args, **kwargs)
+
+        def read(self, columns: Any = None, **kwargs: Any) -> Any:
+            columns_read.append(tuple(columns or ()))
+            return super().read(columns, **kwargs)
+
+    def no_metadata(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a footer read again")
+
+    monkeypatch.setattr(pq, "ParquetFile", Counting)
+    monkeypatch.setattr(pq, "read_metadata", no_metadata)
+    source = spark.createDataFrame(case.source, SCHEMA)
+    with merge_paths(spark_only=False) as paths:
+        result = case.clauses(lh.merge("t", source, ON)).execute()
+    monkeypatch.setattr(pq, "ParquetFile", real_file)
+    monkeypatch.setattr(pq, "read_metadata", real_metadata)
+    assert paths == ["arrow"]
+    assert (result.rows_updated, result.rows_inserted, result.files_removed) == (2, 1, 2)
+    # Three candidate files (the source's ids span them all), each opened once.
+    assert len(opened) == 3
+    assert sorted(columns_read) == sorted([("id",)] * 3 + [("amount", "day", "x")] * 2)
+
+
 @pytest.mark.parametrize("lh", ["remote"], indirect=True)
 def test_merge_in_arrow_through_a_gateway(lh: Lakehouse, spark: SparkSession) -> None:
     got = _agree(lh, spark, CASES["update_all_insert_all"])
@@ -255,5 +307,9 @@ def test_merge_in_arrow_on_s3(spark: SparkSession, s3_warehouse: str, tmp_path: 
         got = _agree(lh, spark, case)
         assert got.result is not None and got.result.rows_updated == 2
         assert all(f.path.startswith("s3://") for f in lh.files("by_arrow"))
+        # Unpartitioned, one key: the one pass, each file written by write_table.
+        lh = Lakehouse(manager, f"{s3_warehouse}/one_pass", catalog="one_pass")
+        got = _agree(lh, spark, CASES["update_all_insert_all"])
+        assert got.result is not None and got.result.rows_updated == 2
     finally:
         manager.close()

@@ -4,13 +4,19 @@ on a local folder and on S3 (the session's MinIO)."""
 from __future__ import annotations
 
 import posixpath
+import re
 
 import pyarrow as pa
 import pytest
 
 from spark_integration.engine.locations import join
 from spark_integration.spark import filesystem
-from spark_integration.spark.datasource.files import FileToRead, read_files, write_batches
+from spark_integration.spark.datasource.files import (
+    FileToRead,
+    read_files,
+    write_batches,
+    write_table,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -55,3 +61,60 @@ def test_empty_and_null_partition_values_go_to_the_default_partition(location: s
         for row in zip(got.column(0).to_pylist(), got.column(1).to_pylist(), strict=True)
     ]
     assert sorted(rows) == [(0, None), (1, None), (2, "d2"), (3, None)]
+
+
+def test_write_table_writes_the_file_write_batches_writes(location: str) -> None:
+    """``write_table`` (MERGE's writer of one in-memory table) against ``write_batches``
+    on the same rows: the same name scheme, entry shape and statistics (pruning reads
+    them), the same Parquet schema and encodings, the same rows read back; no rows, no
+    file."""
+    schema = pa.schema([("id", pa.int64()), ("s", pa.string()), ("x", pa.float64())])
+    table = pa.table(
+        {"x": [0.5, None, 2.0, 1.0], "id": [3, None, 1, 7], "s": ["b", "a", None, "b"]}
+    )
+    columns = ("id", "s", "x")
+    by_batches = write_batches(
+        iter(table.to_batches()),
+        location=location,
+        staging=join(location, "_lh_job=a"),
+        columns=columns,
+        partition_by=(),
+        tag="00001-0",
+        dictionary=["s"],
+    )
+    by_table = write_table(
+        table,
+        location=location,
+        staging=join(location, "_lh_job=b"),
+        columns=columns,
+        tag="00001-0",
+        dictionary=["s"],
+    )
+    assert len(by_batches) == len(by_table) == 1
+    a, b = by_batches[0], by_table[0]
+    assert re.fullmatch(r"_lh_job=b/part-00001-0-[0-9a-f]{12}-0\.parquet", b.path)
+    assert (b.size_bytes, b.record_count, b.partition, b.stats) == (
+        a.size_bytes,
+        a.record_count,
+        a.partition,
+        a.stats,
+    )
+    assert b.stats is not None and b.stats["id"].max_value == 7
+    stored = {f.path: f.size for f in filesystem.list_files(location)}
+    assert stored[join(location, b.path)] == b.size_bytes
+    footers = [filesystem.parquet_metadata(join(location, e.path)) for e in (a, b)]
+    assert footers[0].schema.equals(footers[1].schema)
+    assert [footers[0].row_group(0).column(j).encodings for j in range(3)] == [
+        footers[1].row_group(0).column(j).encodings for j in range(3)
+    ]
+    files = [FileToRead(join(location, e.path), e.size_bytes, {}, 0) for e in (a, b)]
+    read = [pa.Table.from_batches(list(read_files([f], schema, ())), schema) for f in files]
+    assert read[0].equals(read[1]) and read[1].to_pydict() == table.select(columns).to_pydict()
+    empty = write_table(
+        table.slice(0, 0),
+        location=location,
+        staging=join(location, "_lh_job=c"),
+        columns=columns,
+        tag="0",
+    )
+    assert empty == []

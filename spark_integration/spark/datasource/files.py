@@ -142,6 +142,54 @@ def write_batches(
     return [f for f in written if f.record_count > 0]
 
 
+def write_table(
+    table: Any,
+    *,
+    location: str,
+    staging: str,
+    columns: Sequence[str],
+    tag: str,
+    dictionary: Sequence[str] | None = None,
+) -> list[FileEntry]:
+    """``table`` (an Arrow table of an *unpartitioned* table's rows) as one Parquet file
+    in ``staging``, named and described as :func:`write_batches` names and describes
+    its files (none without rows). The same file format options (pyarrow's defaults:
+    snappy, statistics of every column, ``dictionary`` as there), row groups of at most
+    :data:`MAX_ROWS_PER_GROUP` rows; without the dataset writer's machinery, which costs
+    a third more than the encoding itself for one in-memory table (the MERGE benchmark's
+    files of 100k rows: 30 ms against 20 ms of CPU each)."""
+    if not table.num_rows:
+        return []
+    job_folder = relative_to(location, staging)
+    if job_folder is None:
+        raise ValueError(f"staging folder {staging!r} is not inside table location {location!r}")
+    table = table.select(list(columns))
+    fs, fs_staging = filesystem.resolve(staging)
+    if not is_object_store(staging):
+        fs.create_dir(fs_staging, recursive=True)
+    name = f"part-{tag}-{uuid.uuid4().hex[:12]}-0.parquet"
+    footers: list[Any] = []
+    with fs.open_output_stream(posixpath.join(fs_staging, name)) as out:
+        with pq.ParquetWriter(
+            out,
+            table.schema,
+            use_dictionary=True if dictionary is None else list(dictionary),
+            metadata_collector=footers,
+        ) as writer:
+            writer.write_table(table, row_group_size=MAX_ROWS_PER_GROUP)
+        size = out.tell()
+    (footer,) = footers
+    return [
+        FileEntry(
+            path=posixpath.join(job_folder, name),
+            size_bytes=int(size),
+            record_count=int(footer.num_rows),
+            partition={},
+            stats=file_stats(footer) or None,
+        )
+    ]
+
+
 def _default_partition(values: Any) -> Any:
     """A partition column with empty strings made null, as Spark and Delta store them.
 
