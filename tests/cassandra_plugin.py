@@ -5,10 +5,11 @@ temporary directory on free ports (fetching the jars into the shared cache the f
 time, which takes about half a minute) and stops it when the session ends.
 
 ``cassandra_store_url`` (function) is the URL of an empty store. Stores come from a
-small pool of keyspaces, used in turn and wiped (``TRUNCATE``) just before each use:
-a truncate costs ~0.05 s where a fresh keyspace costs ~0.5 s to create plus ~0.4 s to
-drop, and rotating the pool keeps a write still in flight from the previous test
-(a background cleaner, say) out of the next test's keyspace.
+small pool of keyspaces, used in turn and wiped (``TRUNCATE``) in the background once
+their test is over (``KeyspacePool``): a truncate costs less than a fresh keyspace
+(~0.5 s to create plus ~0.4 s to drop), and rotating the pool keeps a write still in
+flight from the previous test (a background cleaner, say) out of the next test's
+keyspace.
 
 Set ``PERCOLAKE_SKIP_CASSANDRA=1`` to skip Cassandra tests on a machine without Java 17
 and Maven; otherwise a node that cannot start fails them, loudly.
@@ -24,6 +25,7 @@ import signal
 import socket
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +150,15 @@ def cassandra_cluster_low_tombstones(
 
 
 class KeyspacePool:
-    """Keyspaces handed out in turn, each wiped just before it is handed out."""
+    """Keyspaces handed out in turn, each empty when it is handed out.
+
+    A keyspace its test released (:meth:`release`, at the test's teardown) is wiped in
+    a background thread while the next tests run in the others (issue 29's suite time:
+    three TRUNCATEs flush three memtables, 0.2-0.5 s a test on a busy machine,
+    ~400 tests), and :meth:`next_empty_url` waits for that wipe before handing it out
+    again. One handed out and never released is wiped before it is handed out again,
+    as every keyspace was before.
+    """
 
     def __init__(self, cluster: CassandraCluster, size: int = POOL_SIZE) -> None:
         from storage_adapters import open_store
@@ -158,16 +168,39 @@ class KeyspacePool:
         for url in self._urls:  # creates keyspace and tables once
             open_store(url).close()
         self._turn = itertools.cycle(self._urls)
+        self._wiper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="keyspace-wipe")
+        #: Per keyspace: None (empty), IN_USE, or the Future of its wipe.
+        self._state: dict[str, Future[None] | str | None] = dict.fromkeys(self._urls)
 
     def next_empty_url(self) -> str:
         url = next(self._turn)
-        wipe_store(url)
+        state = self._state[url]
+        if state == IN_USE:
+            wipe_store(url)
+        elif isinstance(state, Future):
+            state.result()  # a failed wipe fails the test that wanted the keyspace
+        self._state[url] = IN_USE
         return url
+
+    def release(self, url: str) -> None:
+        """The test using ``url`` is over: wipe it in the background."""
+        if self._state.get(url) == IN_USE:
+            self._state[url] = self._wiper.submit(wipe_store, url)
+
+    def close(self) -> None:
+        """Let the wipes under way finish (before the node goes)."""
+        self._wiper.shutdown(wait=True)
+
+
+#: ``KeyspacePool``'s mark of a keyspace handed out and not yet released.
+IN_USE = "in use"
 
 
 @pytest.fixture(scope="session")
-def cassandra_keyspace_pool(cassandra_cluster: CassandraCluster) -> KeyspacePool:
-    return KeyspacePool(cassandra_cluster)
+def cassandra_keyspace_pool(cassandra_cluster: CassandraCluster) -> Iterator[KeyspacePool]:
+    pool = KeyspacePool(cassandra_cluster)
+    yield pool
+    pool.close()
 
 
 def _empty_store_url(request: pytest.FixtureRequest, pool_fixture: str) -> str:
@@ -188,7 +221,9 @@ def _empty_store_url(request: pytest.FixtureRequest, pool_fixture: str) -> str:
             "parameter that selects the node 'cassandra...' (tests/conftest.py, _shared_jvm)"
         )
     pool: KeyspacePool = request.getfixturevalue(pool_fixture)
-    return pool.next_empty_url()
+    url = pool.next_empty_url()
+    request.addfinalizer(lambda: pool.release(url))
+    return url
 
 
 @pytest.fixture
@@ -198,8 +233,12 @@ def cassandra_store_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def cassandra_paxos_v1_keyspace_pool(cassandra_cluster_paxos_v1: CassandraCluster) -> KeyspacePool:
-    return KeyspacePool(cassandra_cluster_paxos_v1)
+def cassandra_paxos_v1_keyspace_pool(
+    cassandra_cluster_paxos_v1: CassandraCluster,
+) -> Iterator[KeyspacePool]:
+    pool = KeyspacePool(cassandra_cluster_paxos_v1)
+    yield pool
+    pool.close()
 
 
 @pytest.fixture
