@@ -95,6 +95,10 @@ MAX_SOURCE_BYTES = 256 << 20
 #: Threads reading and writing files: pyarrow's work runs outside the GIL, and the
 #: machines this runs on have few cores; more would only hold more files in memory.
 FILE_WORKERS = 2
+#: String keys are looked up in a file by hashing the source's keys again for each
+#: candidate file (``pc.index_in``): past this many source rows a MERGE on a string
+#: key takes the two steps (one hash join of every candidate file's keys) instead.
+ONE_PASS_STRING_KEYS = 10_000
 #: A column stays dictionary-encoded when its dictionary page is less than this
 #: share (1 / DICTIONARY_SHARE) of its column chunk (see ``_dictionary_columns``).
 DICTIONARY_SHARE = 4
@@ -665,25 +669,31 @@ class _Run:
 
     # --- one pass: find and rewrite each file as it is read ---------------------------
 
-    def _unique_keys(self) -> pa.Array | None:
+    def _unique_keys(self) -> _SourceKeys | None:
         """The source's join keys, when one pass over the candidate files can both find
         the matched rows and rewrite them (:meth:`_one_pass`): the statement changes
         matched rows, joins on one column the files store (not a partition column), and
         no two source rows share a key, so no target row is joined twice (there is
-        nothing to refuse before writing). ``None`` otherwise."""
+        nothing to refuse before writing); string keys only from a source of at most
+        :data:`ONE_PASS_STRING_KEYS` rows. ``None`` otherwise."""
         if self.chosen.matched is None or len(self.chosen.keys) != 1:
             return None
         ((target, source),) = self.chosen.keys
         if target in self.partition_by:
             return None
         keys = _key(self.source.column(source))
+        if pa.types.is_string(keys.type) and len(keys) > ONE_PASS_STRING_KEYS:
+            return None
         valid = len(keys) - keys.null_count
         if pc.count_distinct(keys, mode="only_valid").as_py() != valid:
             return None
-        return keys
+        return _SourceKeys.of(keys)
 
     def _one_pass(
-        self, candidates: Sequence[FileEntry], alternatives: list[tuple[Any, ...]], keys: pa.Array
+        self,
+        candidates: Sequence[FileEntry],
+        alternatives: list[tuple[Any, ...]],
+        keys: _SourceKeys,
     ) -> DmlResult:
         """The statement with each candidate file opened once (:meth:`_merge_file`):
         the same files, rows, change rows and read set as :meth:`execute`'s two steps,
@@ -737,7 +747,7 @@ class _Run:
         )
 
     def _merge_file(
-        self, job: Job, entry: FileEntry, tag: str, keys: pa.Array
+        self, job: Job, entry: FileEntry, tag: str, keys: _SourceKeys
     ) -> tuple[_Rewritten, np.ndarray[Any, Any]] | None:
         """One candidate file, its footer read once: its key column looked up in the
         source's ``keys`` (SQL ``=``: a NULL key joins nothing); with a match, its other
@@ -747,17 +757,60 @@ class _Run:
         key = self.chosen.keys[0][0]
         with self._open(entry) as (parquet, item):
             found = self._columns(parquet, item, [key])
-            index = pc.index_in(_key(found[key]), value_set=keys, skip_nulls=True)
-            joined = index.is_valid().to_numpy(zero_copy_only=False)
-            target_rows = np.flatnonzero(joined)
+            target_rows, source_rows = keys.lookup(_key(found[key]))
             if not len(target_rows):
                 return None
             found.update(self._columns(parquet, item, [c for c in self.columns if c != key]))
             dictionary = _dictionary_columns(parquet.metadata)
         table = pa.table([found[c] for c in self.columns], schema=self.target)
-        source_rows = index.drop_null().to_numpy().astype(np.int64)
         match = _FileMatch(entry, target_rows, source_rows)
         return self._rewritten(job, match, table, dictionary, tag), source_rows
+
+
+@dataclass(frozen=True, slots=True)
+class _SourceKeys:
+    """The source's join keys (no two non-null ones equal), ready for looking up each
+    file's keys in: integer and date keys sorted once, as ``int64`` (a binary search
+    per file, outside the GIL); string keys as they are (``pc.index_in``, which hashes
+    them again for each file: :data:`ONE_PASS_STRING_KEYS` bounds that)."""
+
+    keys: pa.Array
+    sorted: np.ndarray[Any, Any] | None = None  # the non-null keys, ascending
+    rows: np.ndarray[Any, Any] | None = None  # the source row of each
+
+    @classmethod
+    def of(cls, keys: pa.Array) -> _SourceKeys:
+        if pa.types.is_string(keys.type):
+            return cls(keys)
+        rows = np.flatnonzero(keys.is_valid().to_numpy(zero_copy_only=False))
+        values = _integers(keys)[rows]
+        order = np.argsort(values, kind="stable")
+        return cls(keys, values[order], rows[order])
+
+    def lookup(self, keys: pa.Array) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The rows of ``keys`` (a file's, ascending) equal to a source key, and the
+        source row each equals (SQL ``=``: a NULL key equals nothing)."""
+        if self.sorted is None or self.rows is None:
+            index = pc.index_in(keys, value_set=self.keys, skip_nulls=True)
+            joined = np.flatnonzero(index.is_valid().to_numpy(zero_copy_only=False))
+            return joined, index.drop_null().to_numpy().astype(np.int64)
+        values = _integers(keys)
+        if not len(self.sorted):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        at = np.searchsorted(self.sorted, values)
+        at[at == len(self.sorted)] = 0
+        equal = self.sorted[at] == values
+        if keys.null_count:
+            equal &= keys.is_valid().to_numpy(zero_copy_only=False)
+        joined = np.flatnonzero(equal)
+        return joined, self.rows[at[joined]]
+
+
+def _integers(values: pa.Array) -> np.ndarray[Any, Any]:
+    """Integer or date keys as ``int64`` (a NULL as 0: callers mask them)."""
+    if pa.types.is_date32(values.type):
+        values = values.view(pa.int32())
+    return np.asarray(values.cast(pa.int64()).fill_null(0).to_numpy())
 
 
 def _dictionary_columns(footer: pq.FileMetaData) -> list[str]:
