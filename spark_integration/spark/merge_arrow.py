@@ -321,7 +321,10 @@ def _value(
 
 def _collect(df: DataFrame, chosen: ArrowMerge) -> pa.Table | None:
     """The source's used columns as one Arrow table; ``None`` past the bounds."""
-    used = df.select(*[quote(c) for c in chosen.source_columns])
+    # A source of just the used columns, in order, is collected as it is: a select is
+    # a round trip to the JVM (and the statement's first analysis of the source).
+    same = list(chosen.source_columns) == df.columns
+    used = df if same else df.select(*[quote(c) for c in chosen.source_columns])
     table = used.limit(MAX_SOURCE_ROWS + 1).toArrow()
     if table.num_rows > MAX_SOURCE_ROWS or table.nbytes > MAX_SOURCE_BYTES:
         return None
