@@ -29,8 +29,16 @@ same file-system layer as the data source (``datasource.files``: local and S3):
    target row joined) and the change rows (pre-images, deletes, post-images and
    inserts, as the Spark path writes them for ``changes``) are written beside them,
    all by ``datasource.files.write_batches`` (its file names, statistics and
-   ``FileEntry`` shapes), and committed by ``dml.commit_rewrite`` with the Spark
-   path's read set (files rewritten, files joined but kept, the conditions).
+   ``FileEntry`` shapes; ``write_table``, the same files, for an unpartitioned table),
+   and committed by ``dml.commit_rewrite`` with the Spark path's read set (files
+   rewritten, files joined but kept, the conditions).
+
+**One pass** (:meth:`_Run._one_pass`): when the statement changes matched rows, joins
+on one stored column and no two source rows share a key, no target row can be joined
+twice, so nothing has to be refused before writing: steps 4 and 5 become one pass
+over the candidate files, each opened once (one footer read): its key column looked
+up in the source keys (:class:`_SourceKeys`), and only a file a source row joined has
+its other columns read and is rewritten. The read set is the same.
 
 Files are read and written by :data:`FILE_WORKERS` threads (pyarrow releases the GIL).
 The result and the committed table are the Spark path's; only the number of files
