@@ -33,7 +33,7 @@ same file-system layer as the data source (``datasource.files``: local and S3):
    and committed by ``dml.commit_rewrite`` with the Spark path's read set (files
    rewritten, files joined but kept, the conditions).
 
-**One pass** (:meth:`_Run._one_pass`): when the statement changes matched rows, joins
+**One pass** (:class:`_OnePass`): when the statement changes matched rows, joins
 on one stored column and no two source rows share a key, no target row can be joined
 twice, so nothing has to be refused before writing: steps 4 and 5 become one pass
 over the candidate files, each opened once (one footer read): its key column looked
@@ -381,7 +381,7 @@ class _Run:
         ]
         keys = self._unique_keys()
         if keys is not None:
-            return self._one_pass(candidates, alternatives, keys)
+            return _OnePass(self, keys).execute(candidates, alternatives)
         matches, joined_sources = self._find(candidates)
         # A matched clause changes every matched row: each file a match found is
         # rewritten; without one (insert only) those files are read and kept.
@@ -682,7 +682,7 @@ class _Run:
 
     def _unique_keys(self) -> _SourceKeys | None:
         """The source's join keys, when one pass over the candidate files can both find
-        the matched rows and rewrite them (:meth:`_one_pass`): the statement changes
+        the matched rows and rewrite them (:class:`_OnePass`): the statement changes
         matched rows, joins on one column the files store (not a partition column), and
         no two source rows share a key, so no target row is joined twice (there is
         nothing to refuse before writing); string keys only from a source of at most
@@ -700,29 +700,36 @@ class _Run:
             return None
         return _SourceKeys.of(keys)
 
-    def _one_pass(
-        self,
-        candidates: Sequence[FileEntry],
-        alternatives: list[tuple[Any, ...]],
-        keys: _SourceKeys,
+
+class _OnePass:
+    """The statement in one pass over the candidate files (:meth:`_Run._unique_keys`
+    says when): each file opened once, its key column looked up in the source keys,
+    and only a file a source row joined read whole and rewritten."""
+
+    def __init__(self, run: _Run, keys: _SourceKeys) -> None:
+        self.run, self.keys = run, keys
+
+    def execute(
+        self, candidates: Sequence[FileEntry], alternatives: list[tuple[Any, ...]]
     ) -> DmlResult:
         """The statement with each candidate file opened once (:meth:`_merge_file`):
-        the same files, rows, change rows and read set as :meth:`execute`'s two steps,
-        which read every candidate's keys first, then each touched file again."""
-        plan, m = self.plan, self.m
+        the same files, rows, change rows and read set as :meth:`_Run.execute`'s two
+        steps, which read every candidate's keys first, then each touched file again."""
+        run = self.run
+        plan, m = run.plan, run.m
         touched: list[FileEntry] = []
         changed = [0]
-        inserts = [self.target.empty_table()]
+        inserts = [run.target.empty_table()]
 
         def write(job: Job) -> tuple[list[FileEntry], list[FileEntry]]:
             with ThreadPoolExecutor(FILE_WORKERS) as pool:
                 merged = list(
                     pool.map(
-                        lambda i_e: self._merge_file(job, i_e[1], f"{i_e[0]:05d}-0", keys),
+                        lambda i_e: self._merge_file(job, i_e[1], f"{i_e[0]:05d}-0"),
                         enumerate(candidates),
                     )
                 )
-            joined_sources = np.zeros(self.source.num_rows, dtype=bool)
+            joined_sources = np.zeros(run.source.num_rows, dtype=bool)
             rewritten = []
             for entry, found in zip(candidates, merged, strict=True):
                 if found is not None:
@@ -730,17 +737,17 @@ class _Run:
                     rewritten.append(found[0])
                     joined_sources[found[1]] = True
                     changed[0] += len(found[1])
-            inserts[0] = self._inserts(joined_sources)
+            inserts[0] = run._inserts(joined_sources)
             log.info(
                 "%s (Arrow, one pass): %d of %d files may hold rows it reads, %d hold rows "
                 "it changes (version %d)",
                 plan.what,
                 len(candidates),
-                len(self.entries),
+                len(run.entries),
                 len(touched),
                 plan.version,
             )
-            return self._write_rest(job, rewritten, inserts[0], f"{len(candidates):05d}-0")
+            return run._write_rest(job, rewritten, inserts[0], f"{len(candidates):05d}-0")
 
         def read_set(_: list[FileEntry]) -> ReadSet:
             return ReadSet(plan.version, tuple(e.path for e in touched), widen(alternatives), ())
@@ -751,31 +758,32 @@ class _Run:
         return DmlResult(
             version,
             rows_inserted=inserts[0].num_rows if written else 0,
-            rows_updated=changed[0] if self.chosen.matched == merge.UPDATE else 0,
-            rows_deleted=changed[0] if self.chosen.matched == merge.DELETE else 0,
+            rows_updated=changed[0] if run.chosen.matched == merge.UPDATE else 0,
+            rows_deleted=changed[0] if run.chosen.matched == merge.DELETE else 0,
             files_added=len(written),
             files_removed=len(touched),
         )
 
     def _merge_file(
-        self, job: Job, entry: FileEntry, tag: str, keys: _SourceKeys
+        self, job: Job, entry: FileEntry, tag: str
     ) -> tuple[_Rewritten, np.ndarray[Any, Any]] | None:
         """One candidate file, its footer read once: its key column looked up in the
         source's ``keys`` (SQL ``=``: a NULL key joins nothing); with a match, its other
-        columns read and the file rewritten (:meth:`_rewritten`). Returns that and the
+        columns read and the file rewritten (:meth:`_Run._rewritten`). Returns that and the
         source rows joined, or ``None``: no row joined, the file is kept (and its other
         columns never read)."""
-        key = self.chosen.keys[0][0]
-        with self._open(entry) as (parquet, item):
-            found = self._columns(parquet, item, [key])
-            target_rows, source_rows = keys.lookup(_key(found[key]))
+        run = self.run
+        key = run.chosen.keys[0][0]
+        with run._open(entry) as (parquet, item):
+            found = run._columns(parquet, item, [key])
+            target_rows, source_rows = self.keys.lookup(_key(found[key]))
             if not len(target_rows):
                 return None
-            found.update(self._columns(parquet, item, [c for c in self.columns if c != key]))
+            found.update(run._columns(parquet, item, [c for c in run.columns if c != key]))
             dictionary = _dictionary_columns(parquet.metadata)
-        table = pa.table([found[c] for c in self.columns], schema=self.target)
+        table = pa.table([found[c] for c in run.columns], schema=run.target)
         match = _FileMatch(entry, target_rows, source_rows)
-        return self._rewritten(job, match, table, dictionary, tag), source_rows
+        return run._rewritten(job, match, table, dictionary, tag), source_rows
 
 
 @dataclass(frozen=True, slots=True)
