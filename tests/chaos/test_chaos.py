@@ -566,6 +566,15 @@ def assert_leader_changed(report: dict[str, Any], *, at_least: int) -> None:
     assert report["cluster"]["replicas"] == 3
 
 
+def _write_locked_pause(fault: dict[str, Any]) -> bool:
+    """A leader pause that caught the leader inside a SQLite write transaction: nobody
+    could take over while it held the file (docs/design/limits.md), and once awake it
+    may renew and lead on, which is safe (nobody else led meanwhile; the history and
+    leader-metrics checks still hold the run to that). ci43 saw a takeover 0.3 s after
+    such a resume, a session-17 CI run none in 14 s."""
+    return fault["kind"] == "leader-pause" and bool(fault["healed"].get("store_write_locked"))
+
+
 def test_a_replicated_control_plane_survives_leader_kills_pauses_and_rolling_restarts(
     tmp_path: Path,
 ) -> None:
@@ -600,7 +609,9 @@ def test_a_replicated_control_plane_survives_leader_kills_pauses_and_rolling_res
         "leader-pause",
         "rolling-restart",
     }
-    assert_leader_changed(report, at_least=3)
+    # One change per fault, less a pause the leader slept through holding the file.
+    locked = sum(_write_locked_pause(f) for f in report["faults"])
+    assert_leader_changed(report, at_least=3 - locked)
     assert set(report["checks"]) == {
         "list-append serializable",
         "list-append final state",
@@ -628,9 +639,11 @@ def test_a_replicated_control_plane_survives_leader_kills_pauses_and_rolling_res
             ], fault
             assert all(s["exit_code"] == 0 for s in fault["steps"]), fault
         else:
-            # The fault hit the replica that led, and another one leads after it.
+            # The fault hit the replica that led, and another one leads after it,
+            # unless it was paused holding SQLite's write lock (see _write_locked_pause).
             assert fault["leader_before"]["name"] == fault["replica"], fault
-            assert fault["healed"]["leader_after"]["epoch"] > fault["leader_before"]["epoch"]
+            if not _write_locked_pause(fault):
+                assert fault["healed"]["leader_after"]["epoch"] > fault["leader_before"]["epoch"]
 
 
 def test_pessimistic_bank_transfers_add_up_under_lock_service_leader_kills_and_pauses(
@@ -667,10 +680,12 @@ def test_pessimistic_bank_transfers_add_up_under_lock_service_leader_kills_and_p
     assert {f["kind"] for f in report["faults"]} == {"leader-kill", "leader-pause"}
     for fault in report["faults"]:
         # The fault hit the replica that led (and held the lock table), and another
-        # one leads after it.
+        # one leads after it, unless it was paused holding SQLite's write lock.
         assert fault["leader_before"]["name"] == fault["replica"], fault
-        assert fault["healed"]["leader_after"]["epoch"] > fault["leader_before"]["epoch"]
-    assert_leader_changed(report, at_least=2)
+        if not _write_locked_pause(fault):
+            assert fault["healed"]["leader_after"]["epoch"] > fault["leader_before"]["epoch"]
+    locked = sum(_write_locked_pause(f) for f in report["faults"])
+    assert_leader_changed(report, at_least=2 - locked)
     assert {"remote", "replicas", "direct"} <= set(report["cluster"]["client_modes"])
     assert set(report["checks"]) == {
         "bank reads",

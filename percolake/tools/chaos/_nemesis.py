@@ -83,6 +83,9 @@ LEADER_WAIT_S: Final = 10.0
 #: A leader pause on SQLite stops waiting for a takeover once the store's write lock has
 #: been held this many leases without a break (the paused leader holds it: no one can).
 WRITE_LOCKED_LEASES: Final = 3.0
+#: How long, in leases, a leader-pause fault that ended on SQLite's write lock waits
+#: after the resume for a takeover, which may not come (``_leader_fault``).
+AFTER_WRITE_LOCK_LEASES: Final = 2.0
 #: How long an ``s3-pause`` stops MinIO.
 S3_PAUSE_MIN_S: Final = 1.0
 S3_PAUSE_MAX_S: Final = 4.0
@@ -396,11 +399,15 @@ class Nemesis:
                 replica.resume()
                 if write_locked:
                     # Paused inside a write transaction on SQLite: nobody could take
-                    # over while it held the file, and the takeover comes once it has
-                    # woken, found its lease lapsed and let go (ci43: 0.3 s after the
-                    # resume, after the record had been taken). Wait for it, bounded,
-                    # so the record shows it.
-                    after_s, _ = self._await_new_epoch(detail["leader_before"])
+                    # over while it held the file. Once awake it may let go (ci43: a
+                    # takeover 0.3 s after the resume) or renew and lead on, safely,
+                    # as nobody else led meanwhile (a session-17 run: epoch 2 still
+                    # 14 s later). A short wait lets the record show a takeover that
+                    # comes, without holding the faults planned after it.
+                    lease_s = self.cluster.config.leader_lease_ms / 1000
+                    after_s, _ = self._await_new_epoch(
+                        detail["leader_before"], bound_s=AFTER_WRITE_LOCK_LEASES * lease_s
+                    )
                     waited += after_s
                 healed: dict[str, Any] = {
                     "resumed": replica.name,
@@ -429,7 +436,9 @@ class Nemesis:
 
         return heal, detail
 
-    def _await_new_epoch(self, before: dict[str, Any] | None) -> tuple[float, bool]:
+    def _await_new_epoch(
+        self, before: dict[str, Any] | None, *, bound_s: float | None = None
+    ) -> tuple[float, bool]:
         """Wait (bounded) until the leader row shows an epoch above ``before``'s; returns
         the seconds waited (a timeout leaves the fault's record to show no takeover) and
         whether the wait ended early on a SQLite store whose write lock stayed held.
@@ -441,7 +450,9 @@ class Nemesis:
         run its faults."""
         lease_s = self.cluster.config.leader_lease_ms / 1000
         started = time.monotonic()
-        deadline = started + LEADER_WAIT_S + LEADER_WAIT_LEASES * lease_s
+        deadline = started + (
+            bound_s if bound_s is not None else LEADER_WAIT_S + LEADER_WAIT_LEASES * lease_s
+        )
         sqlite_path = _sqlite_path(self.cluster.tso_store_url)
         locked_since: float | None = None
         while before is not None and time.monotonic() < deadline:
