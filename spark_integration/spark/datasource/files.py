@@ -101,24 +101,16 @@ def write_batches(
     )
     written: list[FileEntry] = []
     fs, fs_staging = filesystem.resolve(staging)
-    job_folder = relative_to(location, staging)
-    if job_folder is None:
-        raise ValueError(f"staging folder {staging!r} is not inside table location {location!r}")
+    job_folder = _job_folder(location, staging)
 
     def visit(written_file: Any) -> None:
         # pyarrow reports paths within its file system (no scheme on S3): the part
         # below the staging folder is the same on every store.
         inside = str(written_file.path)[len(fs_staging) :].lstrip("/")
         folder = posixpath.dirname(inside)
-        footer = written_file.metadata
+        partition = parse_partition(folder, tuple(partition_by))
         written.append(
-            FileEntry(
-                path=posixpath.join(job_folder, inside),
-                size_bytes=int(written_file.size),
-                record_count=int(footer.num_rows),
-                partition=parse_partition(folder, tuple(partition_by)),
-                stats=file_stats(footer) or None,
-            )
+            _entry(job_folder, inside, written_file.size, written_file.metadata, partition)
         )
 
     ds.write_dataset(
@@ -160,9 +152,7 @@ def write_table(
     files of 100k rows: 30 ms against 20 ms of CPU each)."""
     if not table.num_rows:
         return []
-    job_folder = relative_to(location, staging)
-    if job_folder is None:
-        raise ValueError(f"staging folder {staging!r} is not inside table location {location!r}")
+    job_folder = _job_folder(location, staging)
     table = table.select(list(columns))
     fs, fs_staging = filesystem.resolve(staging)
     if not is_object_store(staging):
@@ -179,15 +169,28 @@ def write_table(
             writer.write_table(table, row_group_size=MAX_ROWS_PER_GROUP)
         size = out.tell()
     (footer,) = footers
-    return [
-        FileEntry(
-            path=posixpath.join(job_folder, name),
-            size_bytes=int(size),
-            record_count=int(footer.num_rows),
-            partition={},
-            stats=file_stats(footer) or None,
-        )
-    ]
+    return [_entry(job_folder, name, size, footer, {})]
+
+
+def _job_folder(location: str, staging: str) -> str:
+    """``staging`` relative to the table's ``location``: where written files are named."""
+    job_folder = relative_to(location, staging)
+    if job_folder is None:
+        raise ValueError(f"staging folder {staging!r} is not inside table location {location!r}")
+    return job_folder
+
+
+def _entry(
+    job_folder: str, inside: str, size: int, footer: Any, partition: dict[str, str | None]
+) -> FileEntry:
+    """The entry of a file written ``inside`` the job folder, described by its footer."""
+    return FileEntry(
+        path=posixpath.join(job_folder, inside),
+        size_bytes=int(size),
+        record_count=int(footer.num_rows),
+        partition=partition,
+        stats=file_stats(footer) or None,
+    )
 
 
 def _default_partition(values: Any) -> Any:
