@@ -20,10 +20,19 @@ everything, reads the final state and checks the history:
 * for every workload, the oracle's timestamps: unique, increasing, across restarts.
 
 The run writes ``history.jsonl`` (or the workload's log), ``report.json`` and
-``plot.png`` to its folder. See :mod:`percolake.tools.chaos.cli`.
+``plot.png`` to its folder. Faults that start or heal late (a loaded machine) shift the
+rest of the schedule and the end of the run with them, up to ``MAX_STRETCH`` times the
+planned duration (``stretched_s`` in the report). See :mod:`percolake.tools.chaos.cli`.
 """
 
-from percolake.tools.chaos._config import NEMESES, WORKLOADS, RunConfig
+from percolake.tools.chaos._config import MAX_STRETCH, NEMESES, WORKLOADS, RunConfig
 from percolake.tools.chaos.cli import add_chaos_commands, run_chaos_command
 
-__all__ = ["NEMESES", "WORKLOADS", "RunConfig", "add_chaos_commands", "run_chaos_command"]
+__all__ = [
+    "MAX_STRETCH",
+    "NEMESES",
+    "WORKLOADS",
+    "RunConfig",
+    "add_chaos_commands",
+    "run_chaos_command",
+]

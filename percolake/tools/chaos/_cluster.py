@@ -598,6 +598,21 @@ class Cluster:
             client.phase.set(Phase.IDLE)
         return process
 
+    def extend_until(self, until_ns: int) -> bool:
+        """Move the clients' deadline later (never earlier) while they still run.
+
+        Clients read the start file again when they reach their deadline, so the new one
+        reaches every client that has not yet stopped; a deadline already passed stays.
+        """
+        # A margin: a client reading the file right at its deadline must see the new one.
+        if until_ns <= self.until_ns or time.monotonic_ns() >= self.until_ns - 200_000_000:
+            return False
+        self.until_ns = until_ns
+        partial = self.start_file.with_suffix(".tmp")
+        partial.write_text(f"{self.t0_ns} {self.until_ns}\n")
+        partial.replace(self.start_file)
+        return True
+
     def restart_client(self, client: ClientSlot, *, tso: str | None = None) -> int:
         """Start the slot again as a new process number (only before the deadline).
 

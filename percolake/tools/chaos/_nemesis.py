@@ -56,7 +56,7 @@ from percolake.tools.chaos._cluster import (
     Cluster,
     restart,
 )
-from percolake.tools.chaos._config import RunConfig
+from percolake.tools.chaos._config import MAX_STRETCH, RunConfig
 from percolake.tools.chaos._ops import Phase
 from percolake.tools.chaos._procs import Service
 from storage_adapters.sqlite import parse_sqlite_url
@@ -218,14 +218,32 @@ class Nemesis:
         self.faults: list[dict[str, Any]] = []
         self.current: str | None = None
         self._lock = threading.Lock()
+        self._late_s = 0.0  # how far the rest of the plan has shifted (``_stretch``)
 
     def _now_s(self) -> float:
         return (time.monotonic_ns() - self.cluster.t0_ns) / 1e9
 
+    def _end_s(self) -> float:
+        return (self.cluster.until_ns - self.cluster.t0_ns) / 1e9
+
+    def _stretch(self, late_s: float) -> float:
+        """Shift what is left of the plan ``late_s`` later and the clients' deadline with
+        it, within :data:`MAX_STRETCH` of the planned duration; the shift now in force."""
+        planned_s = (self.cluster.until_ns - self.cluster.t0_ns) / 1e9 - self._late_s
+        late_s = min(late_s, MAX_STRETCH * planned_s)
+        if late_s > self._late_s and self.cluster.extend_until(
+            self.cluster.t0_ns + int((planned_s + late_s) * 1e9)
+        ):
+            self._late_s = late_s
+        return self._late_s
+
     def run(self, schedule: list[PlannedFault], stop: threading.Event) -> None:
-        end_s = (self.cluster.until_ns - self.cluster.t0_ns) / 1e9
+        """Carry out ``schedule``. A fault that starts or heals late shifts the faults
+        after it and the end of the run as late (within :data:`MAX_STRETCH`), so a
+        loaded machine keeps each planned fault and the quiet time after the last."""
         for fault in schedule:
-            if stop.wait(max(0.0, fault.at_s - self._now_s())) or self._now_s() >= end_s:
+            at_s = fault.at_s + self._late_s
+            if stop.wait(max(0.0, at_s - self._now_s())) or self._now_s() >= self._end_s():
                 return
             record: dict[str, Any] = {**asdict(fault), "start_s": round(self._now_s(), 3)}
             name = f"{fault.kind} {fault.target}"
@@ -240,7 +258,10 @@ class Nemesis:
             with self._lock:
                 self.current = name
             log.info("fault: %s for %.1f s %s", name, fault.duration_s, detail or "")
-            stop.wait(max(0.0, min(record["start_s"] + fault.duration_s, end_s) - self._now_s()))
+            # Injecting took time (a server or client process started on a loaded machine).
+            self._stretch(self._now_s() - fault.at_s)
+            heal_at_s = fault.at_s + self._late_s + fault.duration_s
+            stop.wait(max(0.0, min(heal_at_s, self._end_s()) - self._now_s()))
             try:
                 healed = heal()
                 if healed:
@@ -249,6 +270,8 @@ class Nemesis:
                 log.error("could not heal %s: %s", name, exc)
                 record["heal_error"] = str(exc)
             record["end_s"] = round(self._now_s(), 3)
+            # Healing took time (a takeover awaited, a restart on a loaded machine).
+            self._stretch(self._now_s() - fault.at_s - fault.duration_s)
             with self._lock:
                 self.current = None
             self.faults.append(record)

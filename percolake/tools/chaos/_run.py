@@ -29,7 +29,7 @@ from typing import Any, Final
 from percolake.tools.chaos import _network as net
 from percolake.tools.chaos._checks import check_timestamps
 from percolake.tools.chaos._cluster import Cluster
-from percolake.tools.chaos._config import RunConfig
+from percolake.tools.chaos._config import MAX_STRETCH, RunConfig
 from percolake.tools.chaos._history import EventTail, merge, nemesis_events, number, write_history
 from percolake.tools.chaos._late import check_late_settles, gc_passes
 from percolake.tools.chaos._nemesis import Nemesis, plan
@@ -84,7 +84,7 @@ def namespace_problem(config: RunConfig) -> str | None:
 def hard_timeout_s(config: RunConfig) -> float:
     # Cassandra nodes start once and may be restarted by faults and at the end.
     cassandra_s = 2 * CASSANDRA_START_ALLOWANCE_S * config.cassandra_nodes
-    return config.duration_s + SETUP_ALLOWANCE_S + cassandra_s
+    return config.duration_s * (1 + MAX_STRETCH) + SETUP_ALLOWANCE_S + cassandra_s
 
 
 def run(config: RunConfig) -> int:
@@ -186,7 +186,6 @@ def _run_inside(config: RunConfig, *, isolated: bool) -> int:
         # The clock starts once every client is ready (a loaded machine takes seconds
         # to start a dozen Python processes): the schedule counts from there.
         cluster.start_clients(config.duration_s)
-        until = cluster.until_ns
         log.info(
             "%s run for %.0f s, seed %d, %d fault(s) planned (%s); out %s",
             config.workload,
@@ -201,7 +200,7 @@ def _run_inside(config: RunConfig, *, isolated: bool) -> int:
         )
         progress.start()
         nemesis.run(schedule, stop)
-        while (left := until - time.monotonic_ns()) > 0:
+        while (left := cluster.until_ns - time.monotonic_ns()) > 0:
             time.sleep(min(left / 1e9, 1.0))
         if network is not None:
             network.heal_all()
@@ -369,6 +368,8 @@ def _finish(
         "workload": config.workload,
         "seed": config.seed,
         "duration_s": config.duration_s,
+        # How much longer the clients ran than planned because faults ran late.
+        "stretched_s": round(max(0.0, elapsed_s - config.duration_s), 3),
         "isolation": config.isolation,
         "pessimistic": config.pessimistic,
         "valid": harness_error is None and not anomalies,

@@ -254,7 +254,10 @@ def run_client(args: argparse.Namespace) -> int:
     time.sleep(max(0.0, (t0_ns - time.monotonic_ns()) / 1e9))
     try:
         counter = 0
-        while time.monotonic_ns() < until_ns:
+        while time.monotonic_ns() < until_ns or (
+            args.start_file is not None
+            and time.monotonic_ns() < (until_ns := _wait_for_start(args.start_file)[1])
+        ):
             counter += 1
             elapsed_s = (time.monotonic_ns() - t0_ns) / 1e9
             f, value = workload.generate(rng, elapsed_s, args.process, counter)
