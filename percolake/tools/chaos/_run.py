@@ -406,7 +406,9 @@ def _finish(
             "warehouse": cluster.warehouse,
         },
         "leaders": (
-            cluster.leader_watch.summary(cluster.replica_names())
+            cluster.leader_watch.summary(
+                cluster.replica_names(), [replica.tail(10**8) for replica in cluster.replicas]
+            )
             if cluster.leader_watch is not None and config.replicas
             else None
         ),
