@@ -16,7 +16,12 @@ import pytest
 from storage_adapters import KVStore, open_store
 from txn import CONFLICTS, TransactionConfig, TransactionManager
 
-pytest_plugins = ["tests.cassandra_plugin", "tests.s3_plugin", "tests.spark_plugin"]
+pytest_plugins = [
+    "tests.cassandra_plugin",
+    "tests.cpu_plugin",
+    "tests.s3_plugin",
+    "tests.spark_plugin",
+]
 
 StoreFactory = Callable[[], KVStore]
 
