@@ -9,6 +9,11 @@ the Cassandra nodes) when the test makes them work, every server and chaos clien
 test starts, and their children once reaped. ``python -m tests.cpu_plugin FILE``
 sums the lines by file, group and test. Off by default: a scan of ``/proc`` before and
 after each test costs a few milliseconds.
+
+The figure is low, even negative, for a test that kills a process whose parent does
+not wait for it (its CPU before the test was counted, and no parent's children times
+take it in afterwards): the Spark task-crash and S3-kill tests. Sums over files and
+groups are what it is for.
 """
 
 from __future__ import annotations
