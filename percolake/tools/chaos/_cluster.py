@@ -532,9 +532,7 @@ class Cluster:
             )
         self.t0_ns = time.monotonic_ns() + 100_000_000
         self.until_ns = self.t0_ns + int(duration_s * 1e9)
-        partial = self.start_file.with_suffix(".tmp")
-        partial.write_text(f"{self.t0_ns} {self.until_ns}\n")
-        partial.replace(self.start_file)
+        self._write_start_file()
         log.info("%d clients ready in %.1f s", len(self.clients), time.monotonic() - started)
         if self.leader_watch is not None and self.replicas:
             self.leader_watch.start(self.t0_ns)
@@ -608,10 +606,14 @@ class Cluster:
         if until_ns <= self.until_ns or time.monotonic_ns() >= self.until_ns - 200_000_000:
             return False
         self.until_ns = until_ns
+        self._write_start_file()
+        return True
+
+    def _write_start_file(self) -> None:
+        """``T0_NS UNTIL_NS``, replaced at once: a client never reads half of it."""
         partial = self.start_file.with_suffix(".tmp")
         partial.write_text(f"{self.t0_ns} {self.until_ns}\n")
         partial.replace(self.start_file)
-        return True
 
     def restart_client(self, client: ClientSlot, *, tso: str | None = None) -> int:
         """Start the slot again as a new process number (only before the deadline).

@@ -226,16 +226,15 @@ class Nemesis:
     def _end_s(self) -> float:
         return (self.cluster.until_ns - self.cluster.t0_ns) / 1e9
 
-    def _stretch(self, late_s: float) -> float:
+    def _stretch(self, late_s: float) -> None:
         """Shift what is left of the plan ``late_s`` later and the clients' deadline with
-        it, within :data:`MAX_STRETCH` of the planned duration; the shift now in force."""
-        planned_s = (self.cluster.until_ns - self.cluster.t0_ns) / 1e9 - self._late_s
+        it, within :data:`MAX_STRETCH` of the planned duration."""
+        planned_s = self._end_s() - self._late_s
         late_s = min(late_s, MAX_STRETCH * planned_s)
         if late_s > self._late_s and self.cluster.extend_until(
             self.cluster.t0_ns + int((planned_s + late_s) * 1e9)
         ):
             self._late_s = late_s
-        return self._late_s
 
     def run(self, schedule: list[PlannedFault], stop: threading.Event) -> None:
         """Carry out ``schedule``. A fault that starts or heals late shifts the faults
