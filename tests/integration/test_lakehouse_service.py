@@ -1,13 +1,14 @@
 """The gateway's ``LakehouseService`` in the deployed topology: writer processes, gateway processes.
 
-Writers are separate processes (``multiprocessing`` spawn), each with its own remote
-manager, committing one-file metadata-only appends through ``Lakehouse.append_files``
-as Spark drivers would. Gateways are real ``percolake serve`` processes; where a test
-must make something happen at a given point of a group commit, the gateway is the test
-build (``python -m percolake.tools.chaos.serve``), whose group committer a control file
-steers (:mod:`percolake.tools.chaos.failpoints_serve`): form the first group only once K
-requests are queued (so it has K members, every run), or block a group before its
-transaction or after its commit point while the test kills the gateway.
+Writers are separate processes (forked from a ``multiprocessing`` fork server), each
+with its own remote manager, committing one-file metadata-only appends through
+``Lakehouse.append_files`` as Spark drivers would. Gateways are real ``percolake serve``
+processes; where a test must make something happen at a given point of a group commit,
+the gateway is the test build (``python -m percolake.tools.chaos.serve``), whose group
+committer a control file steers (:mod:`percolake.tools.chaos.failpoints_serve`): form
+the first group only once K requests are queued (so it has K members, every run), or
+block a group before its transaction or after its commit point while the test kills
+the gateway.
 
 Every test ends with the same audit of the table (:func:`audit`): versions dense from
 0, each commit in exactly one version at the version its writer was told, and no file
@@ -117,7 +118,11 @@ def write_file(data: DataFile) -> DataFile:
     return DataFile(data.path, filesystem.file_size(data.path), 1, data.partition)
 
 
-def _writer_main(spec: WriterSpec, start: Any, results: Any) -> None:
+def _writer_main(spec: WriterSpec, env: dict[str, str], start: Any, results: Any) -> None:
+    # The environment of the test that starts it (a spawned process's), not the fork
+    # server's: the S3 fixture exports MinIO's AWS variables after the server started.
+    os.environ.clear()
+    os.environ.update(env)
     result = WriterResult(spec.writer)
     try:
         tm = TransactionManager.remote(spec.gateway, timeout_s=30)
@@ -148,15 +153,45 @@ def _writer_main(spec: WriterSpec, start: Any, results: Any) -> None:
     results.put(result)
 
 
+def _writer_context() -> Any:
+    """Writer processes fork from a fork server that imported this module once.
+
+    A spawned writer imports this module for itself (pyspark, pyarrow, the Spark layer:
+    about 2.5 s of CPU each, most of a writer's cost, 42 writers in this file); forked
+    from the server, it starts from those imports, in a fresh process that never made
+    a gRPC channel (the server is started by exec, as a spawned process is, and forks
+    only), with the environment of the test that starts it (:func:`_writer_main`).
+    :func:`_stop_fork_server` stops the server after this module's tests.
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_fork_server() -> Iterator[None]:
+    yield
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)  # CPython's (its own tests use it)
+    if stop is not None:
+        stop()
+
+
 class Writers:
-    """Writer processes started together (spawn), each running :func:`_writer_main`."""
+    """Writer processes started together (forked from :func:`_writer_context`'s server),
+    each running :func:`_writer_main`."""
 
     def __init__(self, specs: list[WriterSpec]) -> None:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = _writer_context()
         self._results = ctx.Queue()
         self._start = ctx.Barrier(len(specs))
         self._procs = [
-            ctx.Process(target=_writer_main, args=(s, self._start, self._results), daemon=True)
+            ctx.Process(
+                target=_writer_main,
+                args=(s, dict(os.environ), self._start, self._results),
+                daemon=True,
+            )
             for s in specs
         ]
         for p in self._procs:
