@@ -880,6 +880,19 @@ class RemoteMachine(RuleBasedStateMachine):
     # --- garbage collection and late settles ----------------------------------------
 
     def _collect(self) -> None:
+        # A pass deletes the entries of writers below the safe point the pass before it
+        # finished at (``collected_below``), so a second pass in a row has work of its
+        # own; a third, with nothing between (no step, no queued commit landing), finds
+        # the store as the second left it and no cached outcome to forget. Runs of such
+        # passes are common (the rule needs nothing open) and cost a gateway round of
+        # ~17 ms each: the third and later of a run are recorded, not run.
+        if (
+            len(self.log) >= 2
+            and all(line.startswith("gc pass") for line in self.log[-2:])
+            and not self._queued()
+        ):
+            self._say("gc pass skipped: the two before it ran with nothing between")
+            return
         gc_pass(type(self).clients[0])
         self._say("gc pass (retention 0, below the open transactions); caches forgotten")
 
