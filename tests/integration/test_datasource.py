@@ -795,26 +795,28 @@ def test_a_restarted_stream_commits_every_micro_batch_exactly_once(
         ckpt = str(tmp_path / "ckpt")
     commits = join(normalize_location(ckpt), "commits")
     source.mkdir()
-    for k in range(3):
+    # Two micro-batches, the last replayed, then one new one: each micro-batch costs
+    # seconds (issue 29), and this is the fewest that show the replay adding nothing
+    # between batches that do add.
+    for k in range(2):
         _json_batch(source, k, range(10 * k, 10 * k + 10))
     _run_stream(ds, env, source, ckpt, table)
-    assert env.lh.version(table) == 3
-    # A crash after the sink committed batch 2 but before Spark logged it: the restart
-    # replays batch 2, which must add nothing.
+    assert env.lh.version(table) == 2
+    # A crash after the sink committed batch 1 but before Spark logged it: the restart
+    # replays batch 1, which must add nothing.
     logged = [posixpath.basename(f.path) for f in filesystem.list_files(commits)]
     last = max(int(name) for name in logged if name.isdigit())
-    assert last == 2
+    assert last == 1
     assert filesystem.delete_file(join(commits, str(last)))
     filesystem.delete_file(join(commits, f".{last}.crc"))  # Hadoop's local checksum, if any
-    for k in range(3, 5):
-        _json_batch(source, k, range(10 * k, 10 * k + 10))
+    _json_batch(source, 2, range(20, 30))
     _run_stream(ds, env, source, ckpt, table)
     history = env.lh.history(table)[1:]
-    assert [c.batch_id for c in history] == [0, 1, 2, 3, 4]
+    assert [c.batch_id for c in history] == [0, 1, 2]
     assert len({c.app_id for c in history}) == 1  # the query id, kept in the checkpoint
     got = env.reader(ds).load(table)  # type: ignore[attr-defined]
-    assert got.count() == 50
-    assert ids_of(got) == list(range(50))
+    assert got.count() == 30
+    assert ids_of(got) == list(range(30))
 
 
 def test_complete_mode_overwrites_each_micro_batch(
