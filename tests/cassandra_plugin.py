@@ -106,43 +106,6 @@ def _start_node(
         discard(cluster)
 
 
-#: The session fixtures that run the nodes; what was built on them (the keyspace pools,
-#: ``cassandra_cluster_low_tombstones``) is torn down with them, first.
-NODE_FIXTURES = ("cassandra_cluster", "cassandra_cluster_paxos_v1")
-
-
-def _in_node_group(item: pytest.Item) -> bool:
-    return any(mark.args == ("cassandra",) for mark in item.iter_markers("xdist_group"))
-
-
-@pytest.hookimpl(wrapper=True, trylast=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Under pytest-xdist, stop the session's nodes after the last test that uses them.
-
-    The ``cassandra`` group reaches one worker in one piece (``--dist loadgroup``), and
-    the worker knows its next test before it tears this one down; the worker then runs
-    other tests for the rest of the run, during which two idle nodes took ~2 CPU-s a
-    minute each (issue 29: the group ended ~700 s into an 1,800 s run). A node fixture
-    asked for again after that starts a new node, as it would at the first request.
-    Without xdist tests of the group are spread over the run, so nothing changes.
-    """
-    yield
-    if (
-        nextitem is None  # the end: the session's teardown stops them anyway
-        or not os.environ.get("PYTEST_XDIST_WORKER")
-        or not _in_node_group(item)
-        or _in_node_group(nextitem)
-    ):
-        return
-    manager = item.session._fixturemanager
-    for name in NODE_FIXTURES:
-        for fixturedef in manager._arg2fixturedefs.get(name, ()):
-            if fixturedef.cached_result is not None:
-                log.info("the cassandra group is over in this worker: stopping %s", name)
-                # Runs the finalizers of the fixtures built on it first, then its own.
-                fixturedef.finish(item._request)  # type: ignore[attr-defined]
-
-
 def discard(cluster: CassandraCluster) -> None:
     """Stop a test cluster whose data nobody keeps: SIGKILL, not a graceful drain.
 
