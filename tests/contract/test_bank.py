@@ -56,7 +56,7 @@ def test_concurrent_transfers_preserve_the_total(
             # A transfer after the last snapshot was read is seen by none of them, only
             # by the final total: stop then (once one landed), whatever the backend's
             # speed. Until then transfers go on through every read.
-            if readers_done.is_set() and stats["transfers"] > 0:
+            if stats["transfers"] > 0 and not any(r.is_alive() for r in readers):
                 return
             src, dst = rng.sample(range(ACCOUNTS), 2)
             try:
@@ -69,15 +69,6 @@ def test_concurrent_transfers_preserve_the_total(
                     stats["conflicts"] += 1
 
     def reader() -> None:
-        try:
-            read_snapshots()
-        finally:
-            with lock:
-                readers_left[0] -= 1
-                if readers_left[0] == 0:
-                    readers_done.set()
-
-    def read_snapshots() -> None:
         for _ in range(40):
             if time.monotonic() > deadline:
                 return
@@ -91,11 +82,9 @@ def test_concurrent_transfers_preserve_the_total(
             if any(v < 0 for v in seen.values()):
                 errors.append(f"negative balance at {tx.start_ts}: {seen}")
 
-    readers = 2
-    readers_left = [readers]
-    readers_done = threading.Event()
-    threads = [threading.Thread(target=transferer, args=(s,)) for s in range(4)]
-    threads += [threading.Thread(target=reader) for _ in range(readers)]
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    # Readers first: a transferer that finds none alive stops.
+    threads = readers + [threading.Thread(target=transferer, args=(s,)) for s in range(4)]
     for t in threads:
         t.start()
     for t in threads:
