@@ -56,6 +56,15 @@ SPARK_TEST_CONF = {
 }
 
 
+#: The trigger of a streaming query a test leaves running between
+#: ``processAllAvailable`` calls. Spark's default asks the source for new data every
+#: 10 ms while it has none (a ``latestOffset`` call into the source's Python process and
+#: a gateway round trip each time): 3.0 CPU-s per idle 5 s, taken from the writes the
+#: test makes meanwhile, against 1.0 at 100 ms, which delays a micro-batch by at most
+#: that much (issue 29).
+STREAM_POLL_INTERVAL = "100 milliseconds"
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Fetch the s3a jars now if a selected test starts Spark and this machine has none.
 

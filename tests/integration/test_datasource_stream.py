@@ -4,7 +4,7 @@ A streaming read takes committed versions in order. Each test appends through
 ``Lakehouse`` (the witness) or the batch data source, runs the query with
 ``Trigger.AvailableNow`` or ``processAllAvailable`` into a memory sink, and counts
 what arrived. Every wait is bounded by ``STREAM_WAIT_S``. A query left running for
-``processAllAvailable`` triggers every ``POLL_INTERVAL`` rather than back to back.
+``processAllAvailable`` triggers every ``STREAM_POLL_INTERVAL`` (tests/spark_plugin.py).
 
 Tests that read table files run on a local warehouse and on an ``s3://`` one of the
 session's MinIO (``warehouse``); checkpoints and sinks stay local (Spark's own).
@@ -26,6 +26,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_integration import Lakehouse, Retention, register
 from tests.servers import ServerProcess
+from tests.spark_plugin import STREAM_POLL_INTERVAL
 from txn import TransactionManager
 from txn.remote import RemoteTransactionManager
 
@@ -33,12 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("day", StringType())])
 STREAM_WAIT_S = 120
-#: The trigger of a query that stays up between ``processAllAvailable`` calls. Spark's
-#: default trigger asks the source for new data every 10 ms while it has none: a
-#: ``latestOffset`` call into the source's Python process and a gateway round trip each
-#: time, about 0.6 of a core while the test writes its next version (issue 29). Every
-#: 100 ms costs a fifth of that and delays each micro-batch by at most that much.
-POLL_INTERVAL = "100 milliseconds"
 
 _names = itertools.count()
 
@@ -144,7 +139,7 @@ def test_a_stream_starts_with_the_snapshot_then_follows_new_versions(
         .writeStream.format("memory")
         .queryName(sink)
         .option("checkpointLocation", env.checkpoint())
-        .trigger(processingTime=POLL_INTERVAL)
+        .trigger(processingTime=STREAM_POLL_INTERVAL)
         .start()
     )
     try:
@@ -175,7 +170,7 @@ def test_a_partitioned_table_streams_its_snapshot_and_new_versions_with_partitio
         .writeStream.format("memory")
         .queryName(sink)
         .option("checkpointLocation", env.checkpoint())
-        .trigger(processingTime=POLL_INTERVAL)
+        .trigger(processingTime=STREAM_POLL_INTERVAL)
         .start()
     )
     try:

@@ -28,6 +28,7 @@ from spark_integration.spark.datasource.gateway import open_gateway
 from tests.integration.lakehouse_tables import ROWS, SCHEMA
 from tests.integration.lakehouse_tables import make_table as make_events
 from tests.servers import ServerProcess
+from tests.spark_plugin import STREAM_POLL_INTERVAL
 from txn import TransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -241,9 +242,7 @@ def test_the_data_source_reads_the_feed_with_option_read_change_feed(
             sdf.writeStream.format("memory")
             .queryName("feed_stream")
             .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            # Not Spark's default trigger, which polls the source every 10 ms while it
-            # has nothing new: 0.6 of a core taken from the update below (issue 29).
-            .trigger(processingTime="100 milliseconds")
+            .trigger(processingTime=STREAM_POLL_INTERVAL)
             .start()
         )
         try:

@@ -22,6 +22,7 @@ from spark_integration import ConcurrentModificationError, DmlResult, Lakehouse,
 from spark_integration.engine import lakehouse_failpoints as fp
 from tests.integration.lakehouse_tables import SCHEMA, job_folders, table_rows
 from tests.servers import ServerProcess
+from tests.spark_plugin import STREAM_POLL_INTERVAL
 from txn import TransactionManager
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -187,6 +188,7 @@ def test_streams_skip_compaction_versions_without_emitting_rows_again(
         .writeStream.format("memory")  # type: ignore[attr-defined]
         .queryName("before_optimize")
         .option("checkpointLocation", str(tmp_path / "ckpt-running"))
+        .trigger(processingTime=STREAM_POLL_INTERVAL)
         .start()
     )
     try:
