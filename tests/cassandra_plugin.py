@@ -22,7 +22,6 @@ import itertools
 import logging
 import os
 import signal
-import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from percolake.tools.cassandra import CassandraCluster, CassandraError
+from percolake.tools.cassandra import CassandraCluster, CassandraError, start_on_free_ports
 
 log = logging.getLogger(__name__)
 
@@ -63,42 +62,14 @@ _sessions: dict[tuple[tuple[str, ...], int], Any] = {}
 _sessions_lock = threading.Lock()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _distinct_free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        port = _free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
-
-
 def _start_node(
     tmp_path_factory: pytest.TempPathFactory, name: str, extra_yaml: dict[str, str]
 ) -> Iterator[CassandraCluster]:
     if os.environ.get("PERCOLAKE_SKIP_CASSANDRA"):
         pytest.skip("PERCOLAKE_SKIP_CASSANDRA is set")
-    native, storage, jmx = _distinct_free_ports(3)
-    cluster = CassandraCluster(
-        nodes=1,
-        base_dir=tmp_path_factory.mktemp(name),
-        cluster_name=name,
-        native_transport_port=native,
-        storage_port=storage,
-        jmx_port=jmx,
-        extra_yaml=extra_yaml,
+    cluster = start_on_free_ports(
+        1, tmp_path_factory.mktemp(name), cluster_name=name, extra_yaml=extra_yaml
     )
-    try:
-        cluster.start()
-    except CassandraError:
-        cluster.stop()
-        raise
     try:
         yield cluster
     finally:

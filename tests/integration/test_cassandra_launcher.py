@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from percolake.tools.cassandra import CassandraCluster, main
+from percolake.tools.cassandra import CassandraCluster, main, start_on_free_ports
 from percolake.tools.cassandra.launcher import DEFAULT_VERSION
+from percolake.tools.ports import free_ports
 from storage_adapters import (
     MAX_TIMESTAMP,
     Cell,
@@ -38,7 +39,7 @@ from storage_adapters import (
     open_store,
 )
 from storage_adapters.cassandra import CassandraStore, parse_cassandra_url, shard_of
-from tests.cassandra_plugin import TEST_NODE_YAML, KeyspacePool, _distinct_free_ports, discard
+from tests.cassandra_plugin import TEST_NODE_YAML, KeyspacePool, discard
 
 # --- against the session's real node -------------------------------------------------------
 
@@ -250,7 +251,8 @@ def test_keyspace_pool_hands_out_empty_stores(cassandra_keyspace_pool: KeyspaceP
 @pytest.mark.integration
 @pytest.mark.cassandra
 def test_cli_starts_reports_and_stops_a_node_from_separate_calls(tmp_path: Path) -> None:
-    native, storage, jmx = _distinct_free_ports(3)
+    native, storage = free_ports(2)
+    (jmx,) = free_ports(1)
     base = str(tmp_path / "cli")
     started = time.monotonic()
     assert (
@@ -292,14 +294,10 @@ def test_cli_starts_reports_and_stops_a_node_from_separate_calls(tmp_path: Path)
 
 @pytest.fixture(scope="module")
 def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CassandraCluster]:
-    native, storage, jmx = _distinct_free_ports(3)
-    cluster = CassandraCluster(
-        nodes=3,
-        base_dir=tmp_path_factory.mktemp("cassandra3"),
+    cluster = start_on_free_ports(
+        3,
+        tmp_path_factory.mktemp("cassandra3"),
         cluster_name="percolake-test-3",
-        native_transport_port=native,
-        storage_port=storage,
-        jmx_port=jmx,
         first_address=11,  # 127.0.0.11-13: clear of the session's node on 127.0.0.1
         heap_mb=512,
         # Gossip convicts a killed node after ~5 s instead of ~10-15 s: the test waits
@@ -316,7 +314,6 @@ def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CassandraC
         },
     )
     try:
-        cluster.start()
         yield cluster
     finally:
         discard(cluster)

@@ -6,7 +6,6 @@ it with the epoch it last saw and the leader row's age."""
 from __future__ import annotations
 
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from percolake.tools.ports import free_ports
 from tests.servers import ServerProcess, sqlite_write_locked
 
 pytestmark = pytest.mark.integration
@@ -26,16 +26,9 @@ _WAIT_S = 30.0
 _SCRAPE_TIMEOUT_S = 0.5
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class Replica:
     def __init__(self, url: str, workdir: Path) -> None:
-        self.metrics_port = _free_port()
+        self.metrics_port = free_ports(1)[0]
         self.server = ServerProcess(
             "all",
             [

@@ -3,7 +3,6 @@ figures of the workload it served."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -14,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from percolake.serve.config import ServeConfig
 from percolake.serve.running import RunningServer
+from percolake.tools.ports import free_ports
 from tests.servers import ServerProcess
 from txn import COMMIT_STEPS, TransactionManager
 from txn.errors import TransactionConflictError
@@ -21,13 +21,6 @@ from txn.errors import TransactionConflictError
 pytestmark = pytest.mark.integration
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def scrape(port: int) -> Samples:
@@ -43,7 +36,7 @@ def scrape(port: int) -> Samples:
 
 
 def test_the_endpoint_shows_the_workload_it_served(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_ports(1)[0]
     server = ServerProcess(
         "all", ["--store", "memory://", "--metrics-listen", f"127.0.0.1:{port}"], tmp_path
     ).start()

@@ -8,6 +8,7 @@ from percolake.tools.cassandra.launcher import (
     DEFAULT_VERSION,
     CassandraCluster,
     CassandraError,
+    CassandraPortTaken,
     ClusterLayout,
     NodeStatus,
     add_cassandra_commands,
@@ -15,12 +16,14 @@ from percolake.tools.cassandra.launcher import (
     ensure_jars,
     main,
     run_cassandra_command,
+    start_on_free_ports,
 )
 
 __all__ = [
     "DEFAULT_VERSION",
     "CassandraCluster",
     "CassandraError",
+    "CassandraPortTaken",
     "ClusterLayout",
     "NodeStatus",
     "add_cassandra_commands",
@@ -28,4 +31,5 @@ __all__ = [
     "ensure_jars",
     "main",
     "run_cassandra_command",
+    "start_on_free_ports",
 ]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from percolake.tools.ports import free_ports
 from percolake.tools.processes import child_running, file_lock, send_signal, since, spawn, tail
 from wire.errors import PercolakeError
 
@@ -126,6 +127,15 @@ _LOGBACK_XML = """<configuration scan="false">
 
 class CassandraError(PercolakeError, RuntimeError):
     """Cassandra could not be fetched, started or stopped; the message says why."""
+
+
+class CassandraPortTaken(CassandraError):
+    """A node exited during startup because one of its ports was taken after the
+    launcher checked it (by a process that bound it in between)."""
+
+
+#: What a node's log says when a port it binds is taken (netty's errno 98).
+_BIND_FAILURES = ("Address already in use", "Failed to bind port")
 
 
 # --- jars ---------------------------------------------------------------------------
@@ -488,9 +498,14 @@ class CassandraCluster:
         address = self.layout.address(index)
         while True:
             if self._alive_pid(index) is None:
-                raise CassandraError(
-                    f"node {index} ({address}) exited during startup; last log lines:\n"
-                    + self._logtail(index)
+                logtail = self._logtail(index)
+                error = (
+                    CassandraPortTaken
+                    if any(failure in logtail for failure in _BIND_FAILURES)
+                    else CassandraError
+                )
+                raise error(
+                    f"node {index} ({address}) exited during startup; last log lines:\n" + logtail
                 )
             if _port_open(address, self.port) and _cql_answers(address, self.port):
                 log.info("node %d (%s) answers CQL", index, address)
@@ -549,6 +564,44 @@ class CassandraCluster:
             if path.is_file():
                 parts.append(f"--- {path}\n{tail(path.read_text(errors='replace'), 25)}")
         return "\n".join(parts)
+
+
+def start_on_free_ports(
+    nodes: int,
+    base_dir: str | os.PathLike[str],
+    *,
+    attempts: int = 3,
+    **options: Any,
+) -> CassandraCluster:
+    """Start a new cluster in ``base_dir`` on ports :func:`free_ports` claims for it.
+
+    A port can still be taken by a process that does not claim ports before the node
+    binds it (~15 s after it was chosen); the node then exits and this starts it again
+    in a fresh ``base_dir`` on other ports, up to ``attempts`` times in all. ``options``
+    are :class:`CassandraCluster`'s other keyword arguments.
+    """
+    base = Path(base_dir)
+    for attempt in range(1, attempts + 1):
+        native, storage = free_ports(2)
+        (jmx,) = free_ports(1, span=nodes)  # node i listens on jmx + i - 1
+        cluster = CassandraCluster(
+            nodes,
+            base,
+            native_transport_port=native,
+            storage_port=storage,
+            jmx_port=jmx,
+            **options,
+        )
+        try:
+            cluster.start()
+        except CassandraPortTaken:
+            if attempt == attempts:
+                raise
+            log.warning("a port was taken while Cassandra started (attempt %d); again", attempt)
+            shutil.rmtree(base)  # start() stopped what it launched; its data is for nobody
+            continue
+        return cluster
+    raise AssertionError("unreachable")
 
 
 def node_config(layout: ClusterLayout, index: int) -> dict[str, Any]:

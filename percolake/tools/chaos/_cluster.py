@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from percolake.tools.chaos._procs import (
 )
 from percolake.tools.chaos._reconnect import STORE_RECONNECT_ENV
 from percolake.tools.chaos._replicas import LeaderWatch
+from percolake.tools.ports import free_ports
 from tso import LeaseRecord
 from txn import TransactionManager
 
@@ -95,17 +95,6 @@ class ClientSlot:
     events: list[Path] = field(default_factory=list)
 
 
-def _free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        if port not in ports:
-            ports.append(port)
-    return ports
-
-
 class Cluster:
     def __init__(
         self, config: RunConfig, work_dir: Path, registry: PidRegistry, *, isolated: bool
@@ -146,26 +135,25 @@ class Cluster:
     def start_store(self) -> None:
         c = self.config
         if c.cassandra_nodes:
-            from percolake.tools.cassandra import CassandraCluster
+            from percolake.tools.cassandra import CassandraCluster, start_on_free_ports
 
-            ports = [9042, 7000, 7199] if self.isolated else _free_ports(3)
-            self.cassandra = CassandraCluster(
-                nodes=c.cassandra_nodes,
-                base_dir=self.work / "cassandra",
-                cluster_name="percolake-chaos",
-                native_transport_port=ports[0],
-                storage_port=ports[1],
-                jmx_port=ports[2],
-                heap_mb=c.cassandra_heap_mb,
-                extra_yaml=CASSANDRA_YAML,
-            )
+            options: dict[str, Any] = {
+                "cluster_name": "percolake-chaos",
+                "heap_mb": c.cassandra_heap_mb,
+                "extra_yaml": CASSANDRA_YAML,
+            }
+            base_dir = self.work / "cassandra"
             log.info("starting %d Cassandra node(s)", c.cassandra_nodes)
             if self.isolated:
-                # One by one, each under its own group id (see start_cassandra_node);
-                # start() then records the layout and waits until the ring has formed.
+                # Each node in a namespace of its own, on the default ports. One by one,
+                # each under its own group id (see start_cassandra_node); start() then
+                # records the layout and waits until the ring has formed.
+                self.cassandra = CassandraCluster(c.cassandra_nodes, base_dir, **options)
                 for index in range(1, c.cassandra_nodes + 1):
                     self.start_cassandra_node(index)
-            self.cassandra.start()
+                self.cassandra.start()
+            else:
+                self.cassandra = start_on_free_ports(c.cassandra_nodes, base_dir, **options)
             rf = min(3, c.cassandra_nodes)
             self.store_url = self.cassandra.store_url(KEYSPACE, replication_factor=rf)
             self.tso_store_url = self.store_url
@@ -311,7 +299,7 @@ class Cluster:
         """Replica ``index`` of ``percolake serve`` (role all) on the store, not started."""
         name = f"replica-{index}"
         if name not in self.metrics_ports:
-            (self.metrics_ports[name],) = _free_ports(1)
+            (self.metrics_ports[name],) = free_ports(1)
         return Service(
             name,
             "percolake.tools.chaos.serve all",
@@ -403,7 +391,7 @@ class Cluster:
                 # before the replicas does; they follow.
                 self.embedded = self._embedded().start()
             # Distinct metrics ports, picked before any replica binds one.
-            ports = _free_ports(c.replicas)
+            ports = free_ports(c.replicas)
             self.metrics_ports = {f"replica-{i}": port for i, port in enumerate(ports)}
             # The first alone: it leads at once on a fresh store; the others then start
             # side by side and follow.

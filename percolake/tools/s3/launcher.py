@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from percolake.tools.ports import free_ports
 from percolake.tools.processes import child_running, file_lock, send_signal, since, spawn, tail
 from wire.errors import PercolakeError
 
@@ -410,10 +411,12 @@ class S3Server:
         )
 
     def _choose_ports(self) -> None:
+        # free_ports never hands out a port again while its claim lasts, so the two
+        # cannot meet, nor meet a given one (which is in use or checked below).
         if self._port is None:
-            self._port = _free_port(avoid=self._console_port)
+            (self._port,) = free_ports(1)
         if self._console_port is None:
-            self._console_port = _free_port(avoid=self._port)
+            (self._console_port,) = free_ports(1)
         self._check_ports_free()
 
     def _check_ports_free(self) -> None:
@@ -626,15 +629,6 @@ def _process_started(pid: int) -> int | None:
 def _stat_fields(stat: Path) -> list[str]:
     """The fields of a ``/proc/.../stat`` after the command name; [0] is the state."""
     return stat.read_text().rsplit(")", 1)[-1].split()
-
-
-def _free_port(avoid: int | None = None) -> int:
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        if port != avoid:
-            return port
 
 
 def _port_free(port: int) -> bool:
