@@ -54,7 +54,6 @@ import argparse
 import contextlib
 import itertools
 import logging
-import socket
 import sys
 import tempfile
 import time
@@ -86,29 +85,12 @@ def cassandra_url(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from percolake.tools.cassandra import CassandraCluster
+    from percolake.tools.cassandra import start_on_free_ports
 
     with tempfile.TemporaryDirectory(prefix="percolake-bench-") as tmp:
-        native, storage, jmx = _free_ports(3)
-        cluster = CassandraCluster(
-            nodes=1,
-            base_dir=Path(tmp),
-            cluster_name="percolake-bench",
-            native_transport_port=native,
-            storage_port=storage,
-            jmx_port=jmx,
-        )
+        cluster = start_on_free_ports(1, Path(tmp) / "cluster", cluster_name="percolake-bench")
         with cluster:
             yield cluster.store_url("percolake_bench")
-
-
-def _free_ports(count: int) -> list[int]:
-    ports: set[int] = set()
-    while len(ports) < count:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            ports.add(sock.getsockname()[1])
-    return sorted(ports)
 
 
 def _cells(batch: int, size: int) -> list[tuple[bytes, bytes]]:

@@ -57,7 +57,6 @@ import pstats
 import runpy
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -572,52 +571,25 @@ def profiled_serve(out: Path, argv: Sequence[str]) -> int:
 # --- the stores ------------------------------------------------------------------------
 
 
-def _free_port(addresses: Sequence[str]) -> int:
-    """A port free on every one of ``addresses``."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind((addresses[0], 0))
-            port = int(probe.getsockname()[1])
-        try:
-            for address in addresses[1:]:
-                with socket.socket() as other:
-                    other.bind((address, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no port free on all of {addresses}")
-
-
 @contextlib.contextmanager
 def store_url(store: str, root: Path) -> Iterator[str]:
     """The store URL of one phase; for Cassandra, a cluster started for it (and stopped)."""
     if store == SQLITE:
         yield f"sqlite:///{root}/store.db"
         return
-    from percolake.tools.cassandra import CassandraCluster
+    from percolake.tools.cassandra import start_on_free_ports
     from storage_adapters import open_store
 
     nodes = 3 if store == CASSANDRA3 else 1
     # Addresses of our own, away from 127.0.0.1-3 that tests and other benchmarks use.
     first = 41 if nodes == 3 else 45
-    addresses = [f"127.0.0.{first + i}" for i in range(nodes)]
-    used: set[int] = set()
-    ports: list[int] = []
-    while len(ports) < 3:
-        port = _free_port(addresses)
-        if port not in used:
-            used.add(port)
-            ports.append(port)
-    cluster = CassandraCluster(
-        nodes=nodes,
-        base_dir=root / f"cassandra-{store}",
+    cluster = start_on_free_ports(
+        nodes,
+        root / f"cassandra-{store}",
         cluster_name=f"percolake-bench-{store}",
-        native_transport_port=ports[0],
-        storage_port=ports[1],
-        jmx_port=ports[2],
         first_address=first,
     )
-    with cluster:
+    with cluster:  # start() again finds every node running; exit stops them
         options: dict[str, object] = {"replication_factor": 3} if nodes == 3 else {}
         url = cluster.store_url("percolake_deployed", **options)
         open_store(url).close()  # the keyspace and tables, before any gateway starts

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench._results import MachineLoad, Result, summarize
+from percolake.tools.ports import free_ports
 from txn import TransactionManager
 
 log = logging.getLogger(__name__)
@@ -64,13 +65,6 @@ ANCHOR = (
     "out the dead leader's lease, 2.8-3.2 s"
 )
 COLD, KILL, TERM = "cold_start", "restart_after_kill", "restart_after_term"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def _start(db: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
@@ -136,7 +130,7 @@ def _stop(proc: subprocess.Popen[bytes], signum: int) -> None:
 
 def measure_once(root: Path) -> dict[str, float]:
     """One repetition on a new store in ``root``: the three figures' values."""
-    db, port, log_path = root / "store.db", _free_port(), root / "serve.log"
+    db, port, log_path = root / "store.db", free_ports(1)[0], root / "serve.log"
     got: dict[str, float] = {}
     started = time.monotonic()
     proc = _start(db, port, log_path)

@@ -24,6 +24,7 @@ import random
 import socket
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from percolake.tools.processes import file_lock
@@ -59,9 +60,9 @@ def candidate_ports() -> range:
     return range(LOWEST_PORT, 65536)
 
 
-def free_ports(count: int, *, host: str = "127.0.0.1", span: int = 1) -> list[int]:
-    """``count`` distinct ports that nothing on ``host`` listens on, claimed for this
-    caller.
+def free_ports(count: int, *, hosts: Sequence[str] = ("127.0.0.1",), span: int = 1) -> list[int]:
+    """``count`` distinct ports that nothing listens on at any of ``hosts``, claimed
+    for this caller.
 
     With ``span`` > 1 each returned port ``p`` comes with ``p + 1`` .. ``p + span - 1``
     free and claimed too (a cluster whose node ``i`` listens on ``p + i - 1``).
@@ -80,7 +81,7 @@ def free_ports(count: int, *, host: str = "127.0.0.1", span: int = 1) -> list[in
             block = range(first, first + span)
             if any(p in taken or _claimed(directory, p, now) for p in block):
                 continue
-            if not all(_bindable(host, p) for p in block):
+            if not all(_bindable(host, p) for host in hosts for p in block):
                 continue
             for port in block:
                 (directory / str(port)).write_text(f"{os.getpid()}\n")
@@ -89,8 +90,8 @@ def free_ports(count: int, *, host: str = "127.0.0.1", span: int = 1) -> list[in
             if len(firsts) == count:
                 return firsts
     raise OSError(
-        f"no {count} free port(s) found on {host} in {candidates.start}-{candidates.stop - 1} "
-        f"after {_ATTEMPTS} tries"
+        f"no {count} free port(s) found on {', '.join(hosts)} in "
+        f"{candidates.start}-{candidates.stop - 1} after {_ATTEMPTS} tries"
     )
 
 

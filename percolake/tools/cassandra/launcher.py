@@ -581,9 +581,11 @@ def start_on_free_ports(
     are :class:`CassandraCluster`'s other keyword arguments.
     """
     base = Path(base_dir)
+    first = int(options.get("first_address", 1))
+    addresses = [f"127.0.0.{first + i}" for i in range(nodes)]
     for attempt in range(1, attempts + 1):
-        native, storage = free_ports(2)
-        (jmx,) = free_ports(1, span=nodes)  # node i listens on jmx + i - 1
+        native, storage = free_ports(2, hosts=addresses)  # every node listens on both
+        (jmx,) = free_ports(1, span=nodes)  # node i on 127.0.0.1:jmx + i - 1
         cluster = CassandraCluster(
             nodes,
             base,
