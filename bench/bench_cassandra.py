@@ -366,7 +366,7 @@ def scan_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list
 
 
 LIVE_AMONG_DEAD = 2
-SWEEP_ANCHOR = "the same scan of a fresh table holding only the live cells, same node, same run"
+SWEEP_ANCHOR = "the same scan of a fresh table holding only the live cells, same cluster, same run"
 
 
 def _keyspace_url(url: str, keyspace: str) -> str:
@@ -562,8 +562,8 @@ def commit_figures(
     return load.stamp(results, _topology(url))
 
 
-def _topology(url: str) -> str:
-    """Where the commit figures ran: the cluster, and the client in the bench process."""
+def _store_topology(url: str) -> str:
+    """The cluster the figures ran on."""
     from bench.bench_cassandra_floor import node_count
 
     store = open_store(url)
@@ -572,16 +572,25 @@ def _topology(url: str) -> str:
         nodes, rf = node_count(store), store.settings.replication_factor
     finally:
         store.close()
+    return f"Cassandra {nodes} node(s) on 127.0.0.x, replication factor {rf}, on this machine"
+
+
+def _topology(url: str) -> str:
+    """Where the commit figures ran: the cluster, and the client in the bench process."""
     return (
-        f"Cassandra {nodes} node(s) on 127.0.0.x, replication factor {rf}, on this machine; "
-        "the client is the bench process itself (embedded TransactionManager and Catalog, "
-        "no percolake serve), as the raw driver it is compared with"
+        f"{_store_topology(url)}; the client is the bench process itself (embedded "
+        "TransactionManager and Catalog, no percolake serve), as the raw driver it is "
+        "compared with"
     )
 
 
-def sweep_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Figure]:
-    """The figures of issue 27's store side (``--only-sweep`` runs just these)."""
-    return dead_cells_figures(url, quick, progress) + gc_cell_figures(url, quick, progress)
+def sweep_figures(url: str, quick: bool, progress: Callable[[str], None]) -> list[Result]:
+    """The figures of issue 27's store side (``--only-sweep`` runs just these), each
+    note naming the cluster and the machine's load."""
+    load = MachineLoad()
+    results: list[Result] = [*dead_cells_figures(url, quick, progress)]
+    results += gc_cell_figures(url, quick, progress)
+    return load.stamp(results, _store_topology(url))
 
 
 def run(
