@@ -65,11 +65,30 @@ def test_late_faults_shift_the_rest_of_the_plan_and_the_deadline(tmp_path: Path)
 def test_the_stretch_is_bounded(tmp_path: Path) -> None:
     cluster = _cluster(tmp_path, 1.0)
     planned_until = cluster.until_ns
-    nemesis = _SlowNemesis(cluster, inject_s=1.5, heal_s=0.0)
+    nemesis = _SlowNemesis(cluster, inject_s=2.5, heal_s=0.0)
     nemesis.run(SCHEDULE, threading.Event())
     # At most MAX_STRETCH times the planned duration later; what no longer fits is dropped.
     assert cluster.until_ns - planned_until <= int(MAX_STRETCH * 1.0 * 1e9)
     assert len(nemesis.faults) == 1, nemesis.faults
+
+
+def test_a_heal_still_running_at_the_deadline_keeps_it_and_the_next_fault_runs(
+    tmp_path: Path,
+) -> None:
+    """The landing CI of stop 41's tree: a leader kill at 4.5 s of an 11 s run healed
+    (restart, takeover) at 12.4 s, past the deadline, which could then no longer move,
+    and the two kills planned after it were dropped. While a heal runs near the deadline
+    the deadline now moves on, so the plan goes on after the heal."""
+    cluster = _cluster(tmp_path, 1.0)
+    planned_until = cluster.until_ns
+    nemesis = _SlowNemesis(cluster, inject_s=0.0, heal_s=1.2)  # ends at 1.4 s, past 1.0
+    nemesis.run(SCHEDULE, threading.Event())
+    assert len(nemesis.faults) == 2, nemesis.faults
+    assert nemesis.faults[0]["end_s"] >= 1.2
+    assert nemesis.faults[1]["start_s"] >= nemesis.faults[0]["end_s"]
+    late_s = (cluster.until_ns - planned_until) / 1e9
+    assert 1.0 <= late_s <= MAX_STRETCH * 1.0, late_s
+    assert _wait_for_start(cluster.start_file) == (cluster.t0_ns, cluster.until_ns)
 
 
 def test_a_deadline_already_passed_is_not_moved(tmp_path: Path) -> None:
