@@ -72,6 +72,10 @@ CONTRACT_FIGURES: dict[str, str] = {
     "cassandra3.txn_vs_raw.cells100.ratio": (
         "as the first figure, 3-node Cassandra RF 3 (goal 0.90)"
     ),
+    "cassandra.scan.after_dead_cells100000.vs_live_only.ratio": (
+        "scan of 2 live cells among 100,000 cleaned ones after the index prune / the same "
+        "scan of a fresh table, 3-node Cassandra (goal 2)"
+    ),
     "lakehouse.s3.appends.writers8.vs_deltalake.ratio": (
         "as the third, the table on MinIO: percolake / delta-rs with "
         "`conditional_put=etag` (goal 10x, 0 failed commits)"
