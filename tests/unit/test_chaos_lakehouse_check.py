@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from percolake.tools.chaos._config import RunConfig
-from percolake.tools.chaos._lakehouse import LakehouseAppends, digest, partial_jobs
+from percolake.tools.chaos._lakehouse import (
+    TABLE,
+    FinalReadRaced,
+    LakehouseAppends,
+    digest,
+    partial_jobs,
+)
 from percolake.tools.chaos._ops import FINAL_PROCESS
 from percolake.tools.chaos._workload import CheckResult
 
@@ -303,3 +309,49 @@ def test_a_read_back_in_time_is_stale_only_if_the_latest_it_saw_was() -> None:
     assert _found(workload, ops) == set()
     ops[-3]["value"]["back"] = 1  # started from version 7, after 8 was acknowledged
     assert "stale-read" in _found(workload, ops)
+
+
+def test_a_commit_landing_during_the_final_read_makes_it_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 3-node run flagged files-mismatch: a gateway finished a DELETE its client had
+    given up on between the final read's history and its listing of the latest files,
+    so the listing showed a version the history lacked. The final read now checks that
+    the head did not move, and the harness reads again when it did."""
+    pytest.importorskip("pyspark")
+    from spark_integration import DataFile
+    from txn import TransactionManager
+
+    workload = LakehouseAppends(RunConfig(workload="lakehouse", out_dir=tmp_path))
+    warehouse = str(tmp_path / "warehouse")
+    real_open = LakehouseAppends.open_lakehouse
+    landed: list[int] = []
+
+    def open_racing(manager: Any, where: str, timeout_s: float, *, slot: int | None = None) -> Any:
+        lh = real_open(manager, where, timeout_s, slot=slot)
+        listing = lh.files
+
+        def files(name: str, version: int | None = None) -> Any:
+            if version is None and not landed:  # the latest listing, after the history
+                job = tmp_path / "warehouse" / TABLE / "_lh_job=0-1"
+                job.mkdir(parents=True)
+                (job / "part-0-of-1.parquet").write_bytes(b"x")
+                path = str(job / "part-0-of-1.parquet")
+                landed.append(lh.append_files(name, [DataFile(path, 1, 1)]))
+            return listing(name, version)
+
+        lh.files = files
+        return lh
+
+    tm = TransactionManager.embedded(f"sqlite:///{tmp_path}/store.db")
+    try:
+        workload.setup(tm, warehouse)
+        monkeypatch.setattr(LakehouseAppends, "open_lakehouse", staticmethod(open_racing))
+        with pytest.raises(FinalReadRaced, match="version 1 was committed during the final"):
+            workload.final_read(tm, [], warehouse)
+        # Read again (as the harness does): the history now holds the version.
+        (_, ok) = workload.final_read(tm, [], warehouse)
+        assert [c["version"] for c in ok["value"]["commits"]] == [0, 1]
+        assert ok["value"]["files"] == ["_lh_job=0-1/part-0-of-1.parquet"]
+    finally:
+        tm.close()

@@ -121,6 +121,10 @@ def partial_jobs(paths: Iterable[str]) -> list[str]:
     return sorted(job for job, got in parts.items() if got != set(range(counts[job])))
 
 
+class FinalReadRaced(RuntimeError):
+    """A version landed between the final read's history and its listings."""
+
+
 class LakehouseAppends(Workload):
     name = "lakehouse"
     history_name = "lakehouse.jsonl"
@@ -341,6 +345,18 @@ class LakehouseAppends(Workload):
         oldest = commits[0]["version"] if commits else 0
         base = sorted(os.path.relpath(d.path, location) for d in lh.files(TABLE, version=oldest))
         latest = sorted(os.path.relpath(d.path, location) for d in lh.files(TABLE))
+        # The history and the listings are separate reads: a commit still in flight when
+        # the clients stopped (a gateway finishing a call its client gave up on) can land
+        # between them, and the listing would show a version the history lacks. Versions
+        # only grow, so the head unchanged after the listing means nothing landed since
+        # the history; else the harness reads again (a 3-node run flagged files-mismatch
+        # for a DELETE whose commit landed during its final read).
+        head = lh.version(TABLE)
+        if commits and head != commits[-1]["version"]:
+            raise FinalReadRaced(
+                f"version {head} was committed during the final read, whose history ends "
+                f"at version {commits[-1]['version']}: reading again"
+            )
         invoke = {"type": "invoke", "process": FINAL_PROCESS, "f": "history", "value": None}
         value = {
             "commits": commits,
