@@ -251,8 +251,7 @@ def test_keyspace_pool_hands_out_empty_stores(cassandra_keyspace_pool: KeyspaceP
 @pytest.mark.integration
 @pytest.mark.cassandra
 def test_cli_starts_reports_and_stops_a_node_from_separate_calls(tmp_path: Path) -> None:
-    native, storage = free_ports(2)
-    (jmx,) = free_ports(1)
+    native, storage, jmx = free_ports(3)
     base = str(tmp_path / "cli")
     started = time.monotonic()
     assert (

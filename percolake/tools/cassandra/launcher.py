@@ -580,19 +580,14 @@ def start_on_free_ports(
     in a fresh ``base_dir`` on other ports, up to ``attempts`` times in all. ``options``
     are :class:`CassandraCluster`'s other keyword arguments.
     """
-    base = Path(base_dir)
-    first = int(options.get("first_address", 1))
-    addresses = [f"127.0.0.{first + i}" for i in range(nodes)]
-    for attempt in range(1, attempts + 1):
-        native, storage = free_ports(2, hosts=addresses)  # every node listens on both
-        (jmx,) = free_ports(1, span=nodes)  # node i on 127.0.0.1:jmx + i - 1
-        cluster = CassandraCluster(
-            nodes,
-            base,
-            native_transport_port=native,
-            storage_port=storage,
-            jmx_port=jmx,
-            **options,
+    attempt = 1
+    while True:
+        cluster = CassandraCluster(nodes, base_dir, **options)
+        # Every node listens on the CQL and storage ports; node i on JMX port jmx + i - 1.
+        native, storage = free_ports(2, hosts=cluster.contact_points)
+        (jmx,) = free_ports(1, span=nodes)
+        cluster.layout = dataclasses.replace(
+            cluster.layout, native_transport_port=native, storage_port=storage, jmx_port=jmx
         )
         try:
             cluster.start()
@@ -600,10 +595,11 @@ def start_on_free_ports(
             if attempt == attempts:
                 raise
             log.warning("a port was taken while Cassandra started (attempt %d); again", attempt)
-            shutil.rmtree(base)  # start() stopped what it launched; its data is for nobody
+            # start() stopped what it launched; its data is for nobody.
+            shutil.rmtree(cluster.layout.base_dir)
+            attempt += 1
             continue
         return cluster
-    raise AssertionError("unreachable")
 
 
 def node_config(layout: ClusterLayout, index: int) -> dict[str, Any]:
