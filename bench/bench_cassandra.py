@@ -97,8 +97,10 @@ def cassandra_url(url: str | None) -> Iterator[str]:
 
     with tempfile.TemporaryDirectory(prefix="percolake-bench-") as tmp:
         cluster = start_on_free_ports(1, Path(tmp) / "cluster", cluster_name="percolake-bench")
-        with cluster:
+        try:
             yield cluster.store_url("percolake_bench")
+        finally:
+            cluster.stop()
 
 
 def _cells(batch: int, size: int) -> list[tuple[bytes, bytes]]:

@@ -589,11 +589,13 @@ def store_url(store: str, root: Path) -> Iterator[str]:
         cluster_name=f"percolake-bench-{store}",
         first_address=first,
     )
-    with cluster:  # start() again finds every node running; exit stops them
+    try:
         options: dict[str, object] = {"replication_factor": 3} if nodes == 3 else {}
         url = cluster.store_url("percolake_deployed", **options)
         open_store(url).close()  # the keyspace and tables, before any gateway starts
         yield url
+    finally:
+        cluster.stop()
 
 
 # --- one phase: a store, every writer count, every system ------------------------------
