@@ -153,3 +153,23 @@ def sqlite_write_locked(path: Path) -> Iterator[None]:
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+def pause_outside_sqlite_writes(server: ServerProcess, path: Path, timeout_s: float = 10.0) -> None:
+    """SIGSTOP ``server`` at a moment it is not inside a write transaction on the SQLite
+    store at ``path``: the signal is sent, and seen taking effect, while this process
+    holds the file's write lock.
+
+    A process paused inside a write keeps that lock, and no other process can write
+    until it resumes (docs/design/limits.md, "a paused leader"): a test that pauses a
+    leader and resumes it only after the others took over must not pause it there.
+    """
+    with sqlite_write_locked(path):
+        server.signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{server.pid}/stat")
+        deadline = time.monotonic() + timeout_s
+        # The state follows the command, which may hold spaces: "pid (comm) T ...".
+        while stat.read_text().rpartition(")")[2].split()[0] != "T":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"pid {server.pid} not stopped {timeout_s:g} s after SIGSTOP")
+            time.sleep(0.01)
