@@ -12,8 +12,6 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-import pyarrow as pa
-
 from spark_integration.engine.model import ColumnStats, FileStats, StatValue
 
 #: Longer strings keep no bounds: a long min or max would bloat every listing of the
@@ -22,6 +20,8 @@ MAX_STAT_CHARS = 64
 
 
 def _bounded_kind(kind: Any) -> bool:
+    import pyarrow as pa  # not at the top: see spark.datasource.files
+
     return bool(
         pa.types.is_integer(kind)
         or pa.types.is_boolean(kind)

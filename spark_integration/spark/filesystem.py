@@ -27,13 +27,19 @@ import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from spark_integration.engine.errors import LakehouseError
 from spark_integration.engine.locations import is_object_store
+
+# pyarrow is imported where it is used, not here: it costs about 0.5 CPU-s, and Spark
+# imports this module in every Python worker it starts to plan a read or a write
+# (through the data source), where nothing touches a file.
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +61,6 @@ AWS_SETTINGS = (
     "AWS_PROFILE",
 )
 
-_LOCAL = pafs.LocalFileSystem()
 _s3_clients: dict[tuple[str | None, ...], pafs.S3FileSystem] = {}
 _s3_lock = threading.Lock()
 
@@ -73,7 +78,16 @@ class StoredFile:
     mtime_ms: int | None
 
 
+@cache
+def _local() -> pafs.LocalFileSystem:
+    import pyarrow.fs as pafs
+
+    return pafs.LocalFileSystem()
+
+
 def _s3() -> pafs.S3FileSystem:
+    import pyarrow.fs as pafs
+
     key = tuple(os.environ.get(name) for name in AWS_SETTINGS)
     with _s3_lock:
         client = _s3_clients.get(key)
@@ -105,7 +119,7 @@ def resolve(path: str) -> tuple[pafs.FileSystem, str]:
     """The file system holding ``path`` and the path within it."""
     if is_object_store(path):
         return _s3(), path.split("://", 1)[1]
-    return _LOCAL, path
+    return _local(), path
 
 
 def spark_path(path: str) -> str:
@@ -126,6 +140,8 @@ def check_reachable(location: str, what: str = "warehouse") -> None:
     """
     if not is_object_store(location):
         return
+    import pyarrow.fs as pafs
+
     fs, fs_path = resolve(location)
     bucket = fs_path.split("/", 1)[0]
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -156,6 +172,8 @@ def make_dirs(folder: str) -> None:
 
 
 def exists(path: str) -> bool:
+    import pyarrow.fs as pafs
+
     fs, fs_path = resolve(path)
     found: bool = fs.get_file_info(fs_path).type != pafs.FileType.NotFound
     return found
@@ -163,6 +181,8 @@ def exists(path: str) -> bool:
 
 def list_files(folder: str, *, recursive: bool = True) -> list[StoredFile]:
     """The files below ``folder`` (none when it does not exist), in path order."""
+    import pyarrow.fs as pafs
+
     fs, fs_path = resolve(folder)
     infos = fs.get_file_info(pafs.FileSelector(fs_path, allow_not_found=True, recursive=recursive))
     found = [
@@ -179,6 +199,8 @@ def list_files(folder: str, *, recursive: bool = True) -> list[StoredFile]:
 
 def list_dirs(folder: str) -> list[str]:
     """The folders (on S3, key prefixes) directly below ``folder``, in name order."""
+    import pyarrow.fs as pafs
+
     fs, fs_path = resolve(folder)
     infos = fs.get_file_info(pafs.FileSelector(fs_path, allow_not_found=True))
     return sorted(
@@ -188,11 +210,15 @@ def list_dirs(folder: str) -> list[str]:
 
 def holds_files(folder: str) -> bool:
     """Whether anything at all lies below ``folder``."""
+    import pyarrow.fs as pafs
+
     fs, fs_path = resolve(folder)
     return bool(fs.get_file_info(pafs.FileSelector(fs_path, allow_not_found=True)))
 
 
 def file_size(path: str) -> int:
+    import pyarrow.fs as pafs
+
     fs, fs_path = resolve(path)
     info = fs.get_file_info(fs_path)
     if info.type != pafs.FileType.File:
@@ -202,12 +228,16 @@ def file_size(path: str) -> int:
 
 def parquet_metadata(path: str) -> pq.FileMetaData:
     """The footer of the Parquet file at ``path``."""
+    import pyarrow.parquet as pq
+
     fs, fs_path = resolve(path)
     return pq.read_metadata(fs_path, filesystem=fs)
 
 
 def parquet_file(path: str) -> pq.ParquetFile:
     """An open Parquet file for reading (close it, or use it in a ``with``)."""
+    import pyarrow.parquet as pq
+
     fs, fs_path = resolve(path)
     return pq.ParquetFile(fs.open_input_file(fs_path))
 
@@ -249,6 +279,8 @@ def delete_tree(folder: str) -> None:
     For a failed job's staging folder: a straggling task may still write there, and
     vacuum removes whatever is left later.
     """
+    import pyarrow.fs as pafs
+
     fs, fs_path = resolve(folder)
     try:
         if fs.get_file_info(fs_path).type == pafs.FileType.NotFound:
@@ -273,6 +305,8 @@ def remove_empty_dir(folder: str) -> bool:
 def mtime_ms(path: str) -> int | None:
     """When the file at ``path`` was last written (an object's own time on S3); None
     when it is not there."""
+    import pyarrow.fs as pafs
+
     fs, fs_path = resolve(path)
     info = fs.get_file_info(fs_path)
     if info.type != pafs.FileType.File or info.mtime_ns is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import posixpath
 import re
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -118,3 +120,20 @@ def test_write_table_writes_the_file_write_batches_writes(location: str) -> None
         tag="0",
     )
     assert empty == []
+
+
+def test_planning_a_read_or_write_imports_neither_pyarrow_nor_pandas() -> None:
+    """Spark plans every read and write of the data source in a Python worker forked
+    for that one call, which imports the data source module: with pyarrow and
+    pyarrow.dataset (which imports pandas) at the top of ``files`` and ``filesystem``,
+    that import took about 1.3 s of each call, half of it theirs. Only the tasks that
+    write or read files import them."""
+    code = (
+        "import sys\n"
+        "import spark_integration.spark.datasource.source\n"
+        "print(sorted(m for m in ('pyarrow', 'pandas', 'numpy') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]", done.stdout

@@ -26,16 +26,15 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
-
 from spark_integration.engine.locations import is_object_store, relative_to
 from spark_integration.engine.model import FileEntry, FileStats
 from spark_integration.spark import filesystem
 from spark_integration.spark.file_stats import file_stats
 from spark_integration.spark.hook import parse_partition
+
+# pyarrow is imported in the functions that use it: Spark imports this module in every
+# Python worker it starts to plan a read or a write, which touches no file, and pyarrow
+# with pyarrow.dataset (which imports pandas) cost those workers about 1 CPU-s each.
 
 #: Row groups of at most this many rows (Spark's writer makes groups of ~128 MB; for
 #: narrow rows this is about that, and readers can still skip groups by statistics).
@@ -76,6 +75,9 @@ def write_batches(
     with no rows are not written at all. ``tag`` makes the file names of this task
     unique in the job folder (a retried task writes files of its own).
     """
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
     first = next(batches, None)
     if first is None:
         return []
@@ -150,6 +152,8 @@ def write_table(
     :data:`MAX_ROWS_PER_GROUP` rows; without the dataset writer's machinery, which costs
     a third more than the encoding itself for one in-memory table (the MERGE benchmark's
     files of 100k rows: 30 ms against 20 ms of CPU each)."""
+    import pyarrow.parquet as pq
+
     if not table.num_rows:
         return []
     job_folder = _job_folder(location, staging)
@@ -201,6 +205,9 @@ def _default_partition(values: Any) -> Any:
     fails every Spark read of the table (``EMPTY_PARTITION_COLUMN_VALUE``). So one
     encoding serves both write paths (this one and the commit hook's Spark writer).
     """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
         return values
     empty = pc.equal(values, pa.scalar("", values.type))
@@ -208,6 +215,8 @@ def _default_partition(values: Any) -> Any:
 
 
 def _constant(value: str | None, kind: Any, rows: int) -> Any:
+    import pyarrow as pa
+
     if value is None:
         return pa.nulls(rows, kind)
     return pa.repeat(pa.array([value], pa.string()).cast(kind)[0], rows)
@@ -223,6 +232,9 @@ def read_files(
     values, as Spark would parse them from the folder names. A column a file lacks
     (written before ``add_columns`` or ``mergeSchema`` added it) reads as NULL.
     """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     data_columns = [f.name for f in target if f.name not in partition_by]
     for item in files:
         fs, fs_path = filesystem.resolve(item.path)
