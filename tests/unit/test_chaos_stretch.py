@@ -97,3 +97,17 @@ def test_a_deadline_already_passed_is_not_moved(tmp_path: Path) -> None:
     time.sleep(0.3)
     assert not cluster.extend_until(cluster.until_ns + 1_000_000_000)
     assert _wait_for_start(cluster.start_file)[1] == cluster.until_ns
+
+
+def test_stretches_add_up_to_the_bound_to_the_nanosecond(tmp_path: Path) -> None:
+    """A stretch by an odd fraction of a second, then one past the bound: the deadline
+    ends exactly ``MAX_STRETCH`` times the planned duration later. In floats, with each
+    deadline truncated to whole nanoseconds, the planned duration crept down by one or
+    two nanoseconds per stretch, and the CI run of 6e0af18 saw 0.999999998 s where the
+    test above asserts at least 1 s."""
+    cluster = _cluster(tmp_path, 1.0)
+    planned_until = cluster.until_ns
+    nemesis = _SlowNemesis(cluster, inject_s=0.0, heal_s=0.0)
+    for late_s in (0.000123457, 0.3333333337, 0.7000000001, 5.0):
+        nemesis._stretch(late_s)
+    assert cluster.until_ns - planned_until == int(MAX_STRETCH * 1_000_000_000)
