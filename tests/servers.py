@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from percolake.tools.processes import stat_fields
+
 READY_TIMEOUT_S = 30.0
 #: :meth:`ServerProcess.stop` sends its second SIGTERM this long after the first.
 _SECOND_SIGNAL_AFTER_S = 0.2
@@ -168,8 +170,7 @@ def pause_outside_sqlite_writes(server: ServerProcess, path: Path, timeout_s: fl
         server.signal(signal.SIGSTOP)
         stat = Path(f"/proc/{server.pid}/stat")
         deadline = time.monotonic() + timeout_s
-        # The state follows the command, which may hold spaces: "pid (comm) T ...".
-        while stat.read_text().rpartition(")")[2].split()[0] != "T":
+        while stat_fields(stat)[0] != "T":
             if time.monotonic() > deadline:
                 raise AssertionError(f"pid {server.pid} not stopped {timeout_s:g} s after SIGSTOP")
             time.sleep(0.01)

@@ -1,6 +1,7 @@
 """What the server launchers (``percolake cassandra``, ``percolake s3``) share: spawning a
-server that outlives its caller, signalling and reaping it by pid, a file lock for
-fetches and builds that clones and pytest-xdist workers share, and log tails."""
+server that outlives its caller, signalling and reaping it by pid, reading its state
+from ``/proc``, a file lock for fetches and builds that clones and pytest-xdist workers
+share, and log tails."""
 
 from __future__ import annotations
 
@@ -53,6 +54,13 @@ def send_signal(pid: int, sig: signal.Signals) -> None:
     """Signal ``pid``; a process that is already gone is not an error."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
+
+
+def stat_fields(stat: Path) -> list[str]:
+    """The fields of a ``/proc/<pid>/stat`` (or ``/proc/<pid>/task/<tid>/stat``) after
+    the command name, which may hold spaces and parentheses: [0] is the state (``R``,
+    ``S``, ``T`` stopped, ``Z`` zombie, ...). Raises ``OSError`` once the process is gone."""
+    return stat.read_text().rsplit(")", 1)[-1].split()
 
 
 @contextlib.contextmanager

@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from percolake.tools.ports import free_ports
-from percolake.tools.processes import child_running, file_lock, send_signal, since, spawn, tail
+from percolake.tools.processes import (
+    child_running,
+    file_lock,
+    send_signal,
+    since,
+    spawn,
+    stat_fields,
+    tail,
+)
 from wire.errors import PercolakeError
 
 log = logging.getLogger(__name__)
@@ -703,10 +711,10 @@ def _is_our_node(pid: int, node_dir: Path) -> bool:
     """Whether ``pid`` is alive and is the Cassandra of ``node_dir`` (pids get reused)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = stat_fields(Path(f"/proc/{pid}/stat"))[0]
     except OSError:
         return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":  # a zombie has exited already
+    if state == "Z":  # a zombie has exited already
         return False
     yaml_uri = (node_dir / "cassandra.yaml").as_uri().encode()
     return b"CassandraDaemon" in cmdline and yaml_uri in cmdline

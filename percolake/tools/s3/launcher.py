@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import IO
 
 from percolake.tools.ports import free_ports
-from percolake.tools.processes import child_running, file_lock, send_signal, since, spawn, tail
+from percolake.tools.processes import (
+    child_running,
+    file_lock,
+    send_signal,
+    since,
+    spawn,
+    stat_fields,
+    tail,
+)
 from wire.errors import PercolakeError
 
 log = logging.getLogger(__name__)
@@ -612,23 +620,18 @@ def _process_started(pid: int) -> int | None:
     """
     task_dir = Path(f"/proc/{pid}/task")
     try:
-        leader = _stat_fields(Path(f"/proc/{pid}/stat"))
+        leader = stat_fields(Path(f"/proc/{pid}/stat"))
         tasks = list(task_dir.iterdir())
     except OSError:
         return None
     for task in tasks:
         try:
-            if _stat_fields(task / "stat")[0] not in ("Z", "X"):
+            if stat_fields(task / "stat")[0] not in ("Z", "X"):
                 # fields[19] is the start time (field 22 of proc_pid_stat(5)).
                 return int(leader[19])
         except OSError:
             continue  # that thread is gone
     return None
-
-
-def _stat_fields(stat: Path) -> list[str]:
-    """The fields of a ``/proc/.../stat`` after the command name; [0] is the state."""
-    return stat.read_text().rsplit(")", 1)[-1].split()
 
 
 def _port_free(port: int) -> bool:
