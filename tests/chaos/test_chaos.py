@@ -52,9 +52,17 @@ RATE = 50
 
 
 def chaos_run(
-    out: Path, *args: str, duration_s: int, expect_exit: int = 0, rate: int | None = RATE
+    out: Path,
+    *args: str,
+    duration_s: int,
+    expect_exit: int = 0,
+    rate: int | None = RATE,
+    plot: bool = False,
 ) -> dict[str, Any]:
-    """Run ``percolake chaos run`` in a subprocess; return its report."""
+    """Run ``percolake chaos run`` in a subprocess; return its report.
+
+    Without its plot unless ``plot``: drawing it costs a run 1.4-1.7 CPU-s (matplotlib),
+    and the tests read the report; one test checks the plot."""
     command = [
         sys.executable,
         "-m",
@@ -65,6 +73,7 @@ def chaos_run(
         "--out",
         str(out),
         *(["--rate", str(rate)] if rate is not None else []),
+        *([] if plot else ["--no-plot"]),
         *args,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERCOLAKE_UNSAFE_")}
@@ -135,6 +144,7 @@ def test_kill_and_pause_on_the_embedded_store_leave_a_clean_history(tmp_path: Pa
         "1",
         *GC,
         duration_s=14,
+        plot=True,
     )
     # 120 ok operations (500 in the 20 s run): 426 in 14 s at load 12 on 2 cores, but
     # 155 in ci17 at load 12-13; a degenerate run (every transaction failing) makes a
@@ -199,6 +209,8 @@ def test_late_settles_after_collection_at_retention_0_leave_a_clean_history(
     # running; a degenerate run (every transaction failing) makes a handful.
     assert_clean(report, min_ok=100, min_faults=4)
     assert_collected(out)
+    # ``--no-plot`` (chaos_run's default): no plot, and the report says so.
+    assert report["plot"] is None and not (out / "plot.png").exists()
     assert report["fault_counts"].get("kill gateway", 0) >= 2, report["fault_counts"]
     # Passes ran and collected entries while clients settled late.
     assert report["gc"]["passes"] >= 5, report["gc"]

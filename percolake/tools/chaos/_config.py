@@ -143,6 +143,9 @@ class RunConfig:
     #: network would after a reconnect (0: off; see ``percolake.tools.chaos._reconnect``).
     store_reconnect_ms: int = 0
     gzip_history: bool = False
+    #: Draw ``plot.png`` (latencies and outcomes over time, faults shaded): 1.4-1.7 CPU-s
+    #: a run with matplotlib's import, which a run checked only by its report can skip.
+    plot: bool = True
     #: Garbage collection in every gateway: a pass every this many seconds (None: off),
     #: keeping what transactions younger than the retention read (rules S8, S9).
     gc_interval_s: float | None = None

@@ -427,14 +427,18 @@ def _finish(
         "replay": replay_command(config),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
     }
-    plot = plot_run(
-        out / "plot.png",
-        client_ops,
-        nemesis.faults,
-        f"{config.workload} ({config.isolation}), seed {config.seed}, "
-        f"nemesis {','.join(config.nemeses) or 'none'}: {by_type['ok']} ok, "
-        f"{len(anomalies)} anomalies",
-        max(elapsed_s, 1.0),
+    plot = (
+        plot_run(
+            out / "plot.png",
+            client_ops,
+            nemesis.faults,
+            f"{config.workload} ({config.isolation}), seed {config.seed}, "
+            f"nemesis {','.join(config.nemeses) or 'none'}: {by_type['ok']} ok, "
+            f"{len(anomalies)} anomalies",
+            max(elapsed_s, 1.0),
+        )
+        if config.plot
+        else None
     )
     report["plot"] = plot.name if plot is not None else None
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")

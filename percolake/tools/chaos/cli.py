@@ -123,6 +123,12 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--gzip-history", action="store_true", help="write history.jsonl.gz")
     run.add_argument(
+        "--no-plot",
+        dest="plot",
+        action="store_false",
+        help="skip plot.png (the report and history are written as always)",
+    )
+    run.add_argument(
         "--gc-interval-s",
         type=float,
         default=None,
@@ -250,6 +256,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         unsafe_no_oracle_claim=args.unsafe_no_oracle_claim,
         unsafe_leader_ignores_lease=args.unsafe_leader_ignores_lease,
         gzip_history=args.gzip_history,
+        plot=args.plot,
         gc_interval_s=args.gc_interval_s,
         gc_retention_s=args.gc_retention_s,
         gc_grace_ms=args.gc_grace_ms,
