@@ -25,8 +25,9 @@ TEST_WORKERS ?= 2
 # The suite starts hundreds of Python processes (servers, chaos clients, Spark's Python
 # workers, which import the data source module afresh for each planning call). With
 # PYTHONDONTWRITEBYTECODE set in the caller's environment, each of them compiled the
-# project's sources again: 1.1 CPU-s to import the data source against 0.6 cached, and
-# pytest rewrote every test module's asserts in each worker (15 CPU-s). Caches go to
+# project's sources again: 1.1 CPU-s to import the data source against 0.6 cached. (A
+# fresh clone still compiles once, and pytest still rewrites the test modules' asserts
+# once per worker, 15 CPU-s; a second run in the same clone skips both.) Caches go to
 # __pycache__ directories, which .gitignore keeps out of commits.
 unexport PYTHONDONTWRITEBYTECODE
 XDIST := -n $(TEST_WORKERS) --dist loadgroup

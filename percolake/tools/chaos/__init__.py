@@ -20,9 +20,10 @@ everything, reads the final state and checks the history:
 * for every workload, the oracle's timestamps: unique, increasing, across restarts.
 
 The run writes ``history.jsonl`` (or the workload's log), ``report.json`` and
-``plot.png`` to its folder. Faults that start or heal late (a loaded machine) shift the
-rest of the schedule and the end of the run with them, up to ``MAX_STRETCH`` times the
-planned duration (``stretched_s`` in the report). See :mod:`percolake.tools.chaos.cli`.
+``plot.png`` (not with ``--no-plot``) to its folder. Faults that start or heal late (a
+loaded machine) shift the rest of the schedule and the end of the run with them, up to
+``MAX_STRETCH`` times the planned duration (``stretched_s`` in the report). See
+:mod:`percolake.tools.chaos.cli`.
 """
 
 from percolake.tools.chaos._config import MAX_STRETCH, NEMESES, WORKLOADS, RunConfig

@@ -427,8 +427,9 @@ def _finish(
         "replay": replay_command(config),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
     }
-    plot = (
-        plot_run(
+    plot = None
+    if config.plot:
+        plot = plot_run(
             out / "plot.png",
             client_ops,
             nemesis.faults,
@@ -437,9 +438,6 @@ def _finish(
             f"{len(anomalies)} anomalies",
             max(elapsed_s, 1.0),
         )
-        if config.plot
-        else None
-    )
     report["plot"] = plot.name if plot is not None else None
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     _print_summary(report, checks, out)
