@@ -283,6 +283,17 @@ def check_system_write(
     check_system_value("value", value)
 
 
+def check_system_deletes(table: str, rows: Sequence[tuple[bytes, bytes]]) -> None:
+    """Check ``(key, expected)`` pairs of :meth:`KVStore.delete_system_many`: each as
+    :func:`check_system_write`, and no key twice."""
+    seen: set[bytes] = set()
+    for key, expected in rows:
+        check_system_write(table, key, expected)
+        if key in seen:
+            raise ValueError(f"delete_system_many names key {key[:40]!r} of {table!r} twice")
+        seen.add(key)
+
+
 def _check_value(name: str, value: object, limit: int, limit_name: str) -> bytes:
     if not isinstance(value, bytes):
         raise TypeError(f"{name} must be bytes, got {type(value).__name__}")
@@ -806,6 +817,32 @@ class KVStore(abc.ABC):
         already absent). A ``put_unless_exists`` of the key afterwards applies again.
         Raises :class:`StoreTimeoutError` when the outcome is unknown.
         """
+
+    def get_system_final(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """Read system rows whose value never changes once written (the transactions
+        table: a key is written by ``put_unless_exists``, then at most deleted). A value
+        returned is one the key holds or held; a key left out may still have one that a
+        linearizable read would find (:meth:`get_system` decides). Cassandra reads one
+        replica instead of a SERIAL read: no Paxos round, and a value there was
+        committed by one (docs/design/storage.md, "Reads of final rows"). This
+        default is :meth:`get_system`."""
+        return self.get_system(table, keys)
+
+    def delete_system_many(self, table: str, rows: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        """:meth:`delete_system` of each ``(key, expected)``: whether each was deleted, in
+        order. Every item is checked before anything is deleted (``ValueError`` or
+        ``TypeError`` naming the first bad one; a key named twice is one).
+
+        Not one atomic step: each row is deleted as if compare-and-deleted at some point
+        during the call. A write of the key after that point (``put_unless_exists`` or
+        ``compare_and_set``) is never deleted; a ``True`` may be a row such a write
+        replaced before the call returned. Cassandra reads each row's value and write
+        time, then deletes exactly that write (a tombstone at its time), in batches,
+        without Paxos (docs/design/storage.md, "Deleting final rows"). Raises
+        :class:`StoreTimeoutError` when some outcome is unknown: calling again with the
+        same rows is safe."""
+        check_system_deletes(table, rows)
+        return [self.delete_system(table, key, expected).applied for key, expected in rows]
 
     # --- exclusive roles -------------------------------------------------------
 

@@ -97,6 +97,9 @@ class _Statements:
     compare_and_set: Any
     get_system: Any
     delete_system: Any
+    system_written_one: Any  # key = ?: value and write time, at the data level
+    system_written: Any  # key IN ?
+    delete_system_at: Any  # a tombstone at a given write time
     tables: Any
 
 
@@ -226,6 +229,14 @@ class CassandraConnection(KVStore):
             "serial_read": ExecutionProfile(
                 load_balancing_policy=balancing(),
                 consistency_level=serial_level,
+                request_timeout=s.timeout_s,
+                row_factory=tuple_factory,
+            ),
+            # Reads whose answer is safe from any one replica (rows written once and
+            # the write times that delete them; see CassandraStore.get_system_final).
+            "one_replica": ExecutionProfile(
+                load_balancing_policy=balancing(),
+                consistency_level=ConsistencyLevel.LOCAL_ONE,
                 request_timeout=s.timeout_s,
                 row_factory=tuple_factory,
             ),
@@ -369,6 +380,17 @@ class CassandraConnection(KVStore):
             delete_system=prepare(
                 "DELETE FROM {ks}.system_rows WHERE tbl = ? AND key = ? IF value = ?",
                 idempotent=False,
+            ),
+            system_written_one=prepare(
+                "SELECT key, value, WRITETIME(value) FROM {ks}.system_rows "
+                "WHERE tbl = ? AND key = ?"
+            ),
+            system_written=prepare(
+                "SELECT key, value, WRITETIME(value) FROM {ks}.system_rows "
+                "WHERE tbl = ? AND key IN ?"
+            ),
+            delete_system_at=prepare(
+                "DELETE FROM {ks}.system_rows USING TIMESTAMP ? WHERE tbl = ? AND key = ?"
             ),
             tables=prepare("SELECT DISTINCT tbl, shard FROM {ks}.cells"),
         )

@@ -179,6 +179,7 @@ from storage_adapters._base import (
     check_deletes,
     check_limit,
     check_stamps,
+    check_system_deletes,
     check_system_key,
     check_system_write,
     check_table,
@@ -491,6 +492,68 @@ class CassandraStore(CassandraSweeps):
         if applied:
             return CasResult(True, None)
         return CasResult(False, None if current is None else _bytes(current))
+
+    def get_system_final(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """From one replica (``LOCAL_ONE``), ``_IN_LIMIT`` keys a request: a value in
+        the table was put there by the commit of a Paxos round that chose it (proposals
+        wait in Paxos's own table until then), so it is one the key holds or held,
+        whichever replica holds it. A replica the commit has not reached yet leaves the
+        key out, which the caller reads linearizably."""
+        return {key: value for key, (value, _) in self._written_system(table, keys).items()}
+
+    def delete_system_many(self, table: str, rows: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        """Each row's value and write time read from one replica, then a tombstone
+        ``USING TIMESTAMP`` that write time for each row that holds ``expected``,
+        unlogged batches of partitions of one replica, no Paxos: garbage collection's
+        entry deletes, one per writer it collects (25,000 a pass over a long history).
+
+        The tombstone removes exactly the write read and anything older (a tie goes to
+        the delete). Every later write of the key is a Paxos commit, whose timestamp is
+        its ballot's, above every earlier ballot of the partition and so above the one
+        read: it stays. So a row rewritten between the read and the delete is never
+        deleted, as with ``IF value = ?`` (docs/design/storage.md, "Deleting final
+        rows"). A replica that missed a write can only make a row be left, never a newer
+        write be deleted."""
+        check_system_deletes(table, rows)
+        self._check_open()
+        wanted = dict(rows)
+        written = self._written_system(table, list(wanted))
+        deletes: list[tuple[Hashable, tuple[Any, ...], int]] = []
+        for key, expected in wanted.items():
+            value, write_time = written.get(key, (None, None))
+            if value == expected and write_time is not None:
+                deletes.append((self._replica(table, key), (write_time, table, key), 40))
+        self._execute_all(
+            batched(self._stmts.delete_system_at, deletes, _CROSS_PARTITION_ROWS),
+            write=True,
+            concurrency=_IN_CONCURRENCY,
+        )
+        deleted = {params[2] for _, params, _ in deletes}
+        return [key in deleted for key, _ in rows]
+
+    def _written_system(self, table: str, keys: Sequence[bytes]) -> dict[bytes, tuple[bytes, int]]:
+        """``key -> (value, write time)`` of the rows one replica holds (``LOCAL_ONE``:
+        with a replication factor of 3 on 3 nodes, every read is local)."""
+        check_table(table)
+        wanted = list(dict.fromkeys(check_system_key(table, k) for k in keys))
+        self._check_open()
+        queries = self._per_cell(
+            self._stmts.system_written_one,
+            self._stmts.system_written,
+            table,
+            wanted,
+            (),
+            spread=_IN_SPREAD,
+        )
+        found: dict[bytes, tuple[bytes, int]] = {}
+        rows_of = self._execute_all(
+            queries, write=False, profile="one_replica", concurrency=_IN_CONCURRENCY
+        )
+        for rows in rows_of:
+            for key, value, write_time in rows:
+                if value is not None and write_time is not None:
+                    found[_bytes(key)] = (_bytes(value), int(write_time))
+        return found
 
 
 def _checked_writes(

@@ -40,7 +40,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
 from lockserver import LockTable
@@ -78,9 +77,9 @@ log = logging.getLogger(__name__)
 #: Samples of (wall time, timestamp) kept beyond the retention, at most.
 MAX_SAMPLES = 1000
 
-#: Compare-and-deletes of transactions-table entries a pass keeps in flight on a store
-#: that overlaps requests (each one a lightweight transaction of its own partition).
-ENTRY_DELETES_IN_FLIGHT = 16
+#: Transactions-table entries a pass deletes per store call (KVStore.delete_system_many;
+#: on Cassandra one read and one delete per entry, without Paxos, in batches).
+ENTRY_DELETES_PER_CALL = 5000
 
 #: A collector prunes a table's dead cells (KVStore.prune_cells) at most this often.
 DEFAULT_PRUNE_EVERY_S = 60.0
@@ -568,20 +567,12 @@ class GarbageCollector:
                 self._throttle(count)
 
     def _collect_entries(self, run: _Pass) -> None:
-        expected = [(ts, encode_outcome(c)) for ts, c in run.committed.items()]
-        expected += [(ts, OWN_ABORTED_VALUE) for ts in run.aborted]
-
-        def delete(item: tuple[int, bytes]) -> bool:
-            return self._store.delete_system(TXN_TABLE, txn_key(item[0]), item[1]).applied
-
-        if self._store.concurrent_requests and len(expected) > 1:
-            with ThreadPoolExecutor(
-                ENTRY_DELETES_IN_FLIGHT, thread_name_prefix="percolake-gc"
-            ) as pool:
-                deleted = sum(pool.map(delete, expected))
-        else:
-            deleted = sum(map(delete, expected))
-        run.report.entries_deleted += deleted
+        expected = [(txn_key(ts), encode_outcome(c)) for ts, c in sorted(run.committed.items())]
+        expected += [(txn_key(ts), OWN_ABORTED_VALUE) for ts in sorted(run.aborted)]
+        for first in range(0, len(expected), ENTRY_DELETES_PER_CALL):
+            self._check_stopping()
+            chunk = expected[first : first + ENTRY_DELETES_PER_CALL]
+            run.report.entries_deleted += sum(self._store.delete_system_many(TXN_TABLE, chunk))
 
     def _prune_due(self, table: str) -> bool:
         """Whether this collector last pruned ``table`` ``prune_every_s`` ago or never:

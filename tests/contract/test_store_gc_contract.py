@@ -5,6 +5,8 @@ linearizable compare-and-delete of system rows. Run against each backend of
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from storage_adapters import (
@@ -120,6 +122,81 @@ def test_delete_system_is_a_compare_and_delete(store: KVStore) -> None:
     # The key can be written again afterwards, and only once.
     assert store.put_unless_exists("_s", b"k", b"w") == (True, b"w")
     assert store.put_unless_exists("_s", b"k", b"x") == (False, b"w")
+
+
+def test_delete_system_many_deletes_only_the_rows_holding_their_expected_value(
+    store: KVStore,
+) -> None:
+    for key in (b"a", b"b", b"d"):
+        store.put_unless_exists("_s", key, b"v")
+    rows = [(b"a", b"v"), (b"b", b"other"), (b"c", b"v"), (b"d", b"v")]
+    assert store.delete_system_many("_s", rows) == [True, False, False, True]
+    assert store.get_system("_s", [b"a", b"b", b"c", b"d"]) == {b"b": b"v"}
+    assert store.get_system_final("_s", [b"a", b"b", b"c", b"d"]) == {b"b": b"v"}
+    # Written again afterwards: the key holds the new value, which a second call naming
+    # the old one leaves, and a call naming the new one deletes.
+    assert store.put_unless_exists("_s", b"a", b"w") == (True, b"w")
+    assert store.delete_system_many("_s", [(b"a", b"v")]) == [False]
+    assert store.get_system("_s", [b"a"]) == {b"a": b"w"}
+    assert store.delete_system_many("_s", [(b"a", b"w")]) == [True]
+    assert store.get_system("_s", [b"a"]) == {}
+    assert store.delete_system_many("_s", []) == []
+
+
+def test_a_row_written_again_while_many_are_deleted_is_never_deleted(store: KVStore) -> None:
+    """The race of garbage collection's entry deletes with a rewrite: each key is
+    deleted (compare-and-delete) and written again with a new value while one call
+    deletes every key's old value. Whatever the interleaving, a key whose new value was
+    written holds it afterwards."""
+    keys = [b"k%03d" % i for i in range(120)]
+    for key in keys:
+        store.put_unless_exists("_s", key, b"old")
+    rewritten: list[bytes] = []
+    barrier = threading.Barrier(2)
+
+    def rewrite() -> None:
+        barrier.wait()
+        for key in keys:
+            store.delete_system("_s", key, b"old")
+            if store.put_unless_exists("_s", key, b"new").applied:
+                rewritten.append(key)
+
+    thread = threading.Thread(target=rewrite)
+    thread.start()
+    barrier.wait()
+    store.delete_system_many("_s", [(key, b"old") for key in keys])
+    thread.join()
+    assert len(rewritten) == len(keys)  # every key was absent or old at its put
+    assert store.get_system("_s", keys) == {key: b"new" for key in keys}
+
+
+@pytest.mark.parametrize(
+    ("rows", "error"),
+    [
+        ([(b"k", b"v"), (b"k", b"v")], "twice"),
+        ([(b"k", b"v"), (b"", b"v")], "key"),
+        ([(b"k", b"v"), ("j", b"v")], "bytes"),
+        ([(b"k", b"v"), (b"j", None)], "bytes"),
+    ],
+)
+def test_delete_system_many_checks_every_row_before_deleting_any(
+    store: KVStore, rows: list[tuple[object, object]], error: str
+) -> None:
+    store.put_unless_exists("_s", b"k", b"v")
+    with pytest.raises((ValueError, TypeError), match=error):
+        store.delete_system_many("_s", rows)  # type: ignore[arg-type]
+    assert store.get_system("_s", [b"k"]) == {b"k": b"v"}
+
+
+def test_get_system_final_reads_what_put_unless_exists_wrote(store: KVStore) -> None:
+    store.put_unless_exists("_txn", b"x", b"committed")
+    store.put_unless_exists("_txn", b"y", b"aborted")
+    assert store.get_system_final("_txn", [b"x", b"y", b"z", b"x"]) == {
+        b"x": b"committed",
+        b"y": b"aborted",
+    }
+    with pytest.raises(TypeError):
+        store.get_system_final("_txn", ["x"])  # type: ignore[list-item]
 
 
 def _needs_work(versions: list[Version], stamped_below: int) -> bool:

@@ -422,12 +422,31 @@ class StoreAgreesWithDict(RuleBasedStateMachine):
         else:
             assert not result.applied and result.current == current
 
+    @rule(table=TABLES, data=st.data())
+    def delete_system_many(self, table: str, data: st.DataObject) -> None:
+        """Compare-and-delete of some keys (garbage collection's entry deletes), each
+        expecting its current value or another one."""
+        keys = data.draw(st.lists(KEYS, max_size=3, unique=True))
+        rows = []
+        for key in keys:
+            current = self.system.get((table, key))
+            choices = [st.binary(max_size=3)] if current is None else [st.just(current)] * 3
+            rows.append((key, data.draw(st.one_of(*choices, st.binary(max_size=3)))))
+        got = self.store.delete_system_many(self._t(table), rows)
+        expected = [self.system.get((table, key)) == value for key, value in rows]
+        assert got == expected
+        for (key, _), deleted in zip(rows, expected, strict=True):
+            if deleted:
+                del self.system[(table, key)]
+
     @invariant()
     def system_rows_agree(self) -> None:
         for table in ("a", "b"):
             got = self.store.get_system(self._t(table), [b"k0", b"k1", b"k2"])
+            final = self.store.get_system_final(self._t(table), [b"k0", b"k1", b"k2"])
             expected = {k: v for (t, k), v in self.system.items() if t == table}
             assert got == expected
+            assert final == expected
 
 
 #: Runs of the machine per backend: a run on a Cassandra node costs its round trips

@@ -91,3 +91,36 @@ def test_a_pass_on_cassandra_sweeps_stamps_and_collects_entries(cassandra_store_
         assert tm.begin().get("t", HOT.row, HOT.column) == b"after"
     finally:
         tm.close()
+
+
+def test_an_entry_written_again_between_the_read_and_the_delete_stays(
+    cassandra_store_url: str,
+) -> None:
+    """``delete_system_many`` deletes each row at the write time it read, without Paxos:
+    a row deleted and written again between that read and the tombstone (a settler's
+    ABORTED after another collector's delete) is a newer Paxos write, above the
+    tombstone, and stays. The race made deterministic: the rewrite runs right after the
+    read. Deleting ``USING TIMESTAMP`` the client's clock instead would remove it."""
+    from storage_adapters.cassandra import CassandraStore
+
+    store = open_store(cassandra_store_url)
+    assert isinstance(store, CassandraStore)
+    try:
+        keys = [txn_key(ts) for ts in (101, 102, 103)]
+        for key in keys:
+            store.put_unless_exists(TXN_TABLE, key, b"committed")
+        read = store._written_system
+
+        def read_then_rewrite(table: str, wanted: list[bytes]) -> dict[bytes, tuple[bytes, int]]:
+            found = read(table, wanted)
+            assert store.delete_system(table, keys[1], b"committed").applied
+            assert store.put_unless_exists(table, keys[1], b"aborted").applied
+            return found
+
+        store._written_system = read_then_rewrite  # type: ignore[method-assign]
+        outcome = store.delete_system_many(TXN_TABLE, [(key, b"committed") for key in keys])
+        del store._written_system
+        assert outcome == [True, True, True]  # all three held it when read
+        assert store.get_system(TXN_TABLE, keys) == {keys[1]: b"aborted"}
+    finally:
+        store.close()

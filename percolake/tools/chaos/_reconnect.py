@@ -214,6 +214,14 @@ class ReconnectingStore(KVStore):
         self._wait()
         return self._inner.delete_system(table, key, expected)
 
+    def get_system_final(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        self._wait()
+        return self._inner.get_system_final(table, keys)
+
+    def delete_system_many(self, table: str, rows: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        self._wait()
+        return self._inner.delete_system_many(table, rows)
+
     def claim(self, role: str) -> Claim:
         return self._inner.claim(role)
 
