@@ -39,6 +39,7 @@ from storage_adapters._base import (
     check_ranges,
     check_scan,
     check_stamps,
+    check_system_deletes,
     check_system_key,
     check_system_write,
     check_table,
@@ -508,6 +509,22 @@ class SQLiteStore(SQLiteClaims):
                 current = None if found is None else found[0]
             cur.execute("COMMIT")
         return CasResult(bool(deleted), current)
+
+    def delete_system_many(self, table: str, rows: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        """One transaction for all of them (one fsync, not one a row): atomic here."""
+        check_system_deletes(table, rows)
+        with self._using(writes=True) as cur:
+            cur.execute("BEGIN IMMEDIATE")
+            deleted = [
+                cur.execute(
+                    "DELETE FROM system_rows WHERE tbl = ? AND key = ? AND value = ?",
+                    (table, key, expected),
+                ).rowcount
+                == 1
+                for key, expected in rows
+            ]
+            cur.execute("COMMIT")
+        return deleted
 
     def close(self) -> None:
         with self._lock:
