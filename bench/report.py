@@ -76,6 +76,10 @@ CONTRACT_FIGURES: dict[str, str] = {
         "scan of 2 live cells among 100,000 cleaned ones after the index prune / the same "
         "scan of a fresh table, 3-node Cassandra (goal 2)"
     ),
+    "cassandra.gc.cell_versions25000.pass.seconds": (
+        "one garbage-collection pass over a cell of 25,000 committed versions and their "
+        "transactions-table entries, 3-node Cassandra (goal: seconds; 549 s at issue 27)"
+    ),
     "lakehouse.s3.appends.writers8.vs_deltalake.ratio": (
         "as the third, the table on MinIO: percolake / delta-rs with "
         "`conditional_put=etag` (goal 10x, 0 failed commits)"
