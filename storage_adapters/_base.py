@@ -479,11 +479,8 @@ class KVStore(abc.ABC):
     nothing synchronises).
     """
 
-    #: Whether requests made from several threads at once overlap (a networked
-    #: store): garbage collection then sends its requests for different tables
-    #: together instead of one table after another. (A commit's steps ask for every
-    #: table in one call instead: put_versions_of_tables, get_version_timestamps_of_tables,
-    #: get_latest_of_tables.)
+    #: Whether requests from several threads overlap (a networked store): garbage
+    #: collection then sweeps tables together (a commit uses the ``*_of_tables`` calls).
     concurrent_requests: ClassVar[bool] = False
 
     # --- versioned cells -------------------------------------------------------
@@ -689,13 +686,10 @@ class KVStore(abc.ABC):
         """Let scans forget the cells of ``table`` that hold no version at all; returns
         how many were forgotten.
 
-        A backend whose scans find cells through an index kept apart from the versions
-        (Cassandra's ``cells`` index) keeps an index entry for every cell ever written,
-        its versions deleted or not, and its scans read them all. This drops the entries
-        of cells with no version left, so that a scan costs what the live cells cost,
-        whatever was deleted before. It never hides a version at or above ``below_ts``,
-        whenever it is written (before, during or after the call), nor one that exists
-        when the call reads its cell.
+        Scans through an index kept apart from the versions (Cassandra's ``cells``) read
+        an entry for every cell ever written; this drops those of cells with no version
+        left. It never hides a version at or above ``below_ts``, whenever it is written
+        (before, during or after the call), nor one that exists when the call reads it.
 
         The caller guarantees that no version below ``below_ts`` that a reader needs is
         written after the call begins: garbage collection passes its published safe
@@ -819,28 +813,15 @@ class KVStore(abc.ABC):
         """
 
     def get_system_final(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
-        """Read system rows whose value never changes once written (the transactions
-        table: a key is written by ``put_unless_exists``, then at most deleted). A value
-        returned is one the key holds or held; a key left out may still have one that a
-        linearizable read would find (:meth:`get_system` decides). Cassandra reads one
-        replica instead of a SERIAL read: no Paxos round, and a value there was
-        committed by one (docs/design/storage.md, "Reads of final rows"). This
-        default is :meth:`get_system`."""
+        """Rows written once, then at most deleted (the transactions table): a value
+        returned is one the key holds or held; a key left out may have one. Cassandra
+        reads one replica, no Paxos (docs/design/storage.md, "Reads of final rows")."""
         return self.get_system(table, keys)
 
     def delete_system_many(self, table: str, rows: Sequence[tuple[bytes, bytes]]) -> list[bool]:
-        """:meth:`delete_system` of each ``(key, expected)``: whether each was deleted, in
-        order. Every item is checked before anything is deleted (``ValueError`` or
-        ``TypeError`` naming the first bad one; a key named twice is one).
-
-        Not one atomic step: each row is deleted as if compare-and-deleted at some point
-        during the call. A write of the key after that point (``put_unless_exists`` or
-        ``compare_and_set``) is never deleted; a ``True`` may be a row such a write
-        replaced before the call returned. Cassandra reads each row's value and write
-        time, then deletes exactly that write (a tombstone at its time), in batches,
-        without Paxos (docs/design/storage.md, "Deleting final rows"). Raises
-        :class:`StoreTimeoutError` when some outcome is unknown: calling again with the
-        same rows is safe."""
+        """:meth:`delete_system` of each ``(key, expected)`` (all checked first; no key
+        twice), each as if at some point of the call: whether each was deleted. A later
+        write of the key is never deleted (docs/design/storage.md, "Deleting final rows")."""
         check_system_deletes(table, rows)
         return [self.delete_system(table, key, expected).applied for key, expected in rows]
 

@@ -206,40 +206,30 @@ class CassandraConnection(KVStore):
         data_level = getattr(ConsistencyLevel, s.consistency)
         serial_level = getattr(ConsistencyLevel, s.serial_consistency)
 
-        def balancing() -> Any:
-            return TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=s.local_dc))
+        def profile(level: Any, **extra: Any) -> ExecutionProfile:
+            return ExecutionProfile(
+                load_balancing_policy=TokenAwarePolicy(
+                    DCAwareRoundRobinPolicy(local_dc=s.local_dc)
+                ),
+                consistency_level=level,
+                request_timeout=s.timeout_s,
+                row_factory=tuple_factory,
+                **extra,
+            )
 
         profiles = {
-            EXEC_PROFILE_DEFAULT: ExecutionProfile(
-                load_balancing_policy=balancing(),
-                consistency_level=data_level,
-                request_timeout=s.timeout_s,
-                row_factory=tuple_factory,
-            ),
+            EXEC_PROFILE_DEFAULT: profile(data_level),
             # The commit phase of a conditional write runs at the data level, its
             # Paxos rounds at the serial level; see ConditionalWriteRetryPolicy.
-            "lwt": ExecutionProfile(
-                load_balancing_policy=balancing(),
-                consistency_level=data_level,
+            "lwt": profile(
+                data_level,
                 serial_consistency_level=serial_level,
-                request_timeout=s.timeout_s,
-                row_factory=tuple_factory,
                 retry_policy=ConditionalWriteRetryPolicy(),
             ),
-            "serial_read": ExecutionProfile(
-                load_balancing_policy=balancing(),
-                consistency_level=serial_level,
-                request_timeout=s.timeout_s,
-                row_factory=tuple_factory,
-            ),
+            "serial_read": profile(serial_level),
             # Reads whose answer is safe from any one replica (rows written once and
             # the write times that delete them; see CassandraStore.get_system_final).
-            "one_replica": ExecutionProfile(
-                load_balancing_policy=balancing(),
-                consistency_level=ConsistencyLevel.LOCAL_ONE,
-                request_timeout=s.timeout_s,
-                row_factory=tuple_factory,
-            ),
+            "one_replica": profile(ConsistencyLevel.LOCAL_ONE),
         }
         auth = (
             PlainTextAuthProvider(username=s.username, password=s.password)

@@ -445,6 +445,15 @@ def test_kill_and_pause_on_one_cassandra_node_leave_a_clean_history(
         "131",
         "--fault-gap-s",
         "1.5",
+        # Garbage collection in the gateways, so that its Cassandra paths (entries
+        # deleted at their write times, outcomes read from one replica; issue 27) run
+        # under the faults too.
+        "--gc-interval-s",
+        "0.5",
+        "--gc-retention-s",
+        "0",
+        "--gc-grace-ms",
+        "200",
         *cassandra_store,
         duration_s=16,
     )
@@ -452,6 +461,8 @@ def test_kill_and_pause_on_one_cassandra_node_leave_a_clean_history(
     # machine at load 13 on 2 cores, where the 25 s run would have made about 110.
     assert_clean(report, min_ok=50, min_faults=3)
     assert report["cluster"]["store"].startswith("cassandra://")
+    assert report["gc"]["passes"] >= 2, report["gc"]
+    assert report["gc"]["entries_deleted"] > 0, report["gc"]
 
 
 BROKEN_BUILD_FINDS = {
