@@ -38,6 +38,9 @@ from txn.tables import read_state
 pytestmark = pytest.mark.chaos
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Garbage collection in every gateway at retention 0: a pass about every 0.7 s, so an
+#: entry is collected within a second or two of its commit.
+BUSY_GC = ("--gc-interval-s", "0.5", "--gc-retention-s", "0", "--gc-grace-ms", "200")
 #: Setup (servers, Cassandra) plus checking, on top of a run's own duration.
 OVERHEAD_S = 150
 #: Operations per second the clients of a run start, all together (``--rate``, Jepsen's
@@ -189,12 +192,7 @@ def test_late_settles_after_collection_at_retention_0_leave_a_clean_history(
         "57",
         "--fault-gap-s",
         "1",
-        "--gc-interval-s",
-        "0.5",
-        "--gc-retention-s",
-        "0",
-        "--gc-grace-ms",
-        "200",
+        *BUSY_GC,
         "--late-settle-s",
         "3",
         # 12 s (was 25 with seed 11, then 18; issue 29's suite time): seed 57 plans six
@@ -448,12 +446,7 @@ def test_kill_and_pause_on_one_cassandra_node_leave_a_clean_history(
         # Garbage collection in the gateways, so that its Cassandra paths (entries
         # deleted at their write times, outcomes read from one replica; issue 27) run
         # under the faults too.
-        "--gc-interval-s",
-        "0.5",
-        "--gc-retention-s",
-        "0",
-        "--gc-grace-ms",
-        "200",
+        *BUSY_GC,
         *cassandra_store,
         duration_s=16,
     )
