@@ -813,9 +813,10 @@ class KVStore(abc.ABC):
         """
 
     def get_system_final(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
-        """Rows written once, then at most deleted (the transactions table): a value
-        returned is one the key holds or held; a key left out may have one. Cassandra
-        reads one replica, no Paxos (docs/design/storage.md, "Reads of final rows")."""
+        """:meth:`get_system` of rows written once, then at most deleted (the
+        transactions table), with the same answer. Cassandra reads one replica and
+        SERIAL only the keys not found there (docs/design/storage.md, "Reads of final
+        rows"); this default is :meth:`get_system`."""
         return self.get_system(table, keys)
 
     def delete_system_many(self, table: str, rows: Sequence[tuple[bytes, bytes]]) -> list[bool]:

@@ -494,12 +494,18 @@ class CassandraStore(CassandraSweeps):
         return CasResult(False, None if current is None else _bytes(current))
 
     def get_system_final(self, table: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
-        """From one replica (``LOCAL_ONE``), ``_IN_LIMIT`` keys a request: a value in
-        the table was put there by the commit of a Paxos round that chose it (proposals
-        wait in Paxos's own table until then), so it is one the key holds or held,
-        whichever replica holds it. A replica the commit has not reached yet leaves the
-        key out, which the caller reads linearizably."""
-        return {key: value for key, (value, _) in self._written_system(table, keys).items()}
+        """From one replica (``LOCAL_ONE``), ``_IN_LIMIT`` keys a request, then SERIAL for
+        the keys not found there. A value in the table was put there by the commit of a
+        Paxos round that chose it (proposals wait in Paxos's own table until then), so
+        it is the row's for good, whichever replica holds it; a replica the commit has
+        not reached yet leaves the key out, and the SERIAL read decides it."""
+        check_table(table)
+        wanted = list(dict.fromkeys(check_system_key(table, k) for k in keys))
+        self._check_open()
+        found = {key: value for key, (value, _) in self._written_system(table, wanted).items()}
+        if len(found) < len(wanted):
+            found.update(self.get_system(table, [k for k in wanted if k not in found]))
+        return found
 
     def delete_system_many(self, table: str, rows: Sequence[tuple[bytes, bytes]]) -> list[bool]:
         """Each row's value and write time read from one replica, then a tombstone
@@ -520,9 +526,9 @@ class CassandraStore(CassandraSweeps):
         written = self._written_system(table, list(wanted))
         deletes: list[tuple[Hashable, tuple[Any, ...], int]] = []
         for key, expected in wanted.items():
-            value, write_time = written.get(key, (None, None))
-            if value == expected and write_time is not None:
-                deletes.append((self._replica(table, key), (write_time, table, key), 40))
+            found = written.get(key)
+            if found is not None and found[0] == expected:
+                deletes.append((self._replica(table, key), (found[1], table, key), 40))
         self._execute_all(
             batched(self._stmts.delete_system_at, deletes, _CROSS_PARTITION_ROWS),
             write=True,
@@ -533,15 +539,13 @@ class CassandraStore(CassandraSweeps):
 
     def _written_system(self, table: str, keys: Sequence[bytes]) -> dict[bytes, tuple[bytes, int]]:
         """``key -> (value, write time)`` of the rows one replica holds (``LOCAL_ONE``:
-        with a replication factor of 3 on 3 nodes, every read is local)."""
-        check_table(table)
-        wanted = list(dict.fromkeys(check_system_key(table, k) for k in keys))
-        self._check_open()
+        with a replication factor of 3 on 3 nodes, every read is local); ``keys``
+        checked and distinct."""
         queries = self._per_cell(
             self._stmts.system_written_one,
             self._stmts.system_written,
             table,
-            wanted,
+            list(keys),
             (),
             spread=_IN_SPREAD,
         )
@@ -551,8 +555,7 @@ class CassandraStore(CassandraSweeps):
         )
         for rows in rows_of:
             for key, value, write_time in rows:
-                if value is not None and write_time is not None:
-                    found[_bytes(key)] = (_bytes(value), int(write_time))
+                found[_bytes(key)] = (_bytes(value), int(write_time))
         return found
 
 

@@ -113,12 +113,8 @@ class StatusResolver:
             else:
                 out[ts] = known
         if missing:
-            # Entries are written once: a value found without Paxos is the outcome; a
-            # key not found that way is read linearizably before it counts as absent.
-            keys = [txn_key(ts) for ts in missing]
-            rows = self._store.get_system_final(TXN_TABLE, keys)
-            if len(rows) < len(keys):
-                rows.update(self._store.get_system(TXN_TABLE, [k for k in keys if k not in rows]))
+            # Entries are written once: Cassandra reads them without Paxos where it can.
+            rows = self._store.get_system_final(TXN_TABLE, [txn_key(ts) for ts in missing])
             for ts in missing:
                 raw = rows.get(txn_key(ts))
                 if raw is not None:

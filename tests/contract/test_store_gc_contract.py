@@ -195,6 +195,9 @@ def test_get_system_final_reads_what_put_unless_exists_wrote(store: KVStore) -> 
         b"x": b"committed",
         b"y": b"aborted",
     }
+    # The same answer as get_system, a deleted row included.
+    assert store.delete_system("_txn", b"y", b"aborted").applied
+    assert store.get_system_final("_txn", [b"x", b"y"]) == {b"x": b"committed"}
     with pytest.raises(TypeError):
         store.get_system_final("_txn", ["x"])  # type: ignore[list-item]
 
