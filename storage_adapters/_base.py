@@ -39,7 +39,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 from wire.errors import StoreError
 
@@ -478,10 +478,6 @@ class KVStore(abc.ABC):
     order; Cassandra orders writes of one version by the clients' clocks, which
     nothing synchronises).
     """
-
-    #: Whether requests from several threads overlap (a networked store): garbage
-    #: collection then sweeps tables together (a commit uses the ``*_of_tables`` calls).
-    concurrent_requests: ClassVar[bool] = False
 
     # --- versioned cells -------------------------------------------------------
 

@@ -170,8 +170,6 @@ class CassandraConnection(KVStore):
     statements, the shard count, and running requests (batched, retried while the
     driver cannot send, conditional writes). The reads and the writes build on it."""
 
-    concurrent_requests = True
-
     def __init__(self, url: str) -> None:
         self.settings = parse_cassandra_url(url)
         self._url = redact_url(url)
