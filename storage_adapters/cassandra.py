@@ -84,9 +84,12 @@ of the shard: 101,000 cleaned cells made every scan of the table fail. Now:
   SSTable whose droppable tombstones exceed 20% is compacted alone once it is an hour
   old, so tombstones go about an hour after gc_grace. ``cells`` is leveled too: scans
   read it in ranges, and a hot cell's index row is rewritten at every put (leveled
-  keeps one copy per level); keyspaces created since the prune give it the same
-  gc_grace and tombstone compaction (a pruned index row that comes back costs a scan
-  one dead cell until the next prune).
+  keeps one copy per level). Its gc_grace is 0 (``INDEX_GC_GRACE_S``): a pruned
+  index row that comes back costs a scan one dead cell until the next prune, and
+  purging a tombstone never hides a row, so the prune's tombstones go at the first
+  compaction after their flush; a quiet index is flushed each minute and an SSTable
+  of them is compacted alone once a minute old. Opening a keyspace made before sets
+  these options.
 
 Pruning the index (issue 27). A cell whose every version is gone keeps its index row,
 and a scan reads it, until garbage collection calls

@@ -211,24 +211,65 @@ def test_a_keyspace_of_the_format_1_layout_is_refused_by_name(
         session.execute(f"DROP KEYSPACE {keyspace}")
 
 
+def _table_options(store: CassandraStore) -> dict[str, Any]:
+    return {
+        r[0]: r
+        for r in store._session.execute(
+            "SELECT table_name, gc_grace_seconds, compaction, memtable_flush_period_in_ms "
+            "FROM system_schema.tables WHERE keyspace_name = %s",
+            (store.settings.keyspace,),
+        )
+    }
+
+
+def _assert_index_options(index: Any) -> None:
+    """The ``cells`` index: a prune's tombstones go at the first compaction after a
+    flush, and a quiet index is flushed each minute (storage.md, "Pruning the index")."""
+    assert index[1] == 0
+    assert index[2]["class"].endswith("LeveledCompactionStrategy")
+    assert index[2]["unchecked_tombstone_compaction"] == "true"
+    assert index[2]["tombstone_compaction_interval"] == "60"
+    assert index[3] == 60_000
+
+
 def test_table_options_are_chosen_for_tombstones_and_reads(cassandra_store_url: str) -> None:
     """The options the module docstring explains, as the server has them."""
     store = open_store(cassandra_store_url)
     try:
         assert isinstance(store, CassandraStore)
-        rows = {
-            r[0]: r
-            for r in store._session.execute(
-                "SELECT table_name, gc_grace_seconds, compaction FROM system_schema.tables "
-                "WHERE keyspace_name = %s",
-                (store.settings.keyspace,),
-            )
-        }
-        versions, index = rows["cell_versions"], rows["cells"]
+        rows = _table_options(store)
+        versions = rows["cell_versions"]
         assert versions[1] == 3600
         assert versions[2]["class"].endswith("LeveledCompactionStrategy")
         assert versions[2]["unchecked_tombstone_compaction"] == "true"
         assert versions[2]["tombstone_compaction_interval"] == "3600"
-        assert index[2]["class"].endswith("LeveledCompactionStrategy")
+        _assert_index_options(rows["cells"])
     finally:
         store.close()
+
+
+def test_an_index_made_before_its_tombstones_went_early_gets_the_new_options(
+    cassandra_store_url: str,
+) -> None:
+    """A keyspace whose ``cells`` table kept prune tombstones an hour (the options
+    before) is given the index options when a store opens it; its rows stay."""
+    store = open_store(cassandra_store_url)
+    assert isinstance(store, CassandraStore)
+    try:
+        store.put_versions("t", [VersionWrite(b"r", b"c", 5, b"v")])
+        store._session.execute(
+            f"ALTER TABLE {store.settings.keyspace}.cells WITH gc_grace_seconds = 3600 "
+            "AND memtable_flush_period_in_ms = 0 AND compaction = {'class': "
+            "'LeveledCompactionStrategy', 'unchecked_tombstone_compaction': 'true', "
+            "'tombstone_compaction_interval': '3600'}"
+        )
+        assert _table_options(store)["cells"][1] == 3600
+    finally:
+        store.close()
+    reopened = open_store(cassandra_store_url)
+    assert isinstance(reopened, CassandraStore)
+    try:
+        _assert_index_options(_table_options(reopened)["cells"])
+        assert list(reopened.scan("t", b"", None, 10)) == [ScanEntry(b"r", b"c", 5, b"v")]
+    finally:
+        reopened.close()
