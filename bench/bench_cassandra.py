@@ -630,11 +630,21 @@ def commit_figures(
     writes, and a lakehouse group commit against its floor
     (:mod:`bench.bench_cassandra_floor`), on the same cluster; ``runs``: paired runs of
     each (default: each one's own)."""
-    from bench.bench_cassandra_floor import group_commit_figures
+    from bench.bench_cassandra_cpu import cpu_figures
+    from bench.bench_cassandra_floor import group_commit_figures, node_count
 
     load = MachineLoad()
     results = write_figures(url, quick, progress, itertools.count(), sizes=sizes, runs=runs)
     results += group_commit_figures(url, quick, progress, runs=runs)
+    if 100 in sizes:
+        store = open_store(url)
+        try:
+            assert isinstance(store, CassandraStore)
+            nodes = node_count(store)
+        finally:
+            store.close()
+        name = "cassandra" if nodes == 1 else f"cassandra{nodes}"
+        results += cpu_figures(url, name, progress, runs=30 if quick else 150)
     return load.stamp(results, _topology(url))
 
 
