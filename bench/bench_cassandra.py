@@ -481,22 +481,22 @@ def dead_cells_figures(url: str, quick: bool, progress: Callable[[str], None]) -
             "another table of the keyspace (the index's tombstones flushed and compacted "
             "away by Cassandra itself: gc_grace 0 and a one-minute flush period)"
         )
+
+        def vs_live_only(name: str, scans: list[float], when: str) -> Figure:
+            ratios = [a / b for a, b in zip(scans, only, strict=True)]
+            note = f"{what}{when} / the same scan of a fresh table, paired runs"
+            return summarize(name, "ratio", SWEEP_ANCHOR, ratios, note=note)
+
         return [
-            summarize(
+            vs_live_only(
                 f"{prefix}.vs_live_only.ratio",
-                "ratio",
-                SWEEP_ANCHOR,
-                [a / b for a, b in zip(after, only, strict=True)],
-                note=f"{what}, {settled} / the same scan of a fresh table, paired runs; "
-                "goal <= 2 (issue 27: 31-50 s on 3 nodes before the prune existed)",
+                after,
+                f", {settled}; goal <= 2 (issue 27: 31-50 s on 3 nodes before the prune)",
             ),
-            summarize(
+            vs_live_only(
                 f"{prefix}.right_after_prune.vs_live_only.ratio",
-                "ratio",
-                SWEEP_ANCHOR,
-                [a / b for a, b in zip(right_after, only, strict=True)],
-                note=f"{what} as soon as prune_cells returned (the shadowed index rows "
-                "still in memtables) / the same scan of a fresh table, paired runs",
+                right_after,
+                " as soon as prune_cells returned (the shadowed index rows still in memtables)",
             ),
             summarize(f"{prefix}.after_prune.ms", "ms", SWEEP_ANCHOR, after, note=settled),
             summarize(f"{prefix}.live_only.ms", "ms", "none: the reference", only),
