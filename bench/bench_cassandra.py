@@ -540,6 +540,7 @@ def gc_cell_figures(url: str, quick: bool, progress: Callable[[str], None]) -> l
     """One pass over a cell of 25,000 committed versions; the deletes alone both ways."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from bench.bench_cassandra_gc_floor import raw_floor_seconds
     from txn import GarbageCollector
     from txn.tables import GC_TABLE, STATE_KEY, TXN_TABLE, GcState, encode_outcome, txn_key
 
@@ -579,8 +580,31 @@ def gc_cell_figures(url: str, quick: bool, progress: Callable[[str], None]) -> l
         report = collector.run_once()
         if report.versions_deleted < versions - 1:
             raise AssertionError(f"the pass deleted too little: {report.summary()}")
+        assert isinstance(store, CassandraStore)
+        floor_s = raw_floor_seconds(store, versions, progress)
         what = f"one cell of {versions:,} committed versions"
         return [
+            Figure(
+                f"{prefix}.raw_floor.seconds",
+                round(floor_s, 2),
+                "s",
+                1,
+                0.0,
+                "none: the floor",
+                note=f"raw driver, plain tables, same cluster, right after the pass: one "
+                f"range delete of {versions - 1:,} versions of one cell and {versions:,} "
+                "entry deletes by key (execute_concurrent_with_args), no reads",
+            ),
+            Figure(
+                f"{prefix}.pass.vs_raw_floor.ratio",
+                round(floor_s / report.seconds, 3),
+                "ratio",
+                1,
+                0.0,
+                f"{prefix}.raw_floor.seconds",
+                note="raw floor seconds / pass seconds (1.0: the pass costs what its "
+                "deletes alone cost the raw driver)",
+            ),
             Figure(
                 f"{prefix}.pass.seconds",
                 round(report.seconds, 2),
