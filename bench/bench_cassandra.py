@@ -210,13 +210,11 @@ def write_figures(
     seconds = 0.75 if quick else 5.0
     runs = runs or (2 if quick else 3)
     results: list[Result] = []
-    from bench.bench_cassandra_floor import node_count
+    from bench.bench_cassandra_floor import figure_name, node_count
 
     store = open_store(url)
     assert isinstance(store, CassandraStore)
-    nodes = node_count(store)
-    # One node keeps the names the results have always had; a cluster says its size.
-    name = "cassandra" if nodes == 1 else f"cassandra{nodes}"
+    nodes, name = node_count(store), figure_name(store)
     raw = RawWriter(store)
     tm = TransactionManager.embedded(url)
 
@@ -655,20 +653,13 @@ def commit_figures(
     (:mod:`bench.bench_cassandra_floor`), on the same cluster; ``runs``: paired runs of
     each (default: each one's own)."""
     from bench.bench_cassandra_cpu import cpu_figures
-    from bench.bench_cassandra_floor import group_commit_figures, node_count
+    from bench.bench_cassandra_floor import group_commit_figures
 
     load = MachineLoad()
     results = write_figures(url, quick, progress, itertools.count(), sizes=sizes, runs=runs)
     results += group_commit_figures(url, quick, progress, runs=runs)
     if 100 in sizes:
-        store = open_store(url)
-        try:
-            assert isinstance(store, CassandraStore)
-            nodes = node_count(store)
-        finally:
-            store.close()
-        name = "cassandra" if nodes == 1 else f"cassandra{nodes}"
-        results += cpu_figures(url, name, progress, runs=30 if quick else 150)
+        results += cpu_figures(url, progress, runs=30 if quick else 150)
     return load.stamp(results, _topology(url))
 
 

@@ -82,16 +82,16 @@ def server_pids(store: CassandraStore) -> list[int]:
     return listening_pids({(host, port) for host in hosts})
 
 
-def cpu_figures(
-    url: str, name: str, progress: Callable[[str], None], *, runs: int = RUNS
-) -> list[Figure]:
+def cpu_figures(url: str, progress: Callable[[str], None], *, runs: int = RUNS) -> list[Figure]:
     """Server and client CPU milliseconds per operation (module docstring), and the
     raw-over-transaction CPU ratio; none when the nodes are not on this machine."""
     from bench.bench_cassandra import RawWriter
+    from bench.bench_cassandra_floor import figure_name
     from txn import TransactionManager
 
     store = open_store(url)
     assert isinstance(store, CassandraStore)
+    name = figure_name(store)
     tm = TransactionManager.embedded(url)
     raw = RawWriter(store)
     try:

@@ -51,6 +51,13 @@ def node_count(store: CassandraStore) -> int:
     return len(store._cluster.metadata.all_hosts())
 
 
+def figure_name(store: CassandraStore) -> str:
+    """The prefix of a store-level figure: ``cassandra`` on one node (the names the
+    results have always had), ``cassandraN`` on a cluster of N."""
+    nodes = node_count(store)
+    return "cassandra" if nodes == 1 else f"cassandra{nodes}"
+
+
 class RawFloor:
     """The floor of one group commit with the raw driver, on plain tables."""
 
