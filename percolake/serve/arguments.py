@@ -69,7 +69,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-group-wait-ms",
         type=float,
-        default=5.0,
+        default=30.0,
         help="how long a lakehouse group commit may wait for more appends (0: never)",
     )
     parser.add_argument(

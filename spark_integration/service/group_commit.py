@@ -45,7 +45,7 @@ class LakehouseLimits:
     max_group_commits: int = 64
     max_group_bytes: int = 4 * 1024 * 1024
     #: How long a group may wait for more members (see ``GroupCommitter._gather``).
-    max_group_wait_ms: float = 5.0
+    max_group_wait_ms: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_group_commits < 1:
@@ -59,6 +59,8 @@ class LakehouseLimits:
 @dataclass(eq=False)
 class _Member:
     request: CommitRequest
+    #: Who sent it (a gRPC peer), or None when unknown: see ``GroupCommitter._gather``.
+    caller: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: Committed | None = None
     error: BaseException | None = None
@@ -70,6 +72,9 @@ class TableQueue:
     running: bool = False
     last_size: int = 0  # members of the table's last group
     last_commit_s: float = 0.0  # how long that group's commit took
+    #: The known callers the last group answered: each is likely to send its next
+    #: commit a round trip later (see ``GroupCommitter._gather``).
+    answered: frozenset[str] = frozenset()
 
 
 class GroupCommitter:
@@ -81,10 +86,15 @@ class GroupCommitter:
 
     Writers that were answered together come back together, a round trip apart: the
     first of them would otherwise start a group of one and the others queue behind
-    it. So a group waits a little for more members (:meth:`_gather`), only while it
-    is smaller than the table's last group, and never longer than a quarter of the
-    last commit took (nor ``max_group_wait_ms``): on a store where a commit takes
-    100 ms, a few milliseconds of waiting double a group.
+    it. And writers that queued while a group committed would start the next group
+    alone, leaving those just answered to queue behind it: eight writers settle into
+    two cohorts of four that take turns, each commit point carrying half of them. So
+    a group waits a little for more members (:meth:`_gather`), while it is smaller
+    than the table's last group or some caller the last group answered has not sent
+    its next commit yet, and never longer than a quarter of the last commit took
+    (nor ``max_group_wait_ms``): on a store where a commit takes 100 ms, a few
+    milliseconds of waiting double a group. A caller is known by its gRPC peer
+    (one channel of one writer process); commits without one are only counted.
     """
 
     def __init__(self, limits: LakehouseLimits) -> None:
@@ -93,8 +103,12 @@ class GroupCommitter:
         self._lock = threading.Condition()
         self._queues: dict[tuple[str, str], TableQueue] = {}
 
-    def commit(self, catalog: Catalog, name: str, request: CommitRequest) -> Committed:
-        member = _Member(request)
+    def commit(
+        self, catalog: Catalog, name: str, request: CommitRequest, caller: str | None = None
+    ) -> Committed:
+        """Commit ``request`` in the next group of table ``name``; ``caller``: who sent
+        it (its gRPC peer), to wait for callers that come back together."""
+        member = _Member(request, caller)
         key = (catalog.layout.catalog, name)
         with self._lock:
             queue = self._queues.setdefault(key, TableQueue())
@@ -142,13 +156,24 @@ class GroupCommitter:
         return group
 
     def _gather(self, queue: TableQueue) -> None:
-        """Wait (under the lock) for a group as big as the last, within the bounds."""
+        """Wait (under the lock), within the bounds, for a group as big as the last and
+        for every caller the last group answered."""
         if _alone(queue.pending[0].request):
             return
         wait_s = min(self._limits.max_group_wait_ms / 1000, queue.last_commit_s / 4)
-        want = min(queue.last_size, self._limits.max_group_commits)
+        most = self._limits.max_group_commits
+        want = min(queue.last_size, most)
         deadline = time.monotonic() + wait_s
-        while len(queue.pending) < want:
+
+        def short() -> bool:
+            if len(queue.pending) >= most:
+                return False
+            if len(queue.pending) < want:
+                return True
+            queued = {m.caller for m in queue.pending}
+            return any(caller not in queued for caller in queue.answered)
+
+        while short():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -176,6 +201,7 @@ class GroupCommitter:
                 continue
             with self._lock:
                 queue.last_size, queue.last_commit_s = len(group), time.monotonic() - started
+                queue.answered = frozenset(m.caller for m in group if m.caller is not None)
             for member, result in zip(group, results, strict=True):
                 if isinstance(result, BaseException):
                     member.error = result

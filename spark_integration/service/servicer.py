@@ -187,7 +187,7 @@ class LakehouseServicer(pb_grpc.LakehouseServiceServicer):
             catalog = self._catalog(request.catalog)
             name = _check_table(request.table)
             commit = self._commit_request(catalog, name, request)
-            committed = self._groups.commit(catalog, name, commit)
+            committed = self._groups.commit(catalog, name, commit, context.peer())
             return pb.CommitFilesResponse(
                 version=committed.version,
                 replayed=committed.replayed,

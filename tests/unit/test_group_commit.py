@@ -246,6 +246,47 @@ def test_a_group_waits_briefly_for_as_many_members_as_the_last_one() -> None:
         assert [m.request.job_id for m in committer._take(queue)] == ["first", "second", "third"]
 
 
+def test_a_group_waits_for_the_callers_the_last_group_answered() -> None:
+    """Eight writers in two cohorts of four: the four queued while the others' group
+    committed are as many as the last group, yet the group waits for the four just
+    answered, so the cohorts merge and each commit point carries all eight."""
+    committer = GroupCommitter(LakehouseLimits(max_group_wait_ms=1000))
+    queue = TableQueue(last_size=2, last_commit_s=60.0, answered=frozenset({"w0", "w1"}))
+    queue.pending.extend(_Member(append(f"q{i}"), f"w{i}") for i in (2, 3))
+
+    def arrive() -> None:
+        for i in (0, 1):
+            with committer._lock:
+                queue.pending.append(_Member(append(f"q{i}"), f"w{i}"))
+                committer._lock.notify_all()
+
+    with committer._lock:
+        threading.Timer(0.05, arrive).start()
+        committer._gather(queue)
+        assert [m.caller for m in committer._take(queue)] == ["w2", "w3", "w0", "w1"]
+
+
+def test_a_group_waits_no_longer_than_its_bound_for_a_caller_that_does_not_come() -> None:
+    committer = GroupCommitter(LakehouseLimits(max_group_wait_ms=1000))
+    committer._lock = lock = CountingCondition()
+    queue = TableQueue(last_size=1, last_commit_s=0.2, answered=frozenset({"gone"}))
+    queue.pending.append(_Member(append("here"), "here"))
+    with lock:
+        committer._gather(queue)  # bound: a quarter of the last commit, 50 ms
+    assert lock.waits >= 1 and len(queue.pending) == 1
+
+
+def test_the_last_group_answers_are_remembered_by_caller(tm: TransactionManager) -> None:
+    catalog = make_catalog(tm)
+    committer = GroupCommitter(LakehouseLimits())
+    committer.commit(catalog, "t", append("a"), "ipv4:127.0.0.1:5001")
+    committer.commit(catalog, "t", append("b"))  # no caller known: counted only
+    (queue,) = committer._queues.values()
+    assert queue.answered == frozenset() and queue.last_size == 1
+    committer.commit(catalog, "t", append("c"), "ipv4:127.0.0.1:5002")
+    assert queue.answered == frozenset({"ipv4:127.0.0.1:5002"})
+
+
 class CountingCondition(threading.Condition):
     waits = 0
 
@@ -254,12 +295,13 @@ class CountingCondition(threading.Condition):
         return super().wait(timeout)
 
 
-def test_no_waiting_without_a_bigger_last_group_or_with_waiting_off() -> None:
+def test_no_waiting_without_a_bigger_last_group_or_a_missing_caller_or_with_waiting_off() -> None:
     for limits, last_size in ((LakehouseLimits(), 1), (LakehouseLimits(max_group_wait_ms=0), 8)):
         committer = GroupCommitter(limits)
         committer._lock = lock = CountingCondition()
-        queue = TableQueue(last_size=last_size, last_commit_s=60.0)
-        queue.pending.append(_Member(append("only")))
+        # The one caller the last group answered is the one queued: nobody to wait for.
+        queue = TableQueue(last_size=last_size, last_commit_s=60.0, answered=frozenset({"w"}))
+        queue.pending.append(_Member(append("only"), "w"))
         with lock:
             committer._gather(queue)
         assert lock.waits == 0 and len(queue.pending) == 1
