@@ -551,6 +551,50 @@ def test_a_publish_that_loses_the_head_to_commits_retries_without_searching_the_
     table.check(expected)
 
 
+class Scans:
+    """A transaction that records the tables it scans."""
+
+    def __init__(self, tx: Transaction, scanned: list[str]) -> None:
+        self._tx = tx
+        self._scanned = scanned
+
+    def scan(self, table: str, *args: Any, **kwargs: Any) -> Any:
+        self._scanned.append(table)
+        return self._tx.scan(table, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+
+def test_expiry_of_a_table_younger_than_its_retention_scans_nothing(
+    tm: TransactionManager, clock: Clock, small_checkpoints: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every version readable: expiry deletes nothing and reads no generations or
+    checkpoints (each scan is a request per shard on Cassandra, after every checkpoint).
+    Once versions expire, the same pass scans them and deletes what a checkpoint holds."""
+    table = new_table(tm, clock, Retention(log_retention_s=60, mark_retention_s=60))
+    for _ in range(10):  # checkpoints at versions 4 and 8
+        clock.advance(1000)
+        table.commit()
+    real = expiry_module.expire_step
+    scanned: list[str] = []
+
+    def step(tx: Transaction, *args: Any) -> Any:
+        return real(Scans(tx, scanned), *args)
+
+    monkeypatch.setattr(expiry_module, "expire_step", step)
+    young = table.catalog.expire("t", clock())
+    assert young.readable_from == 0 and young.deleted == 0
+    assert scanned == []
+    table.check(0)
+
+    now = clock.advance(3_600_000)  # every version but the latest expired
+    old = table.catalog.expire("t", now)
+    assert old.readable_from == 10 and old.file_rows > 0
+    assert "lakehouse.gens" in scanned and "lakehouse.checkpoints" in scanned
+    table.check(10)
+
+
 def _at_least(least: int) -> Callable[[int], bool]:
     return lambda v: v >= least
 
