@@ -166,8 +166,12 @@ class Catalog:
             if version is None:
                 version = head.version
             tables.check_readable(tx, name, head, version)
-            gen = head.gen if version >= head.gen_start else tables.gen_of(tx, name, version)
-            return meta, version, list_gen(tx, self.layout, name, gen, version, make)
+            if version >= head.gen_start:
+                gen, start = head.gen, head.gen_start
+            else:  # an older generation: its start is not at hand, its checkpoints are scanned
+                gen, start = tables.gen_of(tx, name, version), None
+            files = list_gen(tx, self.layout, name, gen, version, make, gen_start=start)
+            return meta, version, files
 
     # --- table lifecycle (``lifecycle``) ---------------------------------------------
 

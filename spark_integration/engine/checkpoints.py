@@ -56,6 +56,42 @@ def checkpoint_due(versions_into_gen: int) -> bool:
     return versions_into_gen < EARLY_VERSIONS and versions_into_gen % EARLY_CHECKPOINT_INTERVAL == 0
 
 
+def due_at_or_below(versions_into_gen: int, count: int = 2) -> list[int]:
+    """The ``count`` greatest ``n <= versions_into_gen`` due a checkpoint, newest first."""
+    out: list[int] = []
+    n = versions_into_gen
+    while n > 0 and len(out) < count:
+        if checkpoint_due(n):
+            out.append(n)
+        n -= 1
+    return out
+
+
+def _known_checkpoint(
+    tx: Transaction, layout: Layout, name: str, gen: int, gen_start: int, version: int
+) -> Checkpoint | None:
+    """The newest checkpoint marker found at the two versions at or below ``version``
+    due one (one read round), or ``None`` when neither is there (a follow-up that was
+    skipped or failed, or intervals that changed): the caller then scans for one.
+
+    Any checkpoint at or below ``version`` lists the same files with the rows after
+    it, and every row after a checkpoint that a snapshot sees is there in it too:
+    expiry deletes a generation's checkpoints below the one it keeps before, or in
+    the same transaction as, the file rows that one holds (``retention._Step._drop``),
+    so a snapshot that sees a checkpoint sees every row after it.
+    """
+    versions = [gen_start + n for n in due_at_or_below(version - gen_start)]
+    if not versions:
+        return None
+    cells = [(Layout.checkpoint_row(name, gen, v), Layout.COL_CHECKPOINT) for v in versions]
+    found = tx.get_many(layout.checkpoints, cells)
+    for cell in cells:  # newest first
+        raw = found.get(cell)
+        if raw is not None:
+            return Checkpoint.decode(raw)
+    return None
+
+
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """Pause the cyclic GC while building many small acyclic objects.
@@ -76,19 +112,33 @@ def _collector_paused() -> Iterator[None]:
 
 
 def list_gen(
-    tx: Transaction, layout: Layout, name: str, gen: int, version: int, make: EntryFactory[E]
+    tx: Transaction,
+    layout: Layout,
+    name: str,
+    gen: int,
+    version: int,
+    make: EntryFactory[E],
+    *,
+    gen_start: int | None = None,
 ) -> list[E]:
-    """Live files of generation ``gen`` as of ``version``: the newest checkpoint, then
-    the rows after it, less the files that removal rows after it removed.
+    """Live files of generation ``gen`` as of ``version``: a checkpoint, then the rows
+    after it, less the files that removal rows after it removed.
 
     A file added at version ``a`` is live at ``version`` unless a removal row of its
     path lies in ``(a, version]`` (a checkpoint's files count as added at its version).
     Tables written before removal rows existed have none: the rows are all adds.
+    ``gen_start``, the generation's first version, when the caller knows it: the
+    checkpoint is looked up where one is due (:func:`_known_checkpoint`, a point read)
+    before the checkpoints are scanned for the newest (on Cassandra a scan is a
+    request per index shard).
     """
-    start, end = Layout.file_range(name, gen, below_version=version + 1)
     latest: Checkpoint | None = None
-    for _, _, value in tx.scan(layout.checkpoints, start, end):
-        latest = Checkpoint.decode(value)
+    if gen_start is not None:
+        latest = _known_checkpoint(tx, layout, name, gen, gen_start, version)
+    if latest is None:
+        start, end = Layout.file_range(name, gen, below_version=version + 1)
+        for _, _, value in tx.scan(layout.checkpoints, start, end):
+            latest = Checkpoint.decode(value)
     after = 0 if latest is None else latest.version + 1
     start, end = Layout.file_range(name, gen, from_version=after, below_version=version + 1)
     added: list[tuple[int, bytes]] = []
@@ -126,14 +176,17 @@ def _path_of(path: str, *_: object) -> str:
     return path
 
 
-def write_checkpoint(tm: Manager, layout: Layout, name: str, gen: int, version: int) -> None:
+def write_checkpoint(
+    tm: Manager, layout: Layout, name: str, gen: int, version: int, gen_start: int | None = None
+) -> None:
     """Pack generation ``gen``'s live files as of ``version`` into chunk cells.
 
     Follow-up work (see ``FollowUps.run``): any other failure propagates to it.
+    ``gen_start``: the generation's first version, if known (see :func:`list_gen`).
     """
     try:
         with tm.begin() as tx:
-            entries = list_gen(tx, layout, name, gen, version, FileEntry)
+            entries = list_gen(tx, layout, name, gen, version, FileEntry, gen_start=gen_start)
             row = Layout.checkpoint_row(name, gen, version)
             chunks = [entries[i : i + CHUNK_FILES] for i in range(0, len(entries), CHUNK_FILES)]
             for index, chunk in enumerate(chunks):

@@ -284,7 +284,7 @@ def find_conflict(
     it rewrote (whose rows it would otherwise bring back) conflicts with it.
     """
     layout = tables.layout
-    live = list_gen(tx, layout, name, head.gen, head.version, FileEntry)
+    live = list_gen(tx, layout, name, head.gen, head.version, FileEntry, gen_start=head.gen_start)
     if read_set.version > head.version:
         return live, (
             f"the statement read version {read_set.version} of table {name!r}, "

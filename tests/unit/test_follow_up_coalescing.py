@@ -28,7 +28,9 @@ def _follow_ups(
     written: list[tuple[str, int, int]] = []
     expired: list[str] = []
 
-    def write_checkpoint(tm: Any, layout: Any, name: str, gen: int, version: int) -> None:
+    def write_checkpoint(
+        tm: Any, layout: Any, name: str, gen: int, version: int, gen_start: int | None = None
+    ) -> None:
         written.append((name, gen, version))
 
     monkeypatch.setattr(fu, "write_checkpoint", write_checkpoint)

@@ -307,8 +307,9 @@ def test_checkpoints_bound_the_rows_listing_reads(
     monkeypatch.setattr(EmbeddedTransaction, "scan", counting_scan)
     files = lh.files("t")
     assert [f.record_count for f in files] == [n for k in range(25) for n in (k, 1000 + k)]
-    # The checkpoint at version 20 (two markers scanned), then versions 21-25 row by row.
-    assert scans.count("lakehouse.checkpoints") == 2
+    # The checkpoint at version 20 (read where it is due, no markers scanned), then
+    # versions 21-25 row by row.
+    assert scans.count("lakehouse.checkpoints") == 0
     assert scans.count("lakehouse.files") == 10
     assert [f.record_count for f in lh.files("t", 12)] == [
         n for k in range(12) for n in (k, 1000 + k)
@@ -496,9 +497,60 @@ def test_a_table_of_a_few_hundred_commits_lists_from_a_checkpoint(
 
     monkeypatch.setattr(EmbeddedTransaction, "scan", counting_scan)
     assert [f.record_count for f in lh.files("t")] == list(range(130))
-    # The checkpoint at version 100, then versions 101-130 row by row.
-    assert scans.count("lakehouse.checkpoints") == 1
+    # The checkpoint at version 100, read where it is due, then versions 101-130 row by row.
+    assert scans.count("lakehouse.checkpoints") == 0
     assert scans.count("lakehouse.files") == 30
+
+
+def test_checkpoints_due_at_or_below_a_version() -> None:
+    due = checkpoints_module.due_at_or_below
+    assert due(250) == [200, 100] and due(200) == [200, 100] and due(150) == [100]
+    assert due(99) == [] and due(0) == [] and due(10_500) == [10_000, 9_900]
+
+
+@LOCAL
+@pytest.mark.parametrize("lost", ["the newest due", "both due"])
+def test_listing_without_the_checkpoint_where_one_is_due(
+    lakehouse_tm: TransactionManager,
+    lh: Lakehouse,
+    monkeypatch: pytest.MonkeyPatch,
+    lost: str,
+) -> None:
+    """A checkpoint whose follow-up never ran (skipped, failed, or written under other
+    intervals) is not where one is due: listing takes the previous one, or scans for
+    one, and lists the same files."""
+    monkeypatch.setattr(checkpoints_module, "CHECKPOINT_INTERVAL", 10)
+    monkeypatch.setattr(checkpoints_module, "CHUNK_FILES", 4)
+    for k in range(25):
+        lh.append_files("t", [data_file(lh, k)])
+    expected = list(range(25))
+    gone = [20] if lost == "the newest due" else [20, 10]
+    with lakehouse_tm.begin() as tx:
+        for version in gone:
+            tx.delete(
+                "lakehouse.checkpoints",
+                Layout.checkpoint_row("t", 0, version),
+                Layout.COL_CHECKPOINT,
+            )
+    # A checkpoint where none is due (as an interval of 7 once wrote): found by a scan.
+    checkpoints_module.write_checkpoint(lakehouse_tm, Layout("lakehouse"), "t", 0, 14)
+    scans: list[str] = []
+    real_scan = EmbeddedTransaction.scan
+
+    def counting_scan(self: EmbeddedTransaction, table: str, *args: Any, **kwargs: Any) -> Any:
+        for item in real_scan(self, table, *args, **kwargs):
+            scans.append(table)
+            yield item
+
+    monkeypatch.setattr(EmbeddedTransaction, "scan", counting_scan)
+    assert [f.record_count for f in lh.files("t")] == expected
+    if lost == "the newest due":  # the one at version 10, then versions 11-25
+        assert scans.count("lakehouse.checkpoints") == 0
+        assert scans.count("lakehouse.files") == 15
+    else:  # scanned: the newest is the one at version 14, then versions 15-25
+        assert scans.count("lakehouse.checkpoints") == 1
+        assert scans.count("lakehouse.files") == 11
+    assert [f.record_count for f in lh.files("t", 12)] == list(range(12))
 
 
 def _job_folder(location: str, started_ms: int, suffix: str = "00aa") -> str:
