@@ -23,11 +23,10 @@ cluster is CPU-bound.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+from bench._proc_cpu import cpu_seconds, listening_pids
 from bench._results import Figure, summarize
 from storage_adapters import VersionWrite, open_store
 from storage_adapters.cassandra import CassandraStore
@@ -36,42 +35,6 @@ CELLS = 100
 RUNS = 150
 VALUE = b"x" * 100
 ANCHOR = "100 raw prepared INSERTs at QUORUM, same cluster, same run"
-_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-
-
-def listening_pids(addresses: set[tuple[str, int]]) -> list[int]:
-    """The pids of this machine's processes listening on any of ``addresses``
-    (IPv4 ``(host, port)``), found through ``/proc/net/tcp`` and each process's fds."""
-    inodes: set[str] = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, state, inode = fields[1], fields[3], fields[9]
-        if state != "0A":  # LISTEN
-            continue
-        hex_ip, hex_port = local.split(":")
-        ip = ".".join(str(int(hex_ip[i : i + 2], 16)) for i in (6, 4, 2, 0))
-        if (ip, int(hex_port, 16)) in addresses:
-            inodes.add(f"socket:[{inode}]")
-    pids: list[int] = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{entry.name}/fd")
-            if any(os.readlink(f"/proc/{entry.name}/fd/{fd}") in inodes for fd in fds):
-                pids.append(int(entry.name))
-        except OSError:  # exited, or not ours to read
-            continue
-    return sorted(pids)
-
-
-def _cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-        fields = raw[raw.rindex(")") + 2 :].split()
-        total += (int(fields[11]) + int(fields[12])) * _TICK_S
-    return total
 
 
 def server_pids(store: CassandraStore) -> list[int]:
@@ -137,10 +100,10 @@ def cpu_figures(url: str, progress: Callable[[str], None], *, runs: int = RUNS) 
             for op, run in operations.items():
                 if op == "check_read":
                     put_versions()
-                s0, c0 = _cpu_s(pids), time.process_time()
+                s0, c0 = cpu_seconds(pids), time.process_time()
                 for _ in range(runs // 3):
                     run()
-                s1, c1 = _cpu_s(pids), time.process_time()
+                s1, c1 = cpu_seconds(pids), time.process_time()
                 server[op].append((s1 - s0) * 1000 / (runs // 3))
                 client[op].append((c1 - c0) * 1000 / (runs // 3))
     finally:

@@ -72,9 +72,11 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from bench._lakehouse_anchors import version_of
 from bench._load import end_processes, receive, start_processes
+from bench._proc_cpu import cpu_seconds, listening_pids
 from bench._results import Figure, Growth, Latency, Result, summarize
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,11 @@ WRITER_COUNTS = (1, 2, 4, 8, 16)
 QUICK_WRITER_COUNTS = (1, 8)
 #: The store phases: SQLite, Cassandra one node, Cassandra three nodes (RF 3).
 SQLITE, CASSANDRA1, CASSANDRA3 = "sqlite", "cassandra1", "cassandra"
+#: A ``cassandra://`` contact point without a port is on Cassandra's native port.
+CASSANDRA_DEFAULT_PORT = 9042
+#: Whose CPU a run measures: the writer processes, and for percolake its gateway and the
+#: store's server processes (see ``measure_phase``).
+CPU_ROLES = ("store", "gateway", "writers")
 STORE_LABEL = {
     SQLITE: "SQLite",
     CASSANDRA1: "Cassandra 5.0 one node",
@@ -330,6 +337,11 @@ class Run:
     latencies_ms: list[float]
     errors: list[str]
     extras: Counter[str]
+    #: CPU seconds of each role's processes over the run (see ``measure_phase``).
+    cpu_s: dict[str, float] = field(default_factory=dict)
+
+    def cpu_ms_per_commit(self, role: str) -> float:
+        return self.cpu_s[role] * 1000 / self.commits if self.commits else float("nan")
 
     def percentile_ms(self, p: float) -> float:
         if not self.latencies_ms:
@@ -354,6 +366,10 @@ class WriterPool:
             "bench-writer",
             READY_TIMEOUT_S,
         )
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
 
     def _recv(self, i: int, timeout_s: float) -> tuple[str, Any]:
         return receive(self.procs[i], self.conns[i], timeout_s)
@@ -441,6 +457,7 @@ class Gateway:
 
     address: str
     commits: int = 0
+    pid: int = 0
 
 
 @contextlib.contextmanager
@@ -468,7 +485,7 @@ def gateway(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-    running = Gateway(server.address)
+    running = Gateway(server.address, pid=server.pid)
     try:
         yield running
     finally:
@@ -613,6 +630,18 @@ class Phase:
         return [r.rate for r in self.results[system, writers]]
 
 
+def store_server_pids(url: str) -> list[int]:
+    """The processes on this machine serving the store at ``url``: a Cassandra URL's
+    nodes (by their listening sockets); none for SQLite, which runs inside the gateway."""
+    if not url.startswith("cassandra://"):
+        return []
+    addresses: set[tuple[str, int]] = set()
+    for contact in urlsplit(url).netloc.split(","):
+        host, _, port = contact.rpartition(":")
+        addresses.add((host, int(port)) if host else (contact, CASSANDRA_DEFAULT_PORT))
+    return listening_pids(addresses)
+
+
 def _write_source(path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -654,6 +683,16 @@ def _prepare(system: str, folder: Path, writers: int, seconds: float, gw: str) -
     return [Spec(system, i, seconds, str(folder)) for i in range(writers)]
 
 
+def _run_measuring_cpu(
+    pool: WriterPool, specs: Sequence[Spec], seconds: float, roles: dict[str, list[int]]
+) -> Run:
+    """``pool.run``, with the CPU seconds each role's processes used meanwhile."""
+    before = {role: cpu_seconds(pids) for role, pids in roles.items()}
+    got = pool.run(specs, seconds)
+    got.cpu_s = {role: cpu_seconds(pids) - before[role] for role, pids in roles.items()}
+    return got
+
+
 def measure_phase(
     pool: WriterPool,
     store: str,
@@ -668,6 +707,7 @@ def measure_phase(
     """Every writer count, ``runs`` paired runs of every system (order rotated), one
     gateway on ``url`` per writer count."""
     phase = Phase(store, systems, seconds, runs)
+    servers = store_server_pids(url)
     for i, writers in enumerate(writer_counts):
         progress(f"lakehouse.appends.deployed.{store}.writers{writers}")
         with gateway(url, root, f"{store}-writers{writers}") as gw:
@@ -675,7 +715,14 @@ def measure_phase(
                 for system in _rotated(systems, i + run):
                     folder = root / f"writers{writers}_run{run}_{system}"
                     specs = _prepare(system, folder, writers, seconds, gw.address)
-                    got = pool.run(specs, seconds)
+                    # Where the run's CPU went: every system's writer processes; for
+                    # percolake also its gateway and the store's server processes.
+                    roles = {"writers": pool.pids}
+                    if system == PERCOLAKE:
+                        roles["gateway"] = [gw.pid]
+                        if servers:  # SQLite has none: it runs inside the gateway
+                            roles["store"] = servers
+                    got = _run_measuring_cpu(pool, specs, seconds, roles)
                     if system == PERCOLAKE:
                         gw.commits += got.commits
                     phase.results.setdefault((system, writers), []).append(got)
@@ -754,6 +801,7 @@ def _system_figures(
             failed_note,
         ),
     ]
+    figures += _cpu_figures(runs, prefix, anchor, note)
     if sampled:
         figures += [
             summarize(
@@ -766,6 +814,42 @@ def _system_figures(
             for name, p in (("p50", 50.0), ("p99", 99.0))
         ]
     return figures
+
+
+def _cpu_figures(runs: Sequence[Run], prefix: str, anchor: str, note: str) -> list[Figure]:
+    """CPU milliseconds per commit of each role measured in every run, and their sum."""
+    roles = [role for role in CPU_ROLES if runs and all(role in r.cpu_s for r in runs)]
+    if not roles:
+        return []
+    how = (
+        "user + system CPU of the processes over each run / the run's commits, median of "
+        "runs (the store's: its server processes on this machine, their idle work included)"
+    )
+    figures = [
+        summarize(
+            f"{prefix}.cpu_ms_per_commit.{role}",
+            "ms",
+            anchor,
+            [r.cpu_ms_per_commit(role) for r in runs],
+            f"{note}; {role}: {how}",
+        )
+        for role in roles
+    ]
+    if len(roles) > 1:
+        figures.append(
+            summarize(
+                f"{prefix}.cpu_ms_per_commit",
+                "ms",
+                anchor,
+                [sum(r.cpu_ms_per_commit(role) for role in roles) for r in runs],
+                f"{note}; {' + '.join(roles)}: {how}",
+            )
+        )
+    return figures
+
+
+def _cpu_per_commit(run: Run) -> float:
+    return sum(run.cpu_ms_per_commit(role) for role in run.cpu_s)
 
 
 def phase_figures(phase: Phase, writer_counts: Sequence[int]) -> list[Result]:
@@ -824,6 +908,21 @@ def phase_figures(phase: Phase, writer_counts: Sequence[int]) -> list[Result]:
                 _paired(ours8, phase.rates(PERCOLAKE, 1)),
                 f"{_topology(store, '8 and 1')}; {how}; commits/s with 8 writer processes / "
                 "with 1, run n against run n",
+            )
+        )
+    ours_runs, theirs_runs = phase.results[PERCOLAKE, 8], phase.results[DELTA, 8]
+    if all(r.cpu_s for r in (*ours_runs, *theirs_runs)):
+        theirs_cpu = [_cpu_per_commit(r) for r in theirs_runs]
+        results.append(
+            summarize(
+                f"lakehouse.appends.deployed.{store}.writers8.cpu_per_commit.vs_deltalake.ratio",
+                "x",
+                delta_anchor,
+                _paired(theirs_cpu, [_cpu_per_commit(r) for r in ours_runs]),
+                f"{_topology(store, 8)}; against {_anchor_topology(DELTA, 8)} (its writer "
+                f"processes: {statistics.median(theirs_cpu):.2f} ms of CPU a commit); {how}; "
+                "deltalake's CPU per commit / percolake's (store, gateway and writer "
+                "processes) of paired runs: above 1, percolake spends less CPU a commit",
             )
         )
     if ICEBERG in phase.systems:

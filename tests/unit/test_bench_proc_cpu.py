@@ -1,0 +1,70 @@
+"""The CPU breakdowns find server processes by their listening sockets, and read CPU
+time from /proc."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from bench._proc_cpu import cpu_seconds, listening_pids
+from bench.bench_lakehouse_deployed import store_server_pids
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_listening_socket_names_its_process_and_a_connected_one_does_not() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert os.getpid() in listening_pids({("127.0.0.1", port)})
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client_port = client.getsockname()[1]
+            # A connected (not listening) socket's address names nobody.
+            assert listening_pids({("127.0.0.1", client_port)}) == []
+        assert listening_pids({("127.0.0.2", port)}) == []
+
+
+def test_cpu_seconds_count_this_process_and_store_urls_name_their_servers() -> None:
+    before = cpu_seconds([os.getpid()])
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:
+        pass
+    assert cpu_seconds([os.getpid()]) - before >= 0.25
+    assert store_server_pids("sqlite:///tmp/x.db") == []  # no server: the gateway is the store
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        url = f"cassandra://127.0.0.2:{port},127.0.0.1:{port}/ks?replication_factor=3"
+        assert store_server_pids(url) == [os.getpid()]
+
+
+def test_cpu_figures_per_commit_of_each_role_and_their_sum() -> None:
+    from collections import Counter
+
+    from bench.bench_lakehouse_deployed import Run, _cpu_figures
+
+    def run(commits: int, cpu_s: dict[str, float]) -> Run:
+        return Run(8, commits, 1.0, 0, [], [], Counter(), cpu_s)
+
+    runs = [run(100, {"store": 0.8, "gateway": 0.2, "writers": 0.1}), run(50, {"writers": 0.1})]
+    # Only the roles every run measured; no sum of one role.
+    assert [f.name for f in _cpu_figures(runs, "p", "a", "n")] == ["p.cpu_ms_per_commit.writers"]
+    assert _cpu_figures([run(10, {})], "p", "a", "n") == []
+    runs = [
+        run(100, {"store": 0.8, "gateway": 0.2, "writers": 0.1}),
+        run(200, {"store": 2.0, "gateway": 0.4, "writers": 0.2}),
+    ]
+    values = {f.name: f.value for f in _cpu_figures(runs, "p", "a", "n")}
+    assert values == pytest.approx(
+        {
+            "p.cpu_ms_per_commit.store": 9.0,  # median of 8 and 10 ms
+            "p.cpu_ms_per_commit.gateway": 2.0,
+            "p.cpu_ms_per_commit.writers": 1.0,
+            "p.cpu_ms_per_commit": 12.0,
+        }
+    )
