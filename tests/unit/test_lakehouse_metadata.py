@@ -288,14 +288,8 @@ def test_time_travel_matches_a_model(
     assert bool(checkpoints) == (checkpoint_every is not None)
 
 
-@LOCAL
-def test_checkpoints_bound_the_rows_listing_reads(
-    lakehouse_tm: TransactionManager, lh: Lakehouse, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(checkpoints_module, "CHECKPOINT_INTERVAL", 10)
-    monkeypatch.setattr(checkpoints_module, "CHUNK_FILES", 4)
-    for k in range(25):
-        lh.append_files("t", [data_file(lh, k), data_file(lh, 1000 + k)])
+def count_scanned_rows(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now on, the table of every row an embedded transaction's scan yields."""
     scans: list[str] = []
     real_scan = EmbeddedTransaction.scan
 
@@ -305,6 +299,18 @@ def test_checkpoints_bound_the_rows_listing_reads(
             yield item
 
     monkeypatch.setattr(EmbeddedTransaction, "scan", counting_scan)
+    return scans
+
+
+@LOCAL
+def test_checkpoints_bound_the_rows_listing_reads(
+    lakehouse_tm: TransactionManager, lh: Lakehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoints_module, "CHECKPOINT_INTERVAL", 10)
+    monkeypatch.setattr(checkpoints_module, "CHUNK_FILES", 4)
+    for k in range(25):
+        lh.append_files("t", [data_file(lh, k), data_file(lh, 1000 + k)])
+    scans = count_scanned_rows(monkeypatch)
     files = lh.files("t")
     assert [f.record_count for f in files] == [n for k in range(25) for n in (k, 1000 + k)]
     # The checkpoint at version 20 (read where it is due, no markers scanned), then
@@ -487,15 +493,7 @@ def test_a_table_of_a_few_hundred_commits_lists_from_a_checkpoint(
 ) -> None:
     for k in range(130):
         lh.append_files("t", [data_file(lh, k)])
-    scans: list[str] = []
-    real_scan = EmbeddedTransaction.scan
-
-    def counting_scan(self: EmbeddedTransaction, table: str, *args: Any, **kwargs: Any) -> Any:
-        for item in real_scan(self, table, *args, **kwargs):
-            scans.append(table)
-            yield item
-
-    monkeypatch.setattr(EmbeddedTransaction, "scan", counting_scan)
+    scans = count_scanned_rows(monkeypatch)
     assert [f.record_count for f in lh.files("t")] == list(range(130))
     # The checkpoint at version 100, read where it is due, then versions 101-130 row by row.
     assert scans.count("lakehouse.checkpoints") == 0
@@ -534,15 +532,7 @@ def test_listing_without_the_checkpoint_where_one_is_due(
             )
     # A checkpoint where none is due (as an interval of 7 once wrote): found by a scan.
     checkpoints_module.write_checkpoint(lakehouse_tm, Layout("lakehouse"), "t", 0, 14)
-    scans: list[str] = []
-    real_scan = EmbeddedTransaction.scan
-
-    def counting_scan(self: EmbeddedTransaction, table: str, *args: Any, **kwargs: Any) -> Any:
-        for item in real_scan(self, table, *args, **kwargs):
-            scans.append(table)
-            yield item
-
-    monkeypatch.setattr(EmbeddedTransaction, "scan", counting_scan)
+    scans = count_scanned_rows(monkeypatch)
     assert [f.record_count for f in lh.files("t")] == expected
     if lost == "the newest due":  # the one at version 10, then versions 11-25
         assert scans.count("lakehouse.checkpoints") == 0
