@@ -75,6 +75,7 @@ class TableQueue:
     #: The known callers the last group answered: each is likely to send its next
     #: commit a round trip later (see ``GroupCommitter._gather``).
     answered: frozenset[str] = frozenset()
+    answered_at: float = 0.0  # when (time.monotonic) the last group was answered
 
 
 class GroupCommitter:
@@ -92,9 +93,10 @@ class GroupCommitter:
     a group waits a little for more members (:meth:`_gather`), while it is smaller
     than the table's last group or some caller the last group answered has not sent
     its next commit yet, and never longer than a quarter of the last commit took
-    (nor ``max_group_wait_ms``): on a store where a commit takes 100 ms, a few
-    milliseconds of waiting double a group. A caller is known by its gRPC peer
-    (one channel of one writer process); commits without one are only counted.
+    (nor ``max_group_wait_ms``; for a caller, counted from its answer): on a store
+    where a commit takes 100 ms, a few milliseconds of waiting double a group. A
+    caller is known by its gRPC peer (one channel of one writer process); commits
+    without one are only counted.
     """
 
     def __init__(self, limits: LakehouseLimits) -> None:
@@ -164,17 +166,24 @@ class GroupCommitter:
         most = self._limits.max_group_commits
         want = min(queue.last_size, most)
         deadline = time.monotonic() + wait_s
+        # A caller answered by the last group is waited for only as long after its
+        # answer: one that has not come back by then is not committing in a loop (a
+        # job of its own pace), and the commits queued meanwhile go without it.
+        callers_deadline = min(deadline, queue.answered_at + wait_s)
 
-        def short() -> bool:
+        def until() -> float | None:
+            """How long to wait yet, or None: the group is as big as it will get."""
             if len(queue.pending) >= most:
-                return False
+                return None
             if len(queue.pending) < want:
-                return True
+                return deadline
             queued = {m.caller for m in queue.pending}
-            return any(caller not in queued for caller in queue.answered)
+            if any(caller not in queued for caller in queue.answered):
+                return callers_deadline
+            return None
 
-        while short():
-            left = deadline - time.monotonic()
+        while (end := until()) is not None:
+            left = end - time.monotonic()
             if left <= 0:
                 return
             self._lock.wait(left)
@@ -202,6 +211,7 @@ class GroupCommitter:
             with self._lock:
                 queue.last_size, queue.last_commit_s = len(group), time.monotonic() - started
                 queue.answered = frozenset(m.caller for m in group if m.caller is not None)
+                queue.answered_at = time.monotonic()
             for member, result in zip(group, results, strict=True):
                 if isinstance(result, BaseException):
                     member.error = result

@@ -9,6 +9,7 @@ end-to-end tests through real gateway processes are in
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -251,7 +252,12 @@ def test_a_group_waits_for_the_callers_the_last_group_answered() -> None:
     committed are as many as the last group, yet the group waits for the four just
     answered, so the cohorts merge and each commit point carries all eight."""
     committer = GroupCommitter(LakehouseLimits(max_group_wait_ms=1000))
-    queue = TableQueue(last_size=2, last_commit_s=60.0, answered=frozenset({"w0", "w1"}))
+    queue = TableQueue(
+        last_size=2,
+        last_commit_s=60.0,
+        answered=frozenset({"w0", "w1"}),
+        answered_at=time.monotonic(),
+    )
     queue.pending.extend(_Member(append(f"q{i}"), f"w{i}") for i in (2, 3))
 
     def arrive() -> None:
@@ -269,11 +275,30 @@ def test_a_group_waits_for_the_callers_the_last_group_answered() -> None:
 def test_a_group_waits_no_longer_than_its_bound_for_a_caller_that_does_not_come() -> None:
     committer = GroupCommitter(LakehouseLimits(max_group_wait_ms=1000))
     committer._lock = lock = CountingCondition()
-    queue = TableQueue(last_size=1, last_commit_s=0.2, answered=frozenset({"gone"}))
+    queue = TableQueue(
+        last_size=1, last_commit_s=0.2, answered=frozenset({"gone"}), answered_at=time.monotonic()
+    )
     queue.pending.append(_Member(append("here"), "here"))
     with lock:
         committer._gather(queue)  # bound: a quarter of the last commit, 50 ms
     assert lock.waits >= 1 and len(queue.pending) == 1
+
+
+def test_a_caller_answered_longer_ago_than_the_bound_is_not_waited_for() -> None:
+    """Two jobs of their own pace on one table: the other job's last answer came a
+    second ago, so it is not committing in a loop, and this commit goes at once."""
+    committer = GroupCommitter(LakehouseLimits(max_group_wait_ms=1000))
+    committer._lock = lock = CountingCondition()
+    queue = TableQueue(
+        last_size=1,
+        last_commit_s=60.0,
+        answered=frozenset({"other job"}),
+        answered_at=time.monotonic() - 1.0,
+    )
+    queue.pending.append(_Member(append("mine"), "this job"))
+    with lock:
+        committer._gather(queue)
+    assert lock.waits == 0
 
 
 def test_the_last_group_answers_are_remembered_by_caller(tm: TransactionManager) -> None:
