@@ -57,6 +57,7 @@ import pstats
 import runpy
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -64,6 +65,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -339,6 +341,8 @@ class Run:
     extras: Counter[str]
     #: CPU seconds of each role's processes over the run (see ``measure_phase``).
     cpu_s: dict[str, float] = field(default_factory=dict)
+    #: percolake: its gateway's commits per group transaction over the run.
+    commits_per_group: float | None = None
 
     def cpu_ms_per_commit(self, role: str) -> float:
         return self.cpu_s[role] * 1000 / self.commits if self.commits else float("nan")
@@ -458,6 +462,28 @@ class Gateway:
     address: str
     commits: int = 0
     pid: int = 0
+    #: Its Prometheus endpoint's port (``--metrics-listen``).
+    metrics_port: int = 0
+
+    def group_commits(self) -> tuple[float, float]:
+        """The gateway's ``percolake_lakehouse_group_commits`` so far: (commits, groups)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as got:
+            text = got.read().decode()
+        found = {"sum": 0.0, "count": 0.0}
+        for line in text.splitlines():
+            name, _, number = line.partition(" ")
+            for part in found:
+                if name == f"percolake_lakehouse_group_commits_{part}":
+                    found[part] = float(number)
+        return found["sum"], found["count"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @contextlib.contextmanager
@@ -474,7 +500,9 @@ def gateway(
     command: Sequence[str] = SERVE
     if mode == "cprofile" and profile is not None:
         command = ("bench.bench_lakehouse_deployed", "profile-serve", f"{profile}.prof", "serve")
-    server = ServerProcess("all", ["--store", store_url, *args], workdir, command=command).start()
+    metrics_port = _free_port()
+    argv = ["--store", store_url, "--metrics-listen", f"127.0.0.1:{metrics_port}", *args]
+    server = ServerProcess("all", argv, workdir, command=command).start()
     spy: subprocess.Popen[bytes] | None = None
     if mode == "py-spy" and profile is not None:
         spy = subprocess.Popen(
@@ -485,7 +513,7 @@ def gateway(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-    running = Gateway(server.address, pid=server.pid)
+    running = Gateway(server.address, pid=server.pid, metrics_port=metrics_port)
     try:
         yield running
     finally:
@@ -722,7 +750,12 @@ def measure_phase(
                         roles["gateway"] = [gw.pid]
                         if servers:  # SQLite has none: it runs inside the gateway
                             roles["store"] = servers
+                    grouped = gw.group_commits() if system == PERCOLAKE else None
                     got = _run_measuring_cpu(pool, specs, seconds, roles)
+                    if grouped is not None:
+                        commits, groups = gw.group_commits()
+                        commits, groups = commits - grouped[0], groups - grouped[1]
+                        got.commits_per_group = commits / groups if groups else None
                     if system == PERCOLAKE:
                         gw.commits += got.commits
                     phase.results.setdefault((system, writers), []).append(got)
@@ -802,6 +835,18 @@ def _system_figures(
         ),
     ]
     figures += _cpu_figures(runs, prefix, anchor, note)
+    grouped = [r.commits_per_group for r in runs if r.commits_per_group is not None]
+    if grouped:
+        figures.append(
+            summarize(
+                f"{prefix}.commits_per_group",
+                "commits",
+                anchor,
+                grouped,
+                f"{note}; the gateway's percolake_lakehouse_group_commits over each run "
+                "(commits / group transactions), median of runs",
+            )
+        )
     if sampled:
         figures += [
             summarize(

@@ -184,6 +184,14 @@ GC_SAFE_POINT = Gauge(
     "percolake_gc_safe_point", "The safe point the last pass of this process published"
 )
 
+# --- the lakehouse gateway ------------------------------------------------------------
+
+LAKEHOUSE_GROUP_COMMITS = Histogram(
+    "percolake_lakehouse_group_commits",
+    "Lakehouse commits per group transaction of this gateway, for groups that committed",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
+)
+
 
 def record_abort(reason: str) -> None:
     """Count one transaction aborted for ``reason`` (one of :data:`ABORT_REASONS`)."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from spark_integration.engine import Catalog, CommitRequest, Committed
 from spark_integration.engine.model import OVERWRITE
+from wire import metrics
 
 
 def _alone(request: CommitRequest) -> bool:
@@ -208,6 +209,7 @@ class GroupCommitter:
                     member.error = exc
                     member.done.set()
                 continue
+            metrics.LAKEHOUSE_GROUP_COMMITS.observe(len(group))
             with self._lock:
                 queue.last_size, queue.last_commit_s = len(group), time.monotonic() - started
                 queue.answered = frozenset(m.caller for m in group if m.caller is not None)

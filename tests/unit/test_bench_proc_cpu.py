@@ -1,5 +1,5 @@
-"""The CPU breakdowns find server processes by their listening sockets, and read CPU
-time from /proc."""
+"""What the benchmarks measure beside their rates: CPU from /proc (server processes
+found by their listening sockets), and a gateway's commits per group."""
 
 from __future__ import annotations
 
@@ -68,3 +68,19 @@ def test_cpu_figures_per_commit_of_each_role_and_their_sum() -> None:
             "p.cpu_ms_per_commit": 12.0,
         }
     )
+
+
+def test_a_gateway_reports_its_commits_per_group_from_its_metrics_endpoint() -> None:
+    from bench.bench_lakehouse_deployed import Gateway
+    from wire import metrics
+
+    server = metrics.MetricsServer("127.0.0.1", 0)
+    try:
+        gateway = Gateway("unused", metrics_port=server.port)
+        commits, groups = gateway.group_commits()
+        for size in (8, 8, 5):
+            metrics.LAKEHOUSE_GROUP_COMMITS.observe(size)
+        after = gateway.group_commits()
+        assert (after[0] - commits, after[1] - groups) == (21.0, 3.0)
+    finally:
+        server.close()

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from spark_integration.engine import Catalog, CommitRequest, Committed
 from spark_integration.engine.errors import ConcurrentModificationError
@@ -304,12 +305,16 @@ def test_a_caller_answered_longer_ago_than_the_bound_is_not_waited_for() -> None
 def test_the_last_group_answers_are_remembered_by_caller(tm: TransactionManager) -> None:
     catalog = make_catalog(tm)
     committer = GroupCommitter(LakehouseLimits())
+    groups = REGISTRY.get_sample_value("percolake_lakehouse_group_commits_count") or 0.0
     committer.commit(catalog, "t", append("a"), "ipv4:127.0.0.1:5001")
     committer.commit(catalog, "t", append("b"))  # no caller known: counted only
     (queue,) = committer._queues.values()
     assert queue.answered == frozenset() and queue.last_size == 1
     committer.commit(catalog, "t", append("c"), "ipv4:127.0.0.1:5002")
     assert queue.answered == frozenset({"ipv4:127.0.0.1:5002"})
+    # Each group that committed is counted, with its size.
+    after = REGISTRY.get_sample_value("percolake_lakehouse_group_commits_count")
+    assert after == groups + 3
 
 
 class CountingCondition(threading.Condition):
