@@ -168,8 +168,8 @@ class Catalog:
             tables.check_readable(tx, name, head, version)
             if version >= head.gen_start:
                 gen, start = head.gen, head.gen_start
-            else:  # an older generation: its start is not at hand, its checkpoints are scanned
-                gen, start = tables.gen_of(tx, name, version), None
+            else:
+                gen, start = tables.gen_of(tx, name, version)
             files = list_gen(tx, self.layout, name, gen, version, make, gen_start=start)
             return meta, version, files
 

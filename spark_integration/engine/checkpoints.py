@@ -57,11 +57,14 @@ def checkpoint_due(versions_into_gen: int) -> bool:
 
 
 def due_at_or_below(versions_into_gen: int, count: int = 2) -> list[int]:
-    """The ``count`` greatest ``n <= versions_into_gen`` due a checkpoint, newest first."""
+    """The ``count`` greatest ``n <= versions_into_gen`` due a checkpoint, newest first
+    (:func:`checkpoint_due`'s multiples, found by arithmetic: listings call this)."""
     out: list[int] = []
     n = versions_into_gen
     while n > 0 and len(out) < count:
-        if checkpoint_due(n):
+        young = min(n, EARLY_VERSIONS - 1)
+        n = max(n - n % CHECKPOINT_INTERVAL, young - young % EARLY_CHECKPOINT_INTERVAL)
+        if n > 0:
             out.append(n)
         n -= 1
     return out
@@ -119,7 +122,7 @@ def list_gen(
     version: int,
     make: EntryFactory[E],
     *,
-    gen_start: int | None = None,
+    gen_start: int | None,
 ) -> list[E]:
     """Live files of generation ``gen`` as of ``version``: a checkpoint, then the rows
     after it, less the files that removal rows after it removed.
@@ -127,10 +130,10 @@ def list_gen(
     A file added at version ``a`` is live at ``version`` unless a removal row of its
     path lies in ``(a, version]`` (a checkpoint's files count as added at its version).
     Tables written before removal rows existed have none: the rows are all adds.
-    ``gen_start``, the generation's first version, when the caller knows it: the
-    checkpoint is looked up where one is due (:func:`_known_checkpoint`, a point read)
-    before the checkpoints are scanned for the newest (on Cassandra a scan is a
-    request per index shard).
+    ``gen_start``, the generation's first version (``None`` where the caller has not
+    read it): the checkpoint is looked up where one is due (:func:`_known_checkpoint`,
+    a point read) before the checkpoints are scanned for the newest (on Cassandra a
+    scan is a request per index shard).
     """
     latest: Checkpoint | None = None
     if gen_start is not None:
@@ -177,12 +180,12 @@ def _path_of(path: str, *_: object) -> str:
 
 
 def write_checkpoint(
-    tm: Manager, layout: Layout, name: str, gen: int, version: int, gen_start: int | None = None
+    tm: Manager, layout: Layout, name: str, gen: int, gen_start: int, version: int
 ) -> None:
-    """Pack generation ``gen``'s live files as of ``version`` into chunk cells.
+    """Pack generation ``gen`` (first version ``gen_start``)'s live files as of
+    ``version`` into chunk cells.
 
     Follow-up work (see ``FollowUps.run``): any other failure propagates to it.
-    ``gen_start``: the generation's first version, if known (see :func:`list_gen`).
     """
     try:
         with tm.begin() as tx:

@@ -126,7 +126,7 @@ class FollowUps:
                 new.job_id,
                 f"the checkpoint of table {name!r} version {new.version}",
                 lambda n=new: write_checkpoint(  # type: ignore[misc]
-                    tables.tm, tables.layout, name, n.gen, n.version, n.gen_start
+                    tables.tm, tables.layout, name, n.gen, n.gen_start, n.version
                 ),
             )
         if due:

@@ -197,7 +197,9 @@ class History:
             }
             for version in rolled:
                 gen = records[version].gen
-                removed[version] = list_gen(tx, layout, name, gen - 1, version - 1, FileEntry)
+                removed[version] = list_gen(
+                    tx, layout, name, gen - 1, version - 1, FileEntry, gen_start=starts.get(gen - 1)
+                )
         for version, record in records.items():
             if version in rolled and record.operation in DML_OPERATIONS:
                 # A row-level statement's generation starts with the files it kept:

@@ -336,6 +336,7 @@ def _added_since(
         return [e for _, e in tables.scan_files(tx, name, start, end) if e.path in live_paths]
     if version < head.min_readable_version:
         return None
-    gen = tables.gen_of(tx, name, version)
-    before = {e.path for e in list_gen(tx, tables.layout, name, gen, version, FileEntry)}
+    gen, gen_start = tables.gen_of(tx, name, version)
+    listed = list_gen(tx, tables.layout, name, gen, version, FileEntry, gen_start=gen_start)
+    before = {e.path for e in listed}
     return [e for e in live if e.path not in before]

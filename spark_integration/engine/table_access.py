@@ -196,13 +196,14 @@ class TableAccess:
             )
         ]
 
-    def gen_of(self, tx: Transaction, name: str, version: int) -> int:
-        gen = 0
+    def gen_of(self, tx: Transaction, name: str, version: int) -> tuple[int, int]:
+        """The generation ``version`` belongs to, and that generation's first version."""
+        gen, start = 0, 0
         for g in self.generations(tx, name):
             if g.start_version > version:
                 break
-            gen = g.gen
-        return gen
+            gen, start = g.gen, g.start_version
+        return gen, start
 
     def read_generation(self, tx: Transaction, name: str, gen: int) -> Generation:
         """Generation ``gen`` of the table; ``LakehouseError`` if its row is missing."""

@@ -69,7 +69,8 @@ def plan_vacuum(
         if g.gen < keep_from:
             continue
         last = head.version if successor is None else successor.start_version - 1
-        referenced.update(e.path for e in list_gen(tx, layout, name, g.gen, last, FileEntry))
+        listed = list_gen(tx, layout, name, g.gen, last, FileEntry, gen_start=g.start_version)
+        referenced.update(e.path for e in listed)
         if g.removed:  # generations written before removal rows existed have none
             for version, paths in _removals(tx, layout, name, g.gen, last, cutoff_ms):
                 if paths is None:

@@ -29,7 +29,7 @@ def _follow_ups(
     expired: list[str] = []
 
     def write_checkpoint(
-        tm: Any, layout: Any, name: str, gen: int, version: int, gen_start: int | None = None
+        tm: Any, layout: Any, name: str, gen: int, gen_start: int, version: int
     ) -> None:
         written.append((name, gen, version))
 

@@ -504,6 +504,15 @@ def test_checkpoints_due_at_or_below_a_version() -> None:
     due = checkpoints_module.due_at_or_below
     assert due(250) == [200, 100] and due(200) == [200, 100] and due(150) == [100]
     assert due(99) == [] and due(0) == [] and due(10_500) == [10_000, 9_900]
+    # The arithmetic agrees with checkpoint_due, also under other intervals.
+    for interval, early in ((1000, 100), (10, 100), (4, 100), (7, 3)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(checkpoints_module, "CHECKPOINT_INTERVAL", interval)
+            patch.setattr(checkpoints_module, "EARLY_CHECKPOINT_INTERVAL", early)
+            every = [n for n in range(1, 12_500) if checkpoints_module.checkpoint_due(n)]
+            for n in range(0, 12_500, 37):
+                below = [d for d in every if d <= n]
+                assert due(n, 3) == below[::-1][:3], (interval, early, n)
 
 
 @LOCAL
@@ -531,7 +540,7 @@ def test_listing_without_the_checkpoint_where_one_is_due(
                 Layout.COL_CHECKPOINT,
             )
     # A checkpoint where none is due (as an interval of 7 once wrote): found by a scan.
-    checkpoints_module.write_checkpoint(lakehouse_tm, Layout("lakehouse"), "t", 0, 14)
+    checkpoints_module.write_checkpoint(lakehouse_tm, Layout("lakehouse"), "t", 0, 0, 14)
     scans = count_scanned_rows(monkeypatch)
     assert [f.record_count for f in lh.files("t")] == expected
     if lost == "the newest due":  # the one at version 10, then versions 11-25
