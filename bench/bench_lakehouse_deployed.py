@@ -57,7 +57,6 @@ import pstats
 import runpy
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -344,8 +343,10 @@ class Run:
     #: percolake: its gateway's commits per group transaction over the run.
     commits_per_group: float | None = None
 
-    def cpu_ms_per_commit(self, role: str) -> float:
-        return self.cpu_s[role] * 1000 / self.commits if self.commits else float("nan")
+    def cpu_ms_per_commit(self, role: str | None = None) -> float:
+        """CPU milliseconds a commit of ``role``'s processes (``None``: every role's)."""
+        seconds = sum(self.cpu_s.values()) if role is None else self.cpu_s[role]
+        return seconds * 1000 / self.commits if self.commits else float("nan")
 
     def percentile_ms(self, p: float) -> float:
         if not self.latencies_ms:
@@ -467,23 +468,19 @@ class Gateway:
 
     def group_commits(self) -> tuple[float, float]:
         """The gateway's ``percolake_lakehouse_group_commits`` so far: (commits, groups)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as got:
             text = got.read().decode()
-        found = {"sum": 0.0, "count": 0.0}
-        for line in text.splitlines():
-            name, _, number = line.partition(" ")
-            for part in found:
-                if name == f"percolake_lakehouse_group_commits_{part}":
-                    found[part] = float(number)
-        return found["sum"], found["count"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        found = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "percolake_lakehouse_group_commits"
+            for sample in family.samples
+        }
+        name = "percolake_lakehouse_group_commits"
+        return found.get(f"{name}_sum", 0.0), found.get(f"{name}_count", 0.0)
 
 
 @contextlib.contextmanager
@@ -493,6 +490,7 @@ def gateway(
     """A ``percolake serve`` process (oracle, locks and gateway) on ``store_url``, with
     ``args`` added to its command line, under a profiler when :data:`PROFILE_ENV` asks
     for one; stopped on exit."""
+    from percolake.tools.ports import free_ports
     from tests.servers import SERVE, ServerProcess
 
     mode = _profile_mode()
@@ -500,7 +498,7 @@ def gateway(
     command: Sequence[str] = SERVE
     if mode == "cprofile" and profile is not None:
         command = ("bench.bench_lakehouse_deployed", "profile-serve", f"{profile}.prof", "serve")
-    metrics_port = _free_port()
+    (metrics_port,) = free_ports(1)
     argv = ["--store", store_url, "--metrics-listen", f"127.0.0.1:{metrics_port}", *args]
     server = ServerProcess("all", argv, workdir, command=command).start()
     spy: subprocess.Popen[bytes] | None = None
@@ -711,13 +709,26 @@ def _prepare(system: str, folder: Path, writers: int, seconds: float, gw: str) -
     return [Spec(system, i, seconds, str(folder)) for i in range(writers)]
 
 
-def _run_measuring_cpu(
-    pool: WriterPool, specs: Sequence[Spec], seconds: float, roles: dict[str, list[int]]
+def _measured_run(
+    pool: WriterPool, specs: Sequence[Spec], seconds: float, gw: Gateway | None, store: list[int]
 ) -> Run:
-    """``pool.run``, with the CPU seconds each role's processes used meanwhile."""
+    """``pool.run``, with the CPU seconds each role's processes used meanwhile: the
+    writer processes, and with a gateway (percolake's run) also the gateway and the
+    ``store`` server processes (none for SQLite, which runs in the gateway), and the
+    gateway's commits per group over the run."""
+    roles = {"writers": pool.pids}
+    if gw is not None:
+        roles["gateway"] = [gw.pid]
+        if store:
+            roles["store"] = store
     before = {role: cpu_seconds(pids) for role, pids in roles.items()}
+    grouped = gw.group_commits() if gw is not None else None
     got = pool.run(specs, seconds)
     got.cpu_s = {role: cpu_seconds(pids) - before[role] for role, pids in roles.items()}
+    if gw is not None and grouped is not None:
+        commits, groups = gw.group_commits()
+        commits, groups = commits - grouped[0], groups - grouped[1]
+        got.commits_per_group = commits / groups if groups else None
     return got
 
 
@@ -743,19 +754,8 @@ def measure_phase(
                 for system in _rotated(systems, i + run):
                     folder = root / f"writers{writers}_run{run}_{system}"
                     specs = _prepare(system, folder, writers, seconds, gw.address)
-                    # Where the run's CPU went: every system's writer processes; for
-                    # percolake also its gateway and the store's server processes.
-                    roles = {"writers": pool.pids}
-                    if system == PERCOLAKE:
-                        roles["gateway"] = [gw.pid]
-                        if servers:  # SQLite has none: it runs inside the gateway
-                            roles["store"] = servers
-                    grouped = gw.group_commits() if system == PERCOLAKE else None
-                    got = _run_measuring_cpu(pool, specs, seconds, roles)
-                    if grouped is not None:
-                        commits, groups = gw.group_commits()
-                        commits, groups = commits - grouped[0], groups - grouped[1]
-                        got.commits_per_group = commits / groups if groups else None
+                    ours = gw if system == PERCOLAKE else None
+                    got = _measured_run(pool, specs, seconds, ours, servers)
                     if system == PERCOLAKE:
                         gw.commits += got.commits
                     phase.results.setdefault((system, writers), []).append(got)
@@ -886,15 +886,11 @@ def _cpu_figures(runs: Sequence[Run], prefix: str, anchor: str, note: str) -> li
                 f"{prefix}.cpu_ms_per_commit",
                 "ms",
                 anchor,
-                [sum(r.cpu_ms_per_commit(role) for role in roles) for r in runs],
+                [r.cpu_ms_per_commit() for r in runs],
                 f"{note}; {' + '.join(roles)}: {how}",
             )
         )
     return figures
-
-
-def _cpu_per_commit(run: Run) -> float:
-    return sum(run.cpu_ms_per_commit(role) for role in run.cpu_s)
 
 
 def phase_figures(phase: Phase, writer_counts: Sequence[int]) -> list[Result]:
@@ -957,13 +953,13 @@ def phase_figures(phase: Phase, writer_counts: Sequence[int]) -> list[Result]:
         )
     ours_runs, theirs_runs = phase.results[PERCOLAKE, 8], phase.results[DELTA, 8]
     if all(r.cpu_s for r in (*ours_runs, *theirs_runs)):
-        theirs_cpu = [_cpu_per_commit(r) for r in theirs_runs]
+        theirs_cpu = [r.cpu_ms_per_commit() for r in theirs_runs]
         results.append(
             summarize(
                 f"lakehouse.appends.deployed.{store}.writers8.cpu_per_commit.vs_deltalake.ratio",
                 "x",
                 delta_anchor,
-                _paired(theirs_cpu, [_cpu_per_commit(r) for r in ours_runs]),
+                _paired(theirs_cpu, [r.cpu_ms_per_commit() for r in ours_runs]),
                 f"{_topology(store, 8)}; against {_anchor_topology(DELTA, 8)} (its writer "
                 f"processes: {statistics.median(theirs_cpu):.2f} ms of CPU a commit); {how}; "
                 "deltalake's CPU per commit / percolake's (store, gateway and writer "
