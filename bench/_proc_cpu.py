@@ -35,11 +35,32 @@ def listening_pids(addresses: set[tuple[str, int]]) -> list[int]:
     return sorted(pids)
 
 
+#: How a HotSpot JVM names its JIT compiler threads ("C2 CompilerThread0", cut by
+#: the kernel to 15 characters).
+JIT_THREAD_PREFIXES = ("C1 CompilerThre", "C2 CompilerThre")
+
+
+def _stat_cpu_s(stat: Path) -> float:
+    raw = stat.read_text()
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds the processes ``pids`` have used so far."""
+    return sum(_stat_cpu_s(Path(f"/proc/{pid}/stat")) for pid in pids)
+
+
+def jit_cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds the JIT compiler threads of the JVMs ``pids`` have used so far (0 for
+    a process without such threads). A JVM compiles its hot code for minutes after a
+    start; while it does, this is a large part of its CPU (see :func:`cpu_seconds`)."""
     total = 0.0
     for pid in pids:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-        fields = raw[raw.rindex(")") + 2 :].split()
-        total += (int(fields[11]) + int(fields[12])) * _TICK_S
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                if task.joinpath("comm").read_text().startswith(JIT_THREAD_PREFIXES):
+                    total += _stat_cpu_s(task / "stat")
+            except OSError:  # the thread ended
+                continue
     return total

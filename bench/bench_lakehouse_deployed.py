@@ -77,7 +77,7 @@ from urllib.parse import urlsplit
 
 from bench._lakehouse_anchors import version_of
 from bench._load import end_processes, receive, start_processes
-from bench._proc_cpu import cpu_seconds, listening_pids
+from bench._proc_cpu import cpu_seconds, jit_cpu_seconds, listening_pids
 from bench._results import Figure, Growth, Latency, Result, summarize
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,15 @@ RATIO_NAMES = {
     CASSANDRA3: ("lakehouse.appends.cassandra.writers8", "lakehouse.appends.cassandra3.writers8"),
 }
 
+#: A store served by JVMs (Cassandra) is measured warm: before its first measured run,
+#: percolake's writers load it in runs of WARMUP_RUN_S until the JIT compiler threads
+#: spend at most WARM_JIT_SHARE of the store's CPU in a run, or for at most WARMUP_S
+#: (``--warmup-s``). A node compiles its hot code for minutes after it starts, and
+#: servers in production run warm; runs on a cold cluster measured the compiler (up to
+#: two thirds of the nodes' CPU in the first runs).
+WARMUP_S = 600.0
+WARMUP_RUN_S = 10.0
+WARM_JIT_SHARE = 0.05
 #: A writer's open (connect, load the table) and a run's collection are bounded.
 READY_TIMEOUT_S = 120.0
 #: Past the deadline, the longest one commit may still take before a writer is given up.
@@ -342,6 +351,9 @@ class Run:
     cpu_s: dict[str, float] = field(default_factory=dict)
     #: percolake: its gateway's commits per group transaction over the run.
     commits_per_group: float | None = None
+    #: CPU seconds the store's JIT compiler threads used over the run (in ``cpu_s``'s
+    #: "store"; none without server processes).
+    jit_s: float | None = None
 
     def cpu_ms_per_commit(self, role: str | None = None) -> float:
         """CPU milliseconds a commit of ``role``'s processes (``None``: every role's)."""
@@ -379,8 +391,14 @@ class WriterPool:
     def _recv(self, i: int, timeout_s: float) -> tuple[str, Any]:
         return receive(self.procs[i], self.conns[i], timeout_s)
 
-    def run(self, specs: Sequence[Spec], seconds: float) -> Run:
-        """One run: open every writer's handle, release them together, collect."""
+    def run(
+        self,
+        specs: Sequence[Spec],
+        seconds: float,
+        on_release: Callable[[], None] = lambda: None,
+    ) -> Run:
+        """One run: open every writer's handle, release them together, collect.
+        ``on_release`` is called once every writer is open, just before the release."""
         self.go.clear()
         for spec in specs:
             self.conns[spec.index].send(spec)
@@ -399,6 +417,7 @@ class WriterPool:
             for i in ready:
                 self._recv(i, STRAGGLER_S)
             raise RuntimeError("writers failed to open:\n" + "\n".join(errors))
+        on_release()
         started = time.monotonic()
         self.start_at.value = started
         self.go.set()
@@ -651,6 +670,8 @@ class Phase:
     seconds: float
     runs: int
     results: dict[tuple[str, int], list[Run]] = field(default_factory=dict)
+    #: How the store was warmed before the first measured run (empty: no JVM store).
+    warmup: str = ""
 
     def rates(self, system: str, writers: int) -> list[float]:
         return [r.rate for r in self.results[system, writers]]
@@ -712,24 +733,70 @@ def _prepare(system: str, folder: Path, writers: int, seconds: float, gw: str) -
 def _measured_run(
     pool: WriterPool, specs: Sequence[Spec], seconds: float, gw: Gateway | None, store: list[int]
 ) -> Run:
-    """``pool.run``, with the CPU seconds each role's processes used meanwhile: the
-    writer processes, and with a gateway (percolake's run) also the gateway and the
-    ``store`` server processes (none for SQLite, which runs in the gateway), and the
+    """``pool.run``, with the CPU seconds each role's processes used from the release
+    of the writers (once open) to the end of the run: the writer processes, and with a
+    gateway (percolake's run) also the gateway and the ``store`` server processes (none
+    for SQLite, which runs in the gateway) and their JIT compiler threads; and the
     gateway's commits per group over the run."""
     roles = {"writers": pool.pids}
     if gw is not None:
         roles["gateway"] = [gw.pid]
         if store:
             roles["store"] = store
-    before = {role: cpu_seconds(pids) for role, pids in roles.items()}
-    grouped = gw.group_commits() if gw is not None else None
-    got = pool.run(specs, seconds)
+    before: dict[str, float] = {}
+    grouped: list[tuple[float, float]] = []
+
+    def released() -> None:
+        before.update({role: cpu_seconds(pids) for role, pids in roles.items()})
+        before["jit"] = jit_cpu_seconds(store) if "store" in roles else 0.0
+        if gw is not None:
+            grouped.append(gw.group_commits())
+
+    got = pool.run(specs, seconds, released)
     got.cpu_s = {role: cpu_seconds(pids) - before[role] for role, pids in roles.items()}
-    if gw is not None and grouped is not None:
+    if "store" in roles:
+        got.jit_s = jit_cpu_seconds(store) - before["jit"]
+    if gw is not None and grouped:
         commits, groups = gw.group_commits()
-        commits, groups = commits - grouped[0], groups - grouped[1]
+        commits, groups = commits - grouped[0][0], groups - grouped[0][1]
         got.commits_per_group = commits / groups if groups else None
     return got
+
+
+def warm_up(
+    pool: WriterPool,
+    url: str,
+    root: Path,
+    writers: int,
+    store: list[int],
+    budget_s: float,
+    progress: Callable[[str], None],
+) -> str:
+    """Load the store's JVMs (``store``) with percolake's ``writers`` until they are warm
+    (see :data:`WARMUP_S`); what was done, for the figures' notes."""
+    if not store or budget_s <= 0:
+        return "no warm-up" if store else ""
+    started = time.monotonic()
+    share, runs = 1.0, 0
+    with gateway(url, root, "warmup") as gw:
+        while share > WARM_JIT_SHARE and time.monotonic() - started < budget_s:
+            folder = root / f"warmup{runs}"
+            specs = _prepare(PERCOLAKE, folder, writers, WARMUP_RUN_S, gw.address)
+            got = _measured_run(pool, specs, WARMUP_RUN_S, gw, store)
+            share = (got.jit_s or 0.0) / got.cpu_s["store"] if got.cpu_s["store"] else 0.0
+            runs += 1
+            progress(
+                f"warm-up run {runs}: {got.rate:.1f} commits/s, the store's JIT "
+                f"{share:.0%} of its CPU"
+            )
+            shutil.rmtree(folder, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    reached = "reached" if share <= WARM_JIT_SHARE else "not reached"
+    return (
+        f"measured warm: {runs} warm-up run(s) of {writers} writers, {elapsed:.0f} s, until the "
+        f"store's JIT compiler threads used at most {WARM_JIT_SHARE:.0%} of its CPU in a run "
+        f"({reached}: {share:.0%})"
+    )
 
 
 def measure_phase(
@@ -742,11 +809,13 @@ def measure_phase(
     seconds: float,
     runs: int,
     progress: Callable[[str], None],
+    warmup_s: float = WARMUP_S,
 ) -> Phase:
     """Every writer count, ``runs`` paired runs of every system (order rotated), one
-    gateway on ``url`` per writer count."""
+    gateway on ``url`` per writer count; after a warm-up of a JVM store (:func:`warm_up`)."""
     phase = Phase(store, systems, seconds, runs)
     servers = store_server_pids(url)
+    phase.warmup = warm_up(pool, url, root, max(writer_counts), servers, warmup_s, progress)
     for i, writers in enumerate(writer_counts):
         progress(f"lakehouse.appends.deployed.{store}.writers{writers}")
         with gateway(url, root, f"{store}-writers{writers}") as gw:
@@ -880,6 +949,18 @@ def _cpu_figures(runs: Sequence[Run], prefix: str, anchor: str, note: str) -> li
         )
         for role in roles
     ]
+    jit = [r.jit_s * 1000 / r.commits for r in runs if r.jit_s is not None and r.commits]
+    if jit and len(jit) == len(runs):
+        figures.append(
+            summarize(
+                f"{prefix}.cpu_ms_per_commit.store_jit",
+                "ms",
+                anchor,
+                jit,
+                f"{note}; the part of the store's CPU its JVMs' JIT compiler threads used "
+                "(C1 and C2 CompilerThread), a cost of a node's first minutes, not of commits",
+            )
+        )
     if len(roles) > 1:
         figures.append(
             summarize(
@@ -898,6 +979,7 @@ def phase_figures(phase: Phase, writer_counts: Sequence[int]) -> list[Result]:
     how = (
         f"{phase.runs} run(s) of {phase.seconds:g} s per system and writer count, each on a "
         "new empty table, system order rotated per run; one-file metadata-only appends"
+        + (f"; {phase.warmup}" if phase.warmup else "")
     )
     results: list[Result] = []
     for writers in writer_counts:
@@ -1042,6 +1124,8 @@ def run(
     writer_counts: Sequence[int] | None = None,
     runs: int | None = None,
     url: str | None = None,
+    seconds: float | None = None,
+    warmup_s: float = WARMUP_S,
 ) -> list[Result]:
     """The suite (``stores``, ``writer_counts`` and ``runs`` narrow or widen it, for the
     command line; ``url``: a running store for the one phase in ``stores``, instead of
@@ -1049,7 +1133,7 @@ def run(
     if url and (stores is None or len(stores) != 1 or stores[0] == SQLITE):
         raise ValueError(f"a store URL needs exactly one Cassandra phase, got {stores}")
     counts = tuple(writer_counts or (QUICK_WRITER_COUNTS if quick else WRITER_COUNTS))
-    seconds = 1.0 if quick else 4.0
+    seconds = seconds or (1.0 if quick else 4.0)
     runs = runs or (1 if quick else 2)
     phases_to_run = tuple(stores or ((SQLITE,) if quick else (SQLITE, CASSANDRA1, CASSANDRA3)))
     # Quick mode (inside ``make test``) checks the harness and the contract's figures;
@@ -1072,7 +1156,7 @@ def run(
             )
             with started_store as store_at:
                 phase = measure_phase(
-                    pool, store, store_at, root, counts, systems, seconds, runs, progress
+                    pool, store, store_at, root, counts, systems, seconds, runs, progress, warmup_s
                 )
             phases.append(phase)
             results += phase_figures(phase, counts)
@@ -1102,9 +1186,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="merge the figures into bench/results/latest.json (a run narrowed by --store "
         "or --writers writes its figures only: its curves would replace the full run's)",
     )
+    parser.add_argument(
+        "--seconds", type=float, help="length of each run (default 4; quick mode 1)"
+    )
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=WARMUP_S,
+        help="most seconds of warm-up load on a Cassandra store before measuring, until its "
+        f"JIT settles (default {WARMUP_S:g}; 0: measure it cold)",
+    )
     parsed = parser.parse_args(args)
     if parsed.runs is not None and parsed.runs < 1:
         parser.error(f"--runs must be at least 1, got {parsed.runs}")
+    if parsed.warmup_s < 0:
+        parser.error(f"--warmup-s must be at least 0, got {parsed.warmup_s:g}")
+    if parsed.seconds is not None and parsed.seconds <= 0:
+        parser.error(f"--seconds must be above 0, got {parsed.seconds:g}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     started = time.monotonic()
     results = run(
@@ -1114,6 +1212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         writer_counts=parsed.writers,
         runs=parsed.runs,
         url=parsed.url,
+        seconds=parsed.seconds,
+        warmup_s=parsed.warmup_s,
     )
     for result in results:
         print(describe(result))

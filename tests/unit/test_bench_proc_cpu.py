@@ -3,13 +3,17 @@ found by their listening sockets), and a gateway's commits per group."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import socket
+import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
-from bench._proc_cpu import cpu_seconds, listening_pids
+from bench._proc_cpu import cpu_seconds, jit_cpu_seconds, listening_pids
 from bench.bench_lakehouse_deployed import store_server_pids
 
 pytestmark = pytest.mark.unit
@@ -43,6 +47,40 @@ def test_cpu_seconds_count_this_process_and_store_urls_name_their_servers() -> N
         assert store_server_pids(url) == [os.getpid()]
 
 
+@contextlib.contextmanager
+def _thread_that_burned(comm: bytes, seconds: float) -> Iterator[None]:
+    """A live thread the kernel names ``comm`` that has spent ``seconds`` of CPU (a
+    thread's CPU leaves /proc with it, so it waits until the block ends)."""
+    burned, done = threading.Event(), threading.Event()
+
+    def burn() -> None:
+        pr_set_name = 15
+        ctypes.CDLL(None).prctl(pr_set_name, ctypes.c_char_p(comm), 0, 0, 0)
+        deadline = time.thread_time() + seconds
+        while time.thread_time() < deadline:
+            pass
+        burned.set()
+        done.wait(10)
+
+    thread = threading.Thread(target=burn)
+    thread.start()
+    try:
+        assert burned.wait(10)
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def test_jit_cpu_counts_only_threads_named_as_a_jvm_names_its_compilers() -> None:
+    pid = os.getpid()
+    before = jit_cpu_seconds([pid])
+    with _thread_that_burned(b"worker", 0.3):
+        assert jit_cpu_seconds([pid]) - before < 0.05
+    with _thread_that_burned(b"C2 CompilerThread0", 0.3):
+        assert jit_cpu_seconds([pid]) - before >= 0.25
+
+
 def test_cpu_figures_per_commit_of_each_role_and_their_sum() -> None:
     from collections import Counter
 
@@ -68,6 +106,11 @@ def test_cpu_figures_per_commit_of_each_role_and_their_sum() -> None:
             "p.cpu_ms_per_commit": 12.0,
         }
     )
+    # The store's JIT part is a figure of its own, not added to the sum a second time.
+    runs[0].jit_s, runs[1].jit_s = 0.3, 0.4
+    values = {f.name: f.value for f in _cpu_figures(runs, "p", "a", "n")}
+    assert values["p.cpu_ms_per_commit.store_jit"] == pytest.approx(2.5)  # median of 3 and 2
+    assert values["p.cpu_ms_per_commit"] == pytest.approx(12.0)
 
 
 def test_a_gateway_reports_its_commits_per_group_from_its_metrics_endpoint() -> None:
