@@ -107,14 +107,19 @@ RATIO_NAMES = {
 }
 
 #: A store served by JVMs (Cassandra) is measured warm: before its first measured run,
-#: percolake's writers load it in runs of WARMUP_RUN_S until the JIT compiler threads
-#: spend at most WARM_JIT_SHARE of the store's CPU in a run, or for at most WARMUP_S
-#: (``--warmup-s``). A node compiles its hot code for minutes after it starts, and
-#: servers in production run warm; runs on a cold cluster measured the compiler (up to
-#: two thirds of the nodes' CPU in the first runs).
+#: percolake's writers load it in runs of WARMUP_RUN_S, at least WARMUP_MIN_RUNS, until
+#: a run's rate no longer climbs (at most WARM_RATE_STEP over the run before) while the
+#: JIT compiler threads spend at most WARM_JIT_SHARE of the store's CPU, or for at most
+#: WARMUP_S (``--warmup-s``). A node compiles its hot code for minutes after it starts
+#: (and again after it idled: its code cache drops cold code), and servers in
+#: production run warm; runs on a cold cluster measured the compiler (up to two thirds
+#: of the nodes' CPU in the first runs). A low share alone is not enough: a node that
+#: idled ran its first run slow, in the interpreter, before compiling again.
 WARMUP_S = 600.0
 WARMUP_RUN_S = 10.0
+WARMUP_MIN_RUNS = 3
 WARM_JIT_SHARE = 0.05
+WARM_RATE_STEP = 1.1
 #: A writer's open (connect, load the table) and a run's collection are bounded.
 READY_TIMEOUT_S = 120.0
 #: Past the deadline, the longest one commit may still take before a writer is given up.
@@ -777,25 +782,37 @@ def warm_up(
     if not store or budget_s <= 0:
         return "no warm-up" if store else ""
     started = time.monotonic()
-    share, runs = 1.0, 0
+    rates: list[float] = []
+    share, warm = 1.0, False
     with gateway(url, root, "warmup") as gw:
-        while share > WARM_JIT_SHARE and time.monotonic() - started < budget_s:
-            folder = root / f"warmup{runs}"
+        while not warm and time.monotonic() - started < budget_s:
+            folder = root / f"warmup{len(rates)}"
             specs = _prepare(PERCOLAKE, folder, writers, WARMUP_RUN_S, gw.address)
             got = _measured_run(pool, specs, WARMUP_RUN_S, gw, store)
             share = (got.jit_s or 0.0) / got.cpu_s["store"] if got.cpu_s["store"] else 0.0
-            runs += 1
+            rates.append(got.rate)
+            warm = is_warm(rates, share)
             progress(
-                f"warm-up run {runs}: {got.rate:.1f} commits/s, the store's JIT "
+                f"warm-up run {len(rates)}: {got.rate:.1f} commits/s, the store's JIT "
                 f"{share:.0%} of its CPU"
             )
             shutil.rmtree(folder, ignore_errors=True)
     elapsed = time.monotonic() - started
-    reached = "reached" if share <= WARM_JIT_SHARE else "not reached"
     return (
-        f"measured warm: {runs} warm-up run(s) of {writers} writers, {elapsed:.0f} s, until the "
-        f"store's JIT compiler threads used at most {WARM_JIT_SHARE:.0%} of its CPU in a run "
-        f"({reached}: {share:.0%})"
+        f"measured warm: {len(rates)} warm-up run(s) of {writers} writers, {elapsed:.0f} s, "
+        f"until a run's rate stopped climbing with the store's JIT compiler threads at most "
+        f"{WARM_JIT_SHARE:.0%} of its CPU ({'reached' if warm else 'not reached'}: the last "
+        f"run {rates[-1] if rates else 0:.0f} commits/s, JIT {share:.0%})"
+    )
+
+
+def is_warm(rates: Sequence[float], jit_share: float) -> bool:
+    """Whether warm-up runs at ``rates`` (oldest first), the last with the store's JIT at
+    ``jit_share`` of its CPU, leave the store warm (see :data:`WARMUP_S`)."""
+    return (
+        len(rates) >= WARMUP_MIN_RUNS
+        and jit_share <= WARM_JIT_SHARE
+        and rates[-1] <= rates[-2] * WARM_RATE_STEP
     )
 
 

@@ -127,3 +127,15 @@ def test_a_gateway_reports_its_commits_per_group_from_its_metrics_endpoint() -> 
         assert (after[0] - commits, after[1] - groups) == (21.0, 3.0)
     finally:
         server.close()
+
+
+def test_a_store_is_warm_once_its_rate_stops_climbing_with_little_jit() -> None:
+    from bench.bench_lakehouse_deployed import is_warm
+
+    assert not is_warm([100.0, 100.0], 0.0)  # too few runs to tell
+    assert is_warm([50.0, 90.0, 95.0], 0.04)
+    assert is_warm([50.0, 90.0, 80.0], 0.05)  # a slower run is not climbing
+    assert not is_warm([50.0, 90.0, 95.0], 0.06)  # still compiling
+    # A node that idled runs slow in the interpreter before it compiles again: a low
+    # share with a climbing rate is not warm.
+    assert not is_warm([40.0, 45.0, 60.0], 0.01)
