@@ -107,9 +107,10 @@ RATIO_NAMES = {
 }
 
 #: A store served by JVMs (Cassandra) is measured warm: before its first measured run,
-#: percolake's writers load it in runs of WARMUP_RUN_S, at least WARMUP_MIN_RUNS, until
-#: a run's rate no longer climbs (at most WARM_RATE_STEP over the run before) while the
-#: JIT compiler threads spend at most WARM_JIT_SHARE of the store's CPU, or for at most
+#: percolake's writers load it in rounds of runs of WARMUP_RUN_S (one per writer count),
+#: at least WARMUP_MIN_ROUNDS rounds, until the rate no longer climbs (at most
+#: WARM_RATE_STEP over the round before) while the JIT compiler threads spend at most
+#: WARM_JIT_SHARE of the store's CPU over the round, or for at most
 #: WARMUP_S (``--warmup-s``). A node compiles its hot code for minutes after it starts
 #: (and again after it idled: its code cache drops cold code), and servers in
 #: production run warm; runs on a cold cluster measured the compiler (up to two thirds
@@ -117,7 +118,7 @@ RATIO_NAMES = {
 #: idled ran its first run slow, in the interpreter, before compiling again.
 WARMUP_S = 600.0
 WARMUP_RUN_S = 10.0
-WARMUP_MIN_RUNS = 3
+WARMUP_MIN_ROUNDS = 3
 WARM_JIT_SHARE = 0.05
 WARM_RATE_STEP = 1.1
 #: A writer's open (connect, load the table) and a run's collection are bounded.
@@ -772,45 +773,52 @@ def warm_up(
     pool: WriterPool,
     url: str,
     root: Path,
-    writers: int,
+    writer_counts: Sequence[int],
     store: list[int],
     budget_s: float,
     progress: Callable[[str], None],
 ) -> str:
-    """Load the store's JVMs (``store``) with percolake's ``writers`` until they are warm
-    (see :data:`WARMUP_S`); what was done, for the figures' notes."""
+    """Load the store's JVMs (``store``) with percolake's writers until they are warm
+    (see :data:`WARMUP_S`), in rounds of one run per writer count of the phase: a
+    node compiles each load's paths, and compiles again when the load changes (the
+    measured runs alternate writer counts). What was done, for the figures' notes."""
     if not store or budget_s <= 0:
         return "no warm-up" if store else ""
     started = time.monotonic()
-    rates: list[float] = []
+    rates: list[float] = []  # of the round's largest writer count
     share, warm = 1.0, False
     with gateway(url, root, "warmup") as gw:
         while not warm and time.monotonic() - started < budget_s:
-            folder = root / f"warmup{len(rates)}"
-            specs = _prepare(PERCOLAKE, folder, writers, WARMUP_RUN_S, gw.address)
-            got = _measured_run(pool, specs, WARMUP_RUN_S, gw, store)
-            share = (got.jit_s or 0.0) / got.cpu_s["store"] if got.cpu_s["store"] else 0.0
+            jit_s = store_s = 0.0
+            for writers in sorted(writer_counts):
+                folder = root / f"warmup{len(rates)}_{writers}"
+                specs = _prepare(PERCOLAKE, folder, writers, WARMUP_RUN_S, gw.address)
+                got = _measured_run(pool, specs, WARMUP_RUN_S, gw, store)
+                jit_s, store_s = jit_s + (got.jit_s or 0.0), store_s + got.cpu_s["store"]
+                shutil.rmtree(folder, ignore_errors=True)
+            share = jit_s / store_s if store_s else 0.0
             rates.append(got.rate)
             warm = is_warm(rates, share)
             progress(
-                f"warm-up run {len(rates)}: {got.rate:.1f} commits/s, the store's JIT "
-                f"{share:.0%} of its CPU"
+                f"warm-up round {len(rates)}: {got.rate:.1f} commits/s with {writers} "
+                f"writers, the store's JIT {share:.0%} of its CPU"
             )
-            shutil.rmtree(folder, ignore_errors=True)
     elapsed = time.monotonic() - started
+    outcome = "reached" if warm else "not reached"
     return (
-        f"measured warm: {len(rates)} warm-up run(s) of {writers} writers, {elapsed:.0f} s, "
-        f"until a run's rate stopped climbing with the store's JIT compiler threads at most "
-        f"{WARM_JIT_SHARE:.0%} of its CPU ({'reached' if warm else 'not reached'}: the last "
-        f"run {rates[-1] if rates else 0:.0f} commits/s, JIT {share:.0%})"
+        f"measured warm: {len(rates)} warm-up round(s) of {WARMUP_RUN_S:g} s runs with "
+        f"{', '.join(map(str, sorted(writer_counts)))} writers, {elapsed:.0f} s, until the "
+        f"largest count's rate stopped climbing with the store's JIT compiler threads at "
+        f"most {WARM_JIT_SHARE:.0%} of its CPU over a round ({outcome}: "
+        f"the last round {rates[-1] if rates else 0:.0f} commits/s, JIT {share:.0%})"
     )
 
 
 def is_warm(rates: Sequence[float], jit_share: float) -> bool:
-    """Whether warm-up runs at ``rates`` (oldest first), the last with the store's JIT at
-    ``jit_share`` of its CPU, leave the store warm (see :data:`WARMUP_S`)."""
+    """Whether warm-up rounds at ``rates`` (oldest first), the last with the store's JIT
+    at ``jit_share`` of its CPU, leave the store warm (see :data:`WARMUP_S`)."""
     return (
-        len(rates) >= WARMUP_MIN_RUNS
+        len(rates) >= WARMUP_MIN_ROUNDS
         and jit_share <= WARM_JIT_SHARE
         and rates[-1] <= rates[-2] * WARM_RATE_STEP
     )
@@ -832,7 +840,7 @@ def measure_phase(
     gateway on ``url`` per writer count; after a warm-up of a JVM store (:func:`warm_up`)."""
     phase = Phase(store, systems, seconds, runs)
     servers = store_server_pids(url)
-    phase.warmup = warm_up(pool, url, root, max(writer_counts), servers, warmup_s, progress)
+    phase.warmup = warm_up(pool, url, root, writer_counts, servers, warmup_s, progress)
     for i, writers in enumerate(writer_counts):
         progress(f"lakehouse.appends.deployed.{store}.writers{writers}")
         with gateway(url, root, f"{store}-writers{writers}") as gw:

@@ -289,11 +289,13 @@ cassandra --writers 1 --writers 8 --url URL --write` (without `--url` each start
 own cluster). Each ratio pairs runs made back to back in the same run; the absolute
 figures move with the machine's load, which the commit message of each result records.
 The deployed suite measures a Cassandra store warm, as servers run in production: first
-its writers load it in 10-second runs, at least three, until a run's rate stops climbing
-while the nodes' JIT compiler threads take at most 5% of their CPU (or for 600 s,
-`--warmup-s`; the figures' notes say how far it got). A node compiles for minutes after
-it starts, and again after it idled: on a fresh cluster the compiler took two thirds of
-the nodes' CPU in the first runs and still a tenth after five minutes. What is left of
+its writers load it in rounds of 10-second runs, one per writer count of the phase, at
+least three rounds, until the rate stops climbing while the nodes' JIT compiler threads
+take at most 5% of their CPU over a round (or for 600 s, `--warmup-s`; the figures'
+notes say how far it got). A node compiles for minutes after it starts, again after it
+idled, and again when the load changes (a warm-up with 8 writers only left the measured
+runs, which alternate 1 and 8, compiling): on a fresh cluster the compiler took two
+thirds of the nodes' CPU in the first runs and still a tenth after five minutes. What is left of
 it in the measured runs is `...writersN.cpu_ms_per_commit.store_jit`.
 CPU per commit counts from the writers' release, once their handles are open, to the
 end of the run.
