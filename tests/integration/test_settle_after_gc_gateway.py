@@ -39,19 +39,34 @@ def _entry_gone(url: str, start_ts: int) -> bool:
         store.close()
 
 
-@pytest.fixture
-def replicas(tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess, str]]:
+def _two_gateways(
+    tmp_path: Path, first_args: list[str]
+) -> Iterator[tuple[ServerProcess, ServerProcess, str]]:
     url = f"sqlite:///{tmp_path}/settle.db"
     store = open_store(url)
     store.put_unless_exists(GC_TABLE, STATE_KEY, GcState(grace_ms=200).encode())
     store.close()
-    collecting = ServerProcess(
-        "all", ["--store", url, "--gc-interval-s", "0.3", "--gc-retention-s", "0"], tmp_path
-    ).start()
+    first = ServerProcess("all", ["--store", url, *first_args], tmp_path).start()
     other = ServerProcess("all", ["--store", url], tmp_path).start()
-    yield collecting, other, url
+    yield first, other, url
     other.stop()
-    collecting.stop()
+    first.stop()
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess, str]]:
+    """The first gateway collects garbage with retention 0."""
+    yield from _two_gateways(tmp_path, ["--gc-interval-s", "0.3", "--gc-retention-s", "0"])
+
+
+@pytest.fixture
+def uncollected(tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess, str]]:
+    """Neither gateway collects: an entry that is missing was never written, and the
+    safe point stays at 0. (With retention 0, a pass may raise the safe point past a
+    transaction younger than a registration interval, by design: its settle then
+    answers "no longer known" instead of the fence the test checks, as it did once on
+    a loaded machine.)"""
+    yield from _two_gateways(tmp_path, [])
 
 
 def test_a_committed_transaction_whose_entry_was_collected_is_never_settled_aborted(
@@ -156,14 +171,14 @@ def test_a_lost_reply_of_a_transaction_an_attached_handle_wrote_is_not_read_only
 
 
 def test_a_read_only_settle_on_another_gateway_needs_no_entry_unless_an_executor_wrote(
-    replicas: tuple[ServerProcess, ServerProcess, str],
+    uncollected: tuple[ServerProcess, ServerProcess, str],
 ) -> None:
     """The owner's gateway is gone (here: never asked), so the settling gateway knows
     only the store. Failed before the fix: the read-only transaction was fenced with
     ABORTED. And the rule's limit: once an attached handle wrote, the first gateway
     recorded it in the store before buffering, so a read-only owner's settle fences
     it as usual instead of reporting a success that would drop the executor's writes."""
-    first, other, url = replicas
+    first, other, url = uncollected
     owner = TransactionManager.remote(first.address, timeout_s=20)
     executor = TransactionManager.remote(first.address, timeout_s=20)
     settler = TransactionManager.remote(other.address, timeout_s=20)
