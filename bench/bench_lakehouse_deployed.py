@@ -111,11 +111,11 @@ RATIO_NAMES = {
 #: at least WARMUP_MIN_ROUNDS rounds, until the rate no longer climbs (at most
 #: WARM_RATE_STEP over the round before) while the JIT compiler threads spend at most
 #: WARM_JIT_SHARE of the store's CPU over the round, or for at most
-#: WARMUP_S (``--warmup-s``). A node compiles its hot code for minutes after it starts
-#: (and again after it idled: its code cache drops cold code), and servers in
-#: production run warm; runs on a cold cluster measured the compiler (up to two thirds
-#: of the nodes' CPU in the first runs). A low share alone is not enough: a node that
-#: idled ran its first run slow, in the interpreter, before compiling again.
+#: WARMUP_S (``--warmup-s``). A node compiles its hot code for minutes after it starts,
+#: and again after it idled or when the load changes; servers in production run warm,
+#: and runs on a cold cluster measured the compiler (up to two thirds of the nodes' CPU
+#: in the first runs). A low share alone is not enough: a node that had idled ran its
+#: first run slowly with little compiling, and compiled in the runs after it.
 WARMUP_S = 600.0
 WARMUP_RUN_S = 10.0
 WARMUP_MIN_ROUNDS = 3
