@@ -130,8 +130,8 @@ def list_gen(
     A file added at version ``a`` is live at ``version`` unless a removal row of its
     path lies in ``(a, version]`` (a checkpoint's files count as added at its version).
     Tables written before removal rows existed have none: the rows are all adds.
-    ``gen_start``, the generation's first version (``None`` where the caller has not
-    read it): the checkpoint is looked up where one is due (:func:`_known_checkpoint`,
+    ``gen_start``, the generation's first version (``None`` only when expiry deleted
+    its row): the checkpoint is looked up where one is due (:func:`_known_checkpoint`,
     a point read) before the checkpoints are scanned for the newest (on Cassandra a
     scan is a request per index shard).
     """

@@ -181,8 +181,12 @@ class History:
             for (_, version, _), removal, entry in tables.scan_rows(tx, name, start, end):
                 if version in records:
                     (removed if removal else by_version).setdefault(version, []).append(entry)
+            # From the generation before the range's first: a version that started a
+            # generation lists the one it ended from that generation's first version.
             gens = tx.scan(
-                layout.gens, Layout.gen_row(name, gen_low), Layout.gen_row(name, gen_high + 1)
+                layout.gens,
+                Layout.gen_row(name, max(gen_low - 1, 0)),
+                Layout.gen_row(name, gen_high + 1),
             )
             starts = {g.gen: g.start_version for g in map(Generation.decode, (v for *_, v in gens))}
             # A version that started a generation (an overwrite, or a row-level

@@ -30,6 +30,7 @@ from spark_integration.engine.model import (
     TableMeta,
 )
 from spark_integration.engine.read_set import ReadSet
+from tests.unit.test_lakehouse_metadata import count_scanned_rows
 from txn import EmbeddedTransaction, TransactionManager
 
 pytestmark = pytest.mark.unit
@@ -138,3 +139,30 @@ def test_the_change_feed_plans_a_range_from_its_versions_only(
             if files
         }
         assert got == want, version
+
+
+def test_a_range_finds_the_checkpoint_of_the_generation_it_rolled_over_without_a_scan(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version that started a generation removed the files of the one before, listed
+    from that generation's checkpoint: read where one is due, from the generation's
+    first version, even when the range starts at the rolling version (the generation
+    before lies below the range)."""
+    full = catalog.history(TABLE)
+    starts: dict[int, int] = {}
+    for h in full:
+        starts.setdefault(h.record.gen, h.record.version)
+    # Versions that rolled over a generation with a checkpoint due below them.
+    rolled = [
+        h.record.version
+        for h in full
+        if h.record.gen > 0
+        and starts[h.record.gen] == h.record.version
+        and checkpoints_module.due_at_or_below(h.record.version - 1 - starts[h.record.gen - 1])
+    ]
+    assert rolled, "the fixture rolls over a generation with a checkpoint"
+    scanned = count_scanned_rows(monkeypatch)
+    for version in rolled:
+        scanned.clear()
+        assert catalog.history(TABLE, from_version=version, to_version=version) == [full[version]]
+        assert not [t for t in scanned if t.endswith(".checkpoints")], version
