@@ -749,23 +749,22 @@ def _measured_run(
         roles["gateway"] = [gw.pid]
         if store:
             roles["store"] = store
-    before: dict[str, float] = {}
-    grouped: list[tuple[float, float]] = []
 
-    def released() -> None:
-        before.update({role: cpu_seconds(pids) for role, pids in roles.items()})
-        before["jit"] = jit_cpu_seconds(store) if "store" in roles else 0.0
+    def counters() -> dict[str, float]:
+        now = {role: cpu_seconds(pids) for role, pids in roles.items()}
+        if "store" in roles:
+            now["jit"] = jit_cpu_seconds(store)
         if gw is not None:
-            grouped.append(gw.group_commits())
+            now["commits"], now["groups"] = gw.group_commits()
+        return now
 
-    got = pool.run(specs, seconds, released)
-    got.cpu_s = {role: cpu_seconds(pids) - before[role] for role, pids in roles.items()}
-    if "store" in roles:
-        got.jit_s = jit_cpu_seconds(store) - before["jit"]
-    if gw is not None and grouped:
-        commits, groups = gw.group_commits()
-        commits, groups = commits - grouped[0][0], groups - grouped[0][1]
-        got.commits_per_group = commits / groups if groups else None
+    before: dict[str, float] = {}
+    got = pool.run(specs, seconds, lambda: before.update(counters()))
+    spent = {key: value - before[key] for key, value in counters().items()}
+    got.cpu_s = {role: spent[role] for role in roles}
+    got.jit_s = spent.get("jit")
+    if "groups" in spent:
+        got.commits_per_group = spent["commits"] / spent["groups"] if spent["groups"] else None
     return got
 
 

@@ -210,10 +210,11 @@ class GroupCommitter:
                     member.done.set()
                 continue
             metrics.LAKEHOUSE_GROUP_COMMITS.observe(len(group))
+            answered_at = time.monotonic()
             with self._lock:
-                queue.last_size, queue.last_commit_s = len(group), time.monotonic() - started
+                queue.last_size, queue.last_commit_s = len(group), answered_at - started
                 queue.answered = frozenset(m.caller for m in group if m.caller is not None)
-                queue.answered_at = time.monotonic()
+                queue.answered_at = answered_at
             for member, result in zip(group, results, strict=True):
                 if isinstance(result, BaseException):
                     member.error = result
