@@ -982,7 +982,8 @@ def _cpu_figures(runs: Sequence[Run], prefix: str, anchor: str, note: str) -> li
                 anchor,
                 jit,
                 f"{note}; the part of the store's CPU its JVMs' JIT compiler threads used "
-                "(C1 and C2 CompilerThread), a cost of a node's first minutes, not of commits",
+                "(C1 and C2 CompilerThread): a node warming up after a start, an idle spell or "
+                "a change of load, not a cost of commits",
             )
         )
     if len(roles) > 1:
